@@ -1,0 +1,779 @@
+/*
+ * fz.c -- the fuse circuit-breaker core.
+ *
+ * Design note
+ * -----------
+ *
+ *              failures reach a trip rule
+ *   CLOSED ──────────────────────────────▶ OPEN
+ *     ▲                                     │ open_for elapsed (seen lazily by a call,
+ *     │  `probes` probe successes           ▼  state() or stats())
+ *     └──────────────────────────────── HALF_OPEN ──▶ OPEN  (a probe fails or times out)
+ *
+ *   plus FORCED_OPEN and DISABLED, entered and left only by fz_force_open, fz_disable
+ *   and fz_reset.
+ *
+ * One 64-bit state word `sw` holds generation << 3 | state. Every transition is one
+ * compare-and-swap of that word from (g, from) to (g + 1, to), so exactly one caller
+ * makes each transition and learns it from the return value. A ticket carries the
+ * generation it was issued in; an outcome whose generation is not the current one is
+ * stale and ignored.
+ *
+ * Memory ordering. The state word is read with acquire and swapped with acq_rel; what
+ * a transition's winner publishes after the swap (the open period's end `until`) is
+ * stamped with the generation it belongs to (`until_gen`, release) and read with
+ * acquire, so a reader either sees the stamp of its generation and the matching `until`,
+ * or no stamp and treats the period as not over yet. Window counters are tagged words
+ * (bucket epoch << 32 | count) bumped with relaxed fetch-and-add: they need atomicity,
+ * not ordering, except where a failure decides a trip: failures are added and summed
+ * with seq_cst, so of two concurrent failures at least the later one sees both. When a
+ * bucket is recycled for a newer epoch, its old count is moved (by the compare-and-swap
+ * that recycles it) into a folded total, bracketed by fold_begin/fold_end counters that
+ * readers of totals check, so totals are exact and never go down. Half-open admission
+ * is one compare-and-swap on a word holding the generation, the probe successes and a
+ * bitmask of busy probe slots. Nothing here is a pointer, so a breaker can live in
+ * memory shared by processes; nothing takes a lock except registry creation.
+ */
+#include "fz.h"
+#include "fz_atomic.h"
+#include "fz_errors.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LINE 64
+#define SPAN 10                 /* buckets a time window spans */
+#define NBUCKETS (SPAN + 1)     /* plus the one being filled */
+#define NSTRIPES 8              /* per-thread counter stripes */
+#define TICKET_LIMIT 9007199254740992.0 /* 2^53: tickets are exact doubles */
+#define GEN_MASK ((UINT64_C(1) << 46) - 1)
+#define MANUAL_ORIGIN (UINT64_C(1) << 62) /* the manual clock's 0 s, so negatives work */
+
+enum { KIND_NORMAL = 1, KIND_PROBE = 2, KIND_PASS = 3 };
+enum { F_RATE = 1, F_CW = 2 };  /* flags: rules that need the slow path on success */
+
+/* The outcome bits of a count-window slot (low 4 bits; the era is above them). */
+enum { CW_VALID = 1, CW_FAIL = 2, CW_SLOW = 4 };
+
+/* Counters a thread bumps on the hot path: one stripe a thread, on lines of its own. */
+typedef struct stripe {
+  _Alignas(LINE) uint64_t succ[NBUCKETS];  /* tagged: epoch << 32 | successes */
+  uint64_t rej[NBUCKETS];                  /* tagged: epoch << 32 | rejections */
+} stripe;
+
+struct fz_breaker {
+  /* Read on every call, written by transitions only. */
+  _Alignas(LINE) uint64_t sw;   /* concurrent: generation << 3 | state */
+  uint64_t until;               /* concurrent: end of the open period, ns */
+  uint64_t until_gen;           /* concurrent: generation `until` belongs to */
+  uint64_t cur_epoch;           /* concurrent: bucket epoch of the last clock read */
+  uint64_t shift;               /* concurrent: added to epochs; bumped to start a fresh window */
+  uint64_t bucket_ns, open_for_ns, max_open_ns, probe_timeout_ms;
+  uint32_t flags, in_registry;
+  fz_config cfg;                /* immutable after init */
+
+  /* Half-open admission. */
+  _Alignas(LINE) uint64_t ho;   /* concurrent: gen32 << 32 | successes << 16 | busy slots */
+  uint64_t probe_start[FZ_MAX_PROBES]; /* concurrent: gen32 << 32 | start in ms (mod 2^32) */
+
+  /* Failures and slow calls: not striped, they decide trips and are rare. */
+  _Alignas(LINE) uint64_t fails[NBUCKETS]; /* concurrent, tagged */
+  uint64_t slow[NBUCKETS];                 /* concurrent, tagged */
+
+  /* Cold: totals folded out of recycled buckets, backoff state. */
+  _Alignas(LINE) uint64_t folded_succ, folded_rej, folded_fail, folded_slow;
+  uint64_t fold_begin, fold_end;  /* concurrent: recycles begun / ended */
+  uint64_t opens_total;           /* concurrent */
+  uint64_t cur_open_ns;           /* written by the transition winner only */
+
+  /* The count window: a ring of the last N outcomes and one aggregate word. */
+  _Alignas(LINE) uint64_t cw_seq;  /* concurrent: calls recorded so far */
+  uint64_t cw_agg;                 /* concurrent: era << 33 | calls << 22 | fails << 11 | slow */
+  uint32_t cw_ring[FZ_MAX_COUNT_WINDOW]; /* concurrent: era28 << 4 | CW_* bits */
+
+  stripe stripes[NSTRIPES];
+  char name[FZ_NAME_MAX + 1];
+};
+
+/* ---------------------------------------------------------------- errors */
+
+const char *fz_strerror(int code) {
+#define FZ_ERRCASE(c, msg) case c: return msg;
+  switch (code) { FZ_ERRDEF(FZ_ERRCASE) default: return "unknown error"; }
+#undef FZ_ERRCASE
+}
+
+int fz_abi_version(void) { return FZ_ABI_VERSION; }
+
+/* ---------------------------------------------------------------- clock */
+
+static uint64_t g_manual_on;  /* concurrent: 1 while the manual clock is installed */
+static uint64_t g_manual_ns;  /* concurrent: MANUAL_ORIGIN + manual seconds in ns */
+
+static uint64_t ts_ns(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The breaker's clock: coarse (a vDSO read, no syscall), or the manual one. */
+static uint64_t now_ns(void) {
+  if (at_load_rlx(&g_manual_on)) return at_load_rlx(&g_manual_ns);
+  return ts_ns(CLOCK_MONOTONIC_COARSE);
+}
+
+void fz_clock_manual(double seconds) {
+  if (!isfinite(seconds) || fabs(seconds) > 4e9) return;  /* keep it inside the origin's room */
+  at_store_rlx(&g_manual_ns, MANUAL_ORIGIN + (uint64_t)(int64_t)llround(seconds * 1e9));
+  at_store_rlx(&g_manual_on, 1);
+}
+
+void fz_clock_auto(void) { at_store_rlx(&g_manual_on, 0); }
+
+double fz_clock_now(void) {
+  if (at_load_rlx(&g_manual_on))
+    return (double)(int64_t)(at_load_rlx(&g_manual_ns) - MANUAL_ORIGIN) * 1e-9;
+  return (double)ts_ns(CLOCK_MONOTONIC) * 1e-9;
+}
+
+/* ---------------------------------------------------------------- per thread */
+
+static uint32_t g_next_stripe;  /* concurrent */
+static _Thread_local uint32_t t_stripe = UINT32_MAX;
+static _Thread_local uint64_t t_rng;
+
+static stripe *my_stripe(fz_breaker *b) {
+  uint32_t s = t_stripe;
+  if (s == UINT32_MAX) {
+    /* Spread the first threads of different processes over different stripes too. */
+    s = at_add32_rlx(&g_next_stripe, 1) + (uint32_t)getpid() * 2654435761u;
+    t_stripe = s = (s >> 7 ^ s) % NSTRIPES;
+  }
+  return &b->stripes[s];
+}
+
+/* A uniform double in [0, 1) from a per-thread xorshift64*. */
+static double rand01(void) {
+  if (t_rng == 0) t_rng = ts_ns(CLOCK_MONOTONIC) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&t_rng;
+  t_rng ^= t_rng >> 12;
+  t_rng ^= t_rng << 25;
+  t_rng ^= t_rng >> 27;
+  return (double)((t_rng * UINT64_C(2685821657736338717)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* ---------------------------------------------------------------- tagged counters */
+
+static uint32_t tag_of(uint64_t w) { return (uint32_t)(w >> 32); }
+static uint32_t cnt_of(uint64_t w) { return (uint32_t)w; }
+
+/*
+ * Adds one to the counter word for bucket epoch e. A word tagged with e or a newer
+ * epoch takes the add (a racing thread that read the clock later recycled it: the call
+ * lands one bucket late, never lost). An older word is recycled: the compare-and-swap
+ * that retags it captures its count exactly, which moves into *folded.
+ * Returns the count before the add.
+ */
+static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e, int order) {
+  uint64_t v = at_load_rlx(w);
+  for (;;) {
+    if ((int32_t)(tag_of(v) - e) >= 0) {
+      if (cnt_of(v) >= UINT32_C(0x80000000)) {  /* bucket saturated: totals still exact */
+        at_add_rlx(folded, 1);
+        return cnt_of(v);
+      }
+      /* seq_cst for failures: pairs with the seq_cst loads in tw_sum of a concurrent
+       * failure, so one of two racing failures sees both (see the design note). */
+      v = order == __ATOMIC_SEQ_CST ? at_add_sc(w, 1) : at_add_rlx(w, 1);
+      return cnt_of(v);
+    }
+    at_add_sc(&b->fold_begin, 1);  /* pairs with the reader's check in read_totals */
+    int won = at_cas_sc(w, &v, (uint64_t)e << 32 | 1);
+    if (won) at_add_sc(folded, cnt_of(v));
+    at_add_sc(&b->fold_end, 1);
+    if (won) return 0;
+  }
+}
+
+/* Sum of the words whose bucket lies in the window that ends at epoch e. */
+static uint32_t tw_sum(const uint64_t *w, uint32_t e) {
+  uint64_t sum = 0;
+  for (int i = 0; i < NBUCKETS; i++) {
+    uint64_t v = at_load_sc(&w[i]);
+    int32_t age = (int32_t)(e - tag_of(v));
+    if (age >= -2 && age <= SPAN) sum += cnt_of(v);
+  }
+  return sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+}
+
+static uint64_t tw_all(const uint64_t *w) {
+  uint64_t sum = 0;
+  for (int i = 0; i < NBUCKETS; i++) sum += cnt_of(at_load_sc(&w[i]));
+  return sum;
+}
+
+/* The bucket epoch of time t; remembers the newest one for calls that read no clock. */
+static uint64_t epoch_at(fz_breaker *b, uint64_t t) {
+  uint64_t e = t / b->bucket_ns + at_load_rlx(&b->shift);
+  uint64_t cur = at_load_rlx(&b->cur_epoch);
+  while (e > cur && !at_cas_acqrel(&b->cur_epoch, &cur, e)) {}
+  return e;
+}
+
+/* Bumps the counter of bucket epoch e in the array w (striped or not). */
+static uint32_t bump(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e, int order) {
+  return tw_add(b, &w[e % NBUCKETS], folded, (uint32_t)e, order);
+}
+
+/* Starts a fresh window: every bucket written so far falls out of it. */
+static void fresh_window(fz_breaker *b) {
+  at_add_sc(&b->shift, NBUCKETS + 1);
+  epoch_at(b, now_ns());
+  uint64_t agg = at_load_rlx(&b->cw_agg);
+  while (!at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
+}
+
+/* ---------------------------------------------------------------- tickets */
+
+static uint64_t sw_gen(uint64_t sw) { return sw >> 3; }
+static int sw_state(uint64_t sw) { return (int)(sw & 7); }
+static uint64_t sw_make(uint64_t gen, int state) { return gen << 3 | (uint64_t)state; }
+static int trans_code(int from, int to) { return 64 + from * 8 + to; }
+
+static double ticket(uint64_t gen, unsigned slot, int kind, int made) {
+  return (double)((gen & GEN_MASK) << 7 | (uint64_t)slot << 3 | (uint64_t)kind << 1 | (uint64_t)made);
+}
+
+static double rejection(int state, int made) { return -(double)(1 + state * 4 + made); }
+
+/* ---------------------------------------------------------------- config */
+
+static int in(double v, double lo, double hi) { return isfinite(v) && v >= lo && v <= hi; }
+
+int fz_config_check(const fz_config *c) {
+  if (!c) return FZ_EINVAL;
+  int ok = in(c->window, 0.01, 86400) && in(c->open_for, 0.001, 86400) &&
+           in(c->max_open_for, c->open_for, 2764800) && in(c->probe_timeout, 0.001, 86400) &&
+           (c->slow == 0 || in(c->slow, 1e-9, 86400)) &&
+           (c->failure_rate == 0 || in(c->failure_rate, 1e-9, 1)) &&
+           (c->slow_rate == 0 || in(c->slow_rate, 1e-9, 1)) && in(c->backoff, 1, 100) &&
+           in(c->jitter, 0, 0.999999999) && c->fails <= FZ_MAX_FAILS &&
+           c->count_window <= FZ_MAX_COUNT_WINDOW && c->min_calls <= FZ_MAX_MIN_CALLS &&
+           c->probes >= 1 && c->probes <= FZ_MAX_PROBES &&
+           (c->fails || c->failure_rate > 0 || c->slow_rate > 0) &&
+           (c->count_window == 0 || (c->fails <= c->count_window &&
+                                     (c->min_calls <= c->count_window ||
+                                      (c->failure_rate == 0 && c->slow_rate == 0))));
+  return ok ? FZ_OK : FZ_EINVAL;
+}
+
+static int differs(double a, double b) { return fabs(a - b) > 1e-12 * fmax(fabs(a), fabs(b)); }
+
+uint32_t fz_config_diff(const fz_config *a, const fz_config *b) {
+  uint32_t m = 0;
+  m |= differs(a->window, b->window) ? FZ_CFG_WINDOW : 0;
+  m |= differs(a->open_for, b->open_for) ? FZ_CFG_OPEN_FOR : 0;
+  m |= differs(a->max_open_for, b->max_open_for) ? FZ_CFG_MAX_OPEN_FOR : 0;
+  m |= differs(a->slow, b->slow) ? FZ_CFG_SLOW : 0;
+  m |= differs(a->probe_timeout, b->probe_timeout) ? FZ_CFG_PROBE_TIMEOUT : 0;
+  m |= differs(a->failure_rate, b->failure_rate) ? FZ_CFG_FAILURE_RATE : 0;
+  m |= differs(a->slow_rate, b->slow_rate) ? FZ_CFG_SLOW_RATE : 0;
+  m |= differs(a->backoff, b->backoff) ? FZ_CFG_BACKOFF : 0;
+  m |= differs(a->jitter, b->jitter) ? FZ_CFG_JITTER : 0;
+  m |= a->fails != b->fails ? FZ_CFG_FAILS : 0;
+  m |= a->count_window != b->count_window ? FZ_CFG_COUNT_WINDOW : 0;
+  m |= a->min_calls != b->min_calls ? FZ_CFG_MIN_CALLS : 0;
+  m |= a->probes != b->probes ? FZ_CFG_PROBES : 0;
+  return m;
+}
+
+static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, size_t len) {
+  memset(b, 0, sizeof *b);
+  b->cfg = *c;
+  b->bucket_ns = (uint64_t)(c->window * 1e9 / SPAN);
+  b->open_for_ns = (uint64_t)(c->open_for * 1e9);
+  b->max_open_ns = (uint64_t)(c->max_open_for * 1e9);
+  b->probe_timeout_ms = (uint64_t)ceil(c->probe_timeout * 1e3);
+  b->flags = (c->failure_rate > 0 || c->slow_rate > 0 ? F_RATE : 0) | (c->count_window ? F_CW : 0);
+  b->cur_open_ns = b->open_for_ns;
+  b->sw = sw_make(0, FZ_CLOSED);
+  if (name) memcpy(b->name, name, len);
+  b->cur_epoch = now_ns() / b->bucket_ns;
+}
+
+fz_breaker *fz_breaker_new(const fz_config *c, int *err) {
+  int rc = fz_config_check(c);
+  fz_breaker *b = NULL;
+  if (rc == FZ_OK && !(b = aligned_alloc(LINE, sizeof *b))) rc = FZ_ENOMEM;
+  if (err) *err = rc;
+  if (rc != FZ_OK) return NULL;
+  breaker_init(b, c, NULL, 0);
+  return b;
+}
+
+void fz_breaker_free(fz_breaker *b) {
+  if (b && !b->in_registry) free(b);
+}
+
+void fz_breaker_config(const fz_breaker *b, fz_config *out) { *out = b->cfg; }
+
+const char *fz_breaker_name(const fz_breaker *b) { return b->name; }
+
+/* ---------------------------------------------------------------- transitions */
+
+/* The open period for the next OPEN: the current one, shortened by jitter. */
+static uint64_t open_period(fz_breaker *b) {
+  double p = (double)b->cur_open_ns;
+  if (b->cfg.jitter > 0) p *= 1.0 - b->cfg.jitter * rand01();
+  return (uint64_t)p;
+}
+
+/* Publishes the end of the open period of generation gen (the CAS winner only). */
+static void set_until(fz_breaker *b, uint64_t gen, uint64_t t) {
+  at_store_rlx(&b->until, t + open_period(b));
+  at_store_rel(&b->until_gen, gen);  /* release: pairs with the acquire in open_due */
+  at_add_rlx(&b->opens_total, 1);
+}
+
+/* closed -> open. Returns the transition code, or 0 when another caller moved first. */
+static int trip(fz_breaker *b, uint64_t sw, uint64_t t) {
+  if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
+  set_until(b, sw_gen(sw) + 1, t);
+  return trans_code(FZ_CLOSED, FZ_OPEN);
+}
+
+/* half_open -> open after a failed or timed-out probe: the open period backs off. */
+static int reopen(fz_breaker *b, uint64_t sw, uint64_t t) {
+  if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
+  double next = (double)b->cur_open_ns * b->cfg.backoff;
+  b->cur_open_ns = next > (double)b->max_open_ns ? b->max_open_ns : (uint64_t)next;
+  set_until(b, sw_gen(sw) + 1, t);
+  return trans_code(FZ_HALF_OPEN, FZ_OPEN);
+}
+
+/* half_open -> closed. The fresh window is laid before the swap: while half-open no
+ * rule reads the window, so a swap that loses leaves nothing wrong behind. */
+static int close_circuit(fz_breaker *b, uint64_t sw) {
+  fresh_window(b);
+  b->cur_open_ns = b->open_for_ns;
+  if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_CLOSED))) return 0;
+  return trans_code(FZ_HALF_OPEN, FZ_CLOSED);
+}
+
+static int open_due(fz_breaker *b, uint64_t sw, uint64_t t) {
+  /* acquire: pairs with the release in set_until */
+  return at_load_acq(&b->until_gen) == sw_gen(sw) && t >= at_load_rlx(&b->until);
+}
+
+/* A probe of generation sw that has outlived probe_timeout re-opens the circuit. */
+static int probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
+  uint64_t ho = at_load_acq(&b->ho);
+  uint32_t g32 = (uint32_t)sw_gen(sw), busy = (uint32_t)ho & 0xffff;
+  if ((uint32_t)(ho >> 32) != g32) return 0;
+  for (unsigned i = 0; busy; i++, busy >>= 1) {
+    if (!(busy & 1)) continue;
+    uint64_t st = at_load_acq(&b->probe_start[i]);  /* pairs with the release in claim_probe */
+    if ((uint32_t)(st >> 32) == g32 && (uint32_t)(t / 1000000 - (uint32_t)st) >= b->probe_timeout_ms)
+      return 1;
+  }
+  return 0;
+}
+
+/* Makes the transitions due by time alone; returns the code of one it made, or 0. */
+static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
+  int made = 0;
+  for (int guard = 0; guard < 4; guard++) {
+    int st = sw_state(*sw), m = 0;
+    if (st == FZ_OPEN && open_due(b, *sw, t)) {
+      uint64_t want = *sw;
+      if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(*sw) + 1, FZ_HALF_OPEN)))
+        m = trans_code(FZ_OPEN, FZ_HALF_OPEN);
+    } else if (st == FZ_HALF_OPEN && probe_timed_out(b, *sw, t)) {
+      at_add_sc(&b->folded_fail, 1);  /* the timed-out probe counts as failed */
+      m = reopen(b, *sw, t);
+    } else {
+      return made;
+    }
+    made = m ? m : made;
+    *sw = at_load_acq(&b->sw);
+  }
+  return made;
+}
+
+/* ---------------------------------------------------------------- admission */
+
+static void count_rejection(fz_breaker *b, uint64_t e) {
+  bump(b, my_stripe(b)->rej, &b->folded_rej, e, __ATOMIC_RELAXED);
+}
+
+/* Claims a probe slot in half-open generation sw; returns the ticket or a rejection. */
+static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
+  uint32_t g32 = (uint32_t)sw_gen(sw);
+  uint64_t ho = at_load_acq(&b->ho);
+  unsigned slot;
+  for (;;) {
+    uint32_t succ = (uint32_t)(ho >> 16) & 0xffff, busy = (uint32_t)ho & 0xffff;
+    if ((uint32_t)(ho >> 32) != g32) succ = busy = 0;  /* first probe of this generation */
+    if ((uint32_t)__builtin_popcount(busy) + succ >= b->cfg.probes) {
+      count_rejection(b, epoch_at(b, t));
+      return rejection(FZ_HALF_OPEN, made ? 1 : 0);
+    }
+    slot = (unsigned)__builtin_ctz(~busy);
+    uint64_t want = (uint64_t)g32 << 32 | (uint64_t)succ << 16 | busy | 1u << slot;
+    if (at_cas_acqrel(&b->ho, &ho, want)) break;
+  }
+  /* release: pairs with the acquire in probe_timed_out */
+  at_store_rel(&b->probe_start[slot], (uint64_t)g32 << 32 | (uint32_t)(t / 1000000));
+  return ticket(sw_gen(sw), slot, KIND_PROBE, made ? 1 : 0);
+}
+
+/* fz_enter when the circuit is not closed. A state machine: one case a state. */
+static double enter_slow(fz_breaker *b, uint64_t sw) {
+  uint64_t t = now_ns();
+  int made = settle(b, &sw, t);
+  switch (sw_state(sw)) {
+  case FZ_CLOSED:
+    return ticket(sw_gen(sw), 0, KIND_NORMAL, 0);
+  case FZ_DISABLED:
+    return ticket(sw_gen(sw), 0, KIND_PASS, 0);
+  case FZ_HALF_OPEN:
+    return claim_probe(b, sw, t, made == trans_code(FZ_OPEN, FZ_HALF_OPEN));
+  default: /* FZ_OPEN, FZ_FORCED_OPEN */
+    count_rejection(b, epoch_at(b, t));
+    return rejection(sw_state(sw), made == trans_code(FZ_HALF_OPEN, FZ_OPEN) ? 2 : 0);
+  }
+}
+
+double fz_enter(fz_breaker *b) {
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(sw_gen(sw), 0, KIND_NORMAL, 0);
+  return enter_slow(b, sw);
+}
+
+/* ---------------------------------------------------------------- outcomes */
+
+/* The count window: the outcome takes the oldest slot of the ring. */
+static uint64_t cw_record(fz_breaker *b, int fail, int slow) {
+  uint64_t agg = at_load_acq(&b->cw_agg);
+  uint64_t era = agg >> 33;
+  uint32_t era28 = (uint32_t)era & 0x0fffffff;
+  uint32_t pos = (uint32_t)(at_add_rlx(&b->cw_seq, 1) % b->cfg.count_window);
+  uint32_t nv = era28 << 4 | CW_VALID | (fail ? CW_FAIL : 0) | (slow ? CW_SLOW : 0);
+  uint32_t old = at_xchg32_acqrel(&b->cw_ring[pos], nv);
+  if (!(old & CW_VALID) || old >> 4 != era28) old = 0;  /* empty, or of an earlier era */
+  for (;;) {
+    if (agg >> 33 != era) return 0;  /* a fresh window began: this outcome belongs to none */
+    uint64_t calls = (agg >> 22 & 0x7ff) + (old ? 0 : 1);
+    uint64_t f = (agg >> 11 & 0x7ff) + (fail ? 1 : 0) - (old & CW_FAIL ? 1 : 0);
+    uint64_t s = (agg & 0x7ff) + (slow ? 1 : 0) - (old & CW_SLOW ? 1 : 0);
+    uint64_t want = era << 33 | calls << 22 | f << 11 | s;
+    if (at_cas_acqrel(&b->cw_agg, &agg, want)) return want;
+  }
+}
+
+/* Whether the counts of a window meet a trip rule. */
+static int rules_trip(const fz_config *c, uint64_t calls, uint64_t f, uint64_t s) {
+  if (c->fails && f >= c->fails) return 1;
+  if (calls == 0 || calls < c->min_calls) return 0;
+  if (c->failure_rate > 0 && (double)f / (double)calls >= c->failure_rate) return 1;
+  return c->slow_rate > 0 && (double)s / (double)calls >= c->slow_rate;
+}
+
+static uint32_t sum_succ(fz_breaker *b, uint32_t e) {
+  uint64_t sum = 0;
+  for (int i = 0; i < NSTRIPES; i++) sum += tw_sum(b->stripes[i].succ, e);
+  return sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+}
+
+/* An outcome of a call admitted while closed (generation sw), through the rules. */
+static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
+  uint64_t t = now_ns(), e = epoch_at(b, t);
+  if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
+  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
+  if (slow) bump(b, b->slow, &b->folded_slow, e, __ATOMIC_SEQ_CST);
+  const fz_config *c = &b->cfg;
+  uint64_t calls, f, s;
+  if (b->flags & F_CW) {
+    uint64_t agg = cw_record(b, fail, slow);
+    if (!agg) return 0;
+    calls = agg >> 22 & 0x7ff, f = agg >> 11 & 0x7ff, s = agg & 0x7ff;
+  } else {
+    if (!fail && !slow && !(b->flags & F_RATE)) return 0;
+    f = tw_sum(b->fails, (uint32_t)e);
+    s = tw_sum(b->slow, (uint32_t)e);
+    /* A success can only complete a rate rule, which needs rate * min_calls bad calls:
+     * skip the striped sum when there are fewer. */
+    double least = c->min_calls * (1 - 1e-9);
+    int maybe = (c->failure_rate > 0 && f >= c->failure_rate * least) ||
+                (c->slow_rate > 0 && s >= c->slow_rate * least);
+    if (!fail && !slow && !maybe) return 0;
+    calls = f + sum_succ(b, (uint32_t)e);
+  }
+  return rules_trip(c, calls, f, s) ? trip(b, sw, t) : 0;
+}
+
+/* The outcome of the probe in `slot` of half-open generation sw. */
+static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail) {
+  uint32_t g32 = (uint32_t)sw_gen(sw);
+  uint64_t ho = at_load_acq(&b->ho);
+  uint64_t t = now_ns(), e = epoch_at(b, t);
+  if (fail) {
+    bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
+    return reopen(b, sw, t);
+  }
+  bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
+  for (;;) {
+    if ((uint32_t)(ho >> 32) != g32 || !(ho & 1u << slot)) return 0;
+    uint64_t succ = (ho >> 16 & 0xffff) + 1;
+    uint64_t want = (ho & ~(UINT64_C(0xffff) << 16) & ~(UINT64_C(1) << slot)) | succ << 16;
+    if (at_cas_acqrel(&b->ho, &ho, want)) return succ >= b->cfg.probes ? close_circuit(b, sw) : 0;
+  }
+}
+
+/* An ignored probe gives its slot back. */
+static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot) {
+  uint64_t ho = at_load_acq(&b->ho);
+  uint32_t g32 = (uint32_t)gen;
+  while ((uint32_t)(ho >> 32) == g32 && (ho & 1u << slot))
+    if (at_cas_acqrel(&b->ho, &ho, ho & ~(UINT64_C(1) << slot))) return;
+}
+
+int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) {
+  if (!(tk >= 1.0 && tk < TICKET_LIMIT)) return FZ_ETICKET;
+  uint64_t t = (uint64_t)tk;
+  int kind = (int)(t >> 1 & 3);
+  unsigned slot = (unsigned)(t >> 3 & 15);
+  if ((double)t != tk || kind == 0 || (kind != KIND_PROBE && (t & 0x79)) || slot >= b->cfg.probes ||
+      outcome < FZ_SUCCESS || outcome > FZ_IGNORE)
+    return FZ_ETICKET;
+  if (kind == KIND_PASS) return 0;
+  uint64_t gen = t >> 7;
+  if (outcome == FZ_IGNORE) {
+    if (kind == KIND_PROBE) probe_release(b, gen, slot);
+    return 0;
+  }
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
+  if ((sw_gen(sw) & GEN_MASK) != gen) return 0;  /* stale: an earlier generation */
+  int fail = outcome == FZ_FAILURE;
+  int slow = b->cfg.slow > 0 && elapsed >= b->cfg.slow;
+  if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail || (slow && b->cfg.slow_rate > 0));
+  if (__builtin_expect(!fail && !slow && !b->flags, 1)) {
+    /* The hot path: no clock; the bucket of the last clock read. Every 64th call of a
+     * stripe reads the clock, so a busy breaker's buckets stay current. */
+    uint64_t e = at_load_rlx(&b->cur_epoch);
+    if ((bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED) & 63) == 63)
+      epoch_at(b, now_ns());
+    return 0;
+  }
+  return closed_record(b, sw, fail, slow);
+}
+
+/* ---------------------------------------------------------------- reading */
+
+int fz_state(fz_breaker *b) {
+  uint64_t sw = at_load_acq(&b->sw);
+  int made = sw_state(sw) == FZ_OPEN || sw_state(sw) == FZ_HALF_OPEN ? settle(b, &sw, now_ns()) : 0;
+  return sw_state(sw) + 256 * made;
+}
+
+/* Totals: folded counts plus every live word, retried while a recycle is under way. */
+static void read_totals(fz_breaker *b, fz_stats *out) {
+  for (int tries = 0; tries < 100; tries++) {
+    uint64_t end = at_load_sc(&b->fold_end);
+    uint64_t succ = at_load_sc(&b->folded_succ), rej = at_load_sc(&b->folded_rej);
+    for (int i = 0; i < NSTRIPES; i++) {
+      succ += tw_all(b->stripes[i].succ);
+      rej += tw_all(b->stripes[i].rej);
+    }
+    uint64_t fail = at_load_sc(&b->folded_fail) + tw_all(b->fails);
+    uint64_t slow = at_load_sc(&b->folded_slow) + tw_all(b->slow);
+    out->successes_total = succ, out->rejections_total = rej;
+    out->failures_total = fail, out->slow_total = slow;
+    /* pairs with the fold_begin increment of tw_add: no recycle began meanwhile */
+    if (at_load_sc(&b->fold_begin) == end) return;
+  }
+}
+
+int fz_stats_read(fz_breaker *b, fz_stats *out) {
+  uint64_t t = now_ns();
+  uint64_t sw = at_load_acq(&b->sw);
+  int made = settle(b, &sw, t);
+  uint32_t e = (uint32_t)epoch_at(b, t);
+  memset(out, 0, sizeof *out);
+  out->state = sw_state(sw);
+  out->generation = sw_gen(sw);
+  if (b->flags & F_CW) {
+    uint64_t agg = at_load_acq(&b->cw_agg);
+    out->calls = (uint32_t)(agg >> 22 & 0x7ff);
+    out->failures = (uint32_t)(agg >> 11 & 0x7ff);
+    out->slow = (uint32_t)(agg & 0x7ff);
+  } else {
+    out->failures = tw_sum(b->fails, e);
+    out->slow = tw_sum(b->slow, e);
+    out->calls = out->failures + sum_succ(b, e);
+  }
+  for (int i = 0; i < NSTRIPES; i++) out->rejections += tw_sum(b->stripes[i].rej, e);
+  if (out->calls) {
+    out->failure_rate = (double)out->failures / out->calls;
+    out->slow_rate = (double)out->slow / out->calls;
+  }
+  if (out->state == FZ_OPEN && at_load_acq(&b->until_gen) == sw_gen(sw)) {
+    uint64_t until = at_load_rlx(&b->until);
+    out->retry_after = until > t ? (double)(until - t) * 1e-9 : 0;
+  }
+  read_totals(b, out);
+  out->opens_total = at_load_rlx(&b->opens_total);
+  return made;
+}
+
+/* ---------------------------------------------------------------- manual states */
+
+static int move_to(fz_breaker *b, int to) {
+  uint64_t sw = at_load_acq(&b->sw);
+  if (to == FZ_CLOSED) {
+    fresh_window(b);
+    b->cur_open_ns = b->open_for_ns;
+  }
+  while (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) {}
+  return trans_code(sw_state(sw), to);
+}
+
+int fz_reset(fz_breaker *b) { return move_to(b, FZ_CLOSED); }
+int fz_force_open(fz_breaker *b) { return move_to(b, FZ_FORCED_OPEN); }
+int fz_disable(fz_breaker *b) { return move_to(b, FZ_DISABLED); }
+
+/* ---------------------------------------------------------------- registry */
+
+#define REG_MAGIC 0x667a7265u  /* "fzre" */
+#define PRIVATE_CAPACITY 4096
+
+typedef struct registry {
+  _Alignas(LINE) uint32_t magic, shared, capacity;
+  uint32_t count;         /* concurrent: breakers published so far */
+  pthread_mutex_t lock;   /* process-shared and robust: creation only */
+} registry;
+
+#define REG_HEADER ((sizeof(registry) + LINE - 1) / LINE * LINE)
+
+static registry *g_reg;  /* concurrent: set once (or replaced before any breaker exists) */
+static pthread_mutex_t g_reg_init = PTHREAD_MUTEX_INITIALIZER;
+
+static fz_breaker *reg_slot(registry *r, uint32_t i) {
+  return (fz_breaker *)((char *)r + REG_HEADER) + i;
+}
+
+static registry *reg_map(uint32_t capacity, int shared) {
+  size_t size = REG_HEADER + (size_t)capacity * sizeof(fz_breaker);
+  int flags = MAP_ANONYMOUS | MAP_NORESERVE | (shared ? MAP_SHARED : MAP_PRIVATE);
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  registry *r = p;
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_setpshared(&a, shared ? PTHREAD_PROCESS_SHARED : PTHREAD_PROCESS_PRIVATE);
+  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&r->lock, &a);
+  pthread_mutexattr_destroy(&a);
+  r->magic = REG_MAGIC, r->shared = (uint32_t)shared, r->capacity = capacity;
+  return r;
+}
+
+static registry *reg_get(void) {
+  registry *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);  /* pairs with the release below */
+  if (r) return r;
+  pthread_mutex_lock(&g_reg_init);
+  if (!(r = g_reg)) {
+    r = reg_map(PRIVATE_CAPACITY, 0);
+    __atomic_store_n(&g_reg, r, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&g_reg_init);
+  return r;
+}
+
+static void reg_lock(registry *r) {
+  if (pthread_mutex_lock(&r->lock) == EOWNERDEAD) pthread_mutex_consistent(&r->lock);
+}
+
+static fz_breaker *reg_scan(registry *r, const char *name, size_t len) {
+  uint32_t n = at_load32_acq(&r->count);  /* acquire: pairs with the release that publishes a slot */
+  for (uint32_t i = 0; i < n; i++) {
+    fz_breaker *b = reg_slot(r, i);
+    if (memcmp(b->name, name, len) == 0 && b->name[len] == 0) return b;
+  }
+  return NULL;
+}
+
+static int name_ok(const char *name, size_t len) {
+  return name && len >= 1 && len <= FZ_NAME_MAX && !memchr(name, 0, len);
+}
+
+fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status) {
+  registry *r = reg_get();
+  int st;
+  fz_breaker *b = NULL;
+  if (!name_ok(name, len)) st = FZ_ENAME;
+  else if (fz_config_check(c) != FZ_OK) st = FZ_EINVAL;
+  else if (!r) st = FZ_ENOMEM;
+  else if (!(b = reg_scan(r, name, len))) {
+    reg_lock(r);
+    if ((b = reg_scan(r, name, len))) st = 0;
+    else if (r->count >= r->capacity) st = FZ_EFULL;
+    else {
+      b = reg_slot(r, r->count);
+      breaker_init(b, c, name, len);
+      b->in_registry = 1;
+      at_store32_rel(&r->count, r->count + 1);  /* release: publishes the slot to reg_scan */
+      st = 1;
+    }
+    pthread_mutex_unlock(&r->lock);
+  } else st = 0;
+  if (st == 0 && fz_config_diff(&b->cfg, c)) st = FZ_EMISMATCH;
+  if (status) *status = st;
+  return st >= 0 || st == FZ_EMISMATCH ? b : NULL;
+}
+
+fz_breaker *fz_registry_find(const char *name, size_t len) {
+  registry *r = reg_get();
+  return r && name_ok(name, len) ? reg_scan(r, name, len) : NULL;
+}
+
+int fz_registry_count(void) {
+  registry *r = reg_get();
+  return r ? (int)at_load32_acq(&r->count) : 0;
+}
+
+fz_breaker *fz_registry_at(int i) {
+  registry *r = reg_get();
+  return r && i >= 0 && (uint32_t)i < at_load32_acq(&r->count) ? reg_slot(r, (uint32_t)i) : NULL;
+}
+
+int fz_registry_init_shared(uint32_t capacity) {
+  if (capacity < 1 || capacity > 1000000) return FZ_EINVAL;
+  int rc = FZ_OK;
+  pthread_mutex_lock(&g_reg_init);
+  registry *r = g_reg;
+  if (r && r->shared) rc = r->capacity == capacity ? FZ_OK : FZ_EBUSY;
+  else if (r && at_load32_acq(&r->count) > 0) rc = FZ_EBUSY;
+  else {
+    registry *n = reg_map(capacity, 1);
+    if (!n) rc = FZ_ESHARED;
+    else __atomic_store_n(&g_reg, n, __ATOMIC_RELEASE);  /* an empty private one is left mapped */
+  }
+  pthread_mutex_unlock(&g_reg_init);
+  return rc;
+}
+
+int fz_registry_is_shared(void) {
+  registry *r = reg_get();
+  return r ? (int)r->shared : 0;
+}
+
+uint32_t fz_registry_capacity(void) {
+  registry *r = reg_get();
+  return r ? r->capacity : 0;
+}

@@ -1,0 +1,407 @@
+-- fuse.options: validation and normalization of the options of fuse.wrap/fuse.new and
+-- fuse.init. Pure Lua (LuaJIT, PUC Lua 5.1 to 5.4); both backends share it, so every
+-- message comes from here.
+--
+-- check(opts, level) and check_init(opts, level) raise with error(msg, level): `level`
+-- counts from the function that calls check, as error() would inside it. The facade's
+-- fuse.new calls check(opts, 3) so that the error points at its caller's line. Every
+-- helper below returns a message instead of raising, so only check itself calls error.
+
+local type, pairs, ipairs, tostring, tonumber, error = type, pairs, ipairs, tostring,
+  tonumber, error
+local floor, huge, abs, max, min = math.floor, math.huge, math.abs, math.max, math.min
+local fmt, byte, sort, concat = string.format, string.byte, table.sort, table.concat
+
+local _M = {}
+
+-- The options in the order of DESIGN.md's table; checks and messages follow it.
+local NAMES = {
+  "name", "fallback", "fails", "window", "count_window", "failure_rate", "min_calls",
+  "slow", "slow_rate", "open_for", "backoff", "max_open_for", "jitter", "probes",
+  "probe_timeout", "is_failure", "on_state_change",
+}
+_M.NAMES = NAMES
+_M.INIT_NAMES = { "shared", "capacity" }
+
+-- The numeric fields of C's fz_config, in the order diff reports them (user order).
+local CFG_FIELDS = {
+  "fails", "window", "count_window", "failure_rate", "min_calls", "slow", "slow_rate",
+  "open_for", "backoff", "max_open_for", "jitter", "probes", "probe_timeout",
+}
+_M.CFG_FIELDS = CFG_FIELDS
+
+-- Fields where 0 means "this rule is off" (diff prints "off" for them).
+local OFF_WHEN_ZERO = {
+  fails = true, count_window = true, failure_rate = true, slow = true, slow_rate = true,
+}
+
+local MAX_SECONDS = 86400            -- one day
+local MAX_OPEN_FOR = MAX_SECONDS * 32
+local NAME_MAX = 127                 -- FZ_NAME_MAX
+local MAX_CAPACITY = 1000000
+
+-- Number rules. kind "int": an integer from 1 to hi. kind "range": lo <= v <= hi, with
+-- lo_open / hi_open excluding the bound.
+local NUMBERS = {
+  fails         = { kind = "int", hi = 1000000 },         -- FZ_MAX_FAILS
+  count_window  = { kind = "int", hi = 1024 },            -- FZ_MAX_COUNT_WINDOW
+  min_calls     = { kind = "int", hi = 1000000 },         -- FZ_MAX_MIN_CALLS
+  probes        = { kind = "int", hi = 16 },              -- FZ_MAX_PROBES
+  window        = { kind = "range", lo = 0.01, hi = MAX_SECONDS },
+  failure_rate  = { kind = "range", lo = 0, lo_open = true, hi = 1 },
+  slow          = { kind = "range", lo = 0, lo_open = true, hi = MAX_SECONDS },
+  slow_rate     = { kind = "range", lo = 0, lo_open = true, hi = 1 },
+  open_for      = { kind = "range", lo = 0.001, hi = MAX_SECONDS },
+  backoff       = { kind = "range", lo = 1, hi = 100 },
+  max_open_for  = { kind = "range", lo = 0.001, hi = MAX_OPEN_FOR },
+  jitter        = { kind = "range", lo = 0, hi = 1, hi_open = true },
+  probe_timeout = { kind = "range", lo = 0.001, hi = MAX_SECONDS },
+}
+
+---------------------------------------------------------------------------------------
+-- Formatting values for messages
+
+-- A number the same way under every Lua: no "20.0" (5.4), no "-nan" (glibc), and the
+-- fewest digits (14 at least) that read back as the same value, so that two different
+-- values never print alike.
+local function fmt_num(v)
+  if v ~= v then return "nan" end
+  if v == huge then return "inf" end
+  if v == -huge then return "-inf" end
+  local s = fmt("%.14g", v)
+  for digits = 15, 17 do
+    if tonumber(s) == v then break end
+    s = fmt("%." .. digits .. "g", v)
+  end
+  return s
+end
+_M.format_number = fmt_num
+
+local ESCAPES = { ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t", ["\\"] = "\\\\" }
+
+-- A string between quote marks q, control bytes escaped, cut after 60 bytes.
+local function quote(s, q)
+  local cut = #s > 60
+  if cut then s = s:sub(1, 60) end
+  s = s:gsub("[%c\\" .. q .. "]", function(c)
+    return ESCAPES[c] or (c == q and "\\" .. q) or fmt("\\%03d", byte(c))
+  end)
+  return q .. s .. (cut and "..." or "") .. q
+end
+
+-- A value as it appears after "got": "x" for strings, numbers and booleans as Lua
+-- writes them, the type name for the rest (a table's address helps nobody).
+local function show(v)
+  local t = type(v)
+  if t == "string" then return quote(v, '"') end
+  if t == "number" then return fmt_num(v) end
+  if t == "boolean" or t == "nil" then return tostring(v) end
+  return t
+end
+_M.show = show
+
+local function bad(name, what, v)
+  return fmt("fuse: option '%s' must be %s, got %s", name, what, show(v))
+end
+
+---------------------------------------------------------------------------------------
+-- Single options
+
+local function check_number(name, v)
+  local rule = NUMBERS[name]
+  if rule.kind == "int" then
+    if type(v) ~= "number" then return bad(name, "a positive integer", v) end
+    if v ~= v or v == huge or v == -huge then return bad(name, "a finite number", v) end
+    if v < 1 or v ~= floor(v) then return bad(name, "a positive integer", v) end
+    if v > rule.hi then
+      return bad(name, "an integer from 1 to " .. fmt_num(rule.hi), v)
+    end
+    return nil
+  end
+  if type(v) ~= "number" then return bad(name, "a number", v) end
+  if v ~= v or v == huge or v == -huge then return bad(name, "a finite number", v) end
+  local lo_ok = rule.lo_open and v > rule.lo or not rule.lo_open and v >= rule.lo
+  local hi_ok = rule.hi_open and v < rule.hi or not rule.hi_open and v <= rule.hi
+  if lo_ok and hi_ok then return nil end
+  local what
+  if rule.lo_open then      -- (lo, hi]
+    what = fmt("a number above %s and at most %s", fmt_num(rule.lo), fmt_num(rule.hi))
+  elseif rule.hi_open then  -- [lo, hi)
+    what = fmt("a number from %s to below %s", fmt_num(rule.lo), fmt_num(rule.hi))
+  else                      -- [lo, hi]
+    what = fmt("a number from %s to %s", fmt_num(rule.lo), fmt_num(rule.hi))
+  end
+  return bad(name, what, v)
+end
+
+local function check_name(v)
+  if type(v) ~= "string" then return bad("name", "a string", v) end
+  local what = fmt("a string of 1 to %d bytes", NAME_MAX)
+  if #v == 0 then return bad("name", what, v) end
+  if #v > NAME_MAX then
+    return fmt("fuse: option 'name' must be %s, got %d bytes", what, #v)
+  end
+  if v:find("\0", 1, true) then return bad("name", "a string without NUL bytes", v) end
+  return nil
+end
+
+local function check_function(name, v)
+  if type(v) ~= "function" then return bad(name, "a function", v) end
+  return nil
+end
+
+local function check_one(name, v)
+  if NUMBERS[name] then return check_number(name, v) end
+  if name == "name" then return check_name(v) end
+  if name == "is_failure" or name == "on_state_change" then
+    return check_function(name, v)
+  end
+  return nil  -- fallback: any value
+end
+
+---------------------------------------------------------------------------------------
+-- Unknown keys
+
+-- Optimal string alignment distance: insertions, deletions, substitutions and swaps of
+-- two neighbours cost 1 each.
+local function distance(a, b)
+  local la, lb = #a, #b
+  local d = {}
+  for i = 0, la do d[i] = { [0] = i } end
+  for j = 1, lb do d[0][j] = j end
+  for i = 1, la do
+    local ca = byte(a, i)
+    for j = 1, lb do
+      local cb = byte(b, j)
+      local cost = ca == cb and 0 or 1
+      local v = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+      if i > 1 and j > 1 and ca == byte(b, j - 1) and byte(a, i - 1) == cb then
+        v = min(v, d[i - 2][j - 2] + 1)
+      end
+      d[i][j] = v
+    end
+  end
+  return d[la][lb]
+end
+_M.distance = distance
+
+-- The known name a mistyped key most likely meant, or nil. Compared case-insensitively:
+-- the nearest name within distance 2 (1 for keys under 5 bytes, so that 'rate' is not
+-- taken for 'name'; first in list order on a tie), else the one name that contains the
+-- key (keys of 4 bytes or more, e.g. 'timeout').
+local function suggest(key, known)
+  local k = key:lower()
+  local best, best_d = nil, #k < 5 and 2 or 3
+  for _, name in ipairs(known) do
+    local dist = distance(k, name)
+    if dist < best_d then best, best_d = name, dist end
+  end
+  if best then return best end
+  if #k >= 4 then
+    local found
+    for _, name in ipairs(known) do
+      if name:find(k, 1, true) then
+        if found then return nil end
+        found = name
+      end
+    end
+    return found
+  end
+  return nil
+end
+_M.suggest = suggest
+
+-- A message for the first bad key of opts (non-string keys first, then unknown strings
+-- in sorted order), or nil.
+local function check_keys(opts, known_set, known)
+  local unknown = {}
+  for k in pairs(opts) do
+    if type(k) ~= "string" then
+      return fmt("fuse: option names must be strings, got key %s (value %s)",
+        show(k), show(opts[k]))
+    end
+    if not known_set[k] then unknown[#unknown + 1] = k end
+  end
+  if #unknown == 0 then return nil end
+  sort(unknown)
+  local key = unknown[1]
+  local near = suggest(key, known)
+  if near then
+    return fmt("fuse: unknown option %s (did you mean '%s'?)", quote(key, "'"), near)
+  end
+  return fmt("fuse: unknown option %s (options are: %s)", quote(key, "'"),
+    concat(known, ", "))
+end
+
+local function set_of(list)
+  local s = {}
+  for _, v in ipairs(list) do s[v] = true end
+  return s
+end
+
+local KNOWN = set_of(NAMES)
+
+---------------------------------------------------------------------------------------
+-- check
+
+-- Fills cfg from the (valid, one by one) opts o; returns a message for a rule that
+-- ties two options together, or nil.
+local function resolve(o, cfg)
+  local cw = o.count_window or 0
+  local rate_rule = o.failure_rate ~= nil or o.slow_rate ~= nil
+
+  if o.slow_rate ~= nil and o.slow == nil then
+    return "fuse: option 'slow_rate' needs option 'slow' (the seconds that make a " ..
+      "call slow)"
+  end
+  if o.min_calls ~= nil and not rate_rule then
+    return "fuse: option 'min_calls' has no effect without 'failure_rate' or " ..
+      "'slow_rate'"
+  end
+  if cw > 0 and o.min_calls ~= nil and o.min_calls > cw then
+    return fmt("fuse: option 'min_calls' must be at most count_window (%s), got %s",
+      fmt_num(cw), fmt_num(o.min_calls))
+  end
+  if cw > 0 and o.fails ~= nil and o.fails > cw then
+    return fmt("fuse: option 'fails' must be at most count_window (%s), got %s",
+      fmt_num(cw), fmt_num(o.fails))
+  end
+
+  local window = o.window or 10
+  local open_for = o.open_for or window
+  local backoff = o.backoff or 1
+  if o.max_open_for ~= nil then
+    if backoff == 1 then
+      return "fuse: option 'max_open_for' has no effect unless 'backoff' is above 1"
+    end
+    if o.max_open_for < open_for then
+      return fmt("fuse: option 'max_open_for' must be at least open_for (%s), got %s",
+        fmt_num(open_for), fmt_num(o.max_open_for))
+    end
+  end
+
+  -- Defaults a short count window could never reach are cut down to it.
+  local fails = o.fails or (rate_rule and 0 or 5)
+  local min_calls = o.min_calls or 10
+  if cw > 0 then
+    fails = min(fails, cw)
+    min_calls = min(min_calls, cw)
+  end
+
+  cfg.window = window
+  cfg.open_for = open_for
+  cfg.max_open_for = o.max_open_for or open_for * 32
+  cfg.slow = o.slow or 0
+  cfg.probe_timeout = o.probe_timeout or window
+  cfg.failure_rate = o.failure_rate or 0
+  cfg.slow_rate = o.slow_rate or 0
+  cfg.backoff = backoff
+  cfg.jitter = o.jitter or 0
+  cfg.fails = fails
+  cfg.count_window = cw
+  cfg.min_calls = min_calls
+  cfg.probes = o.probes or 1
+  return nil
+end
+
+local function validate(opts)
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then
+    return nil, "fuse: options must be a table, got " .. show(opts)
+  end
+  local msg = check_keys(opts, KNOWN, NAMES)
+  if msg then return nil, msg end
+  for _, name in ipairs(NAMES) do
+    local v = opts[name]
+    if v ~= nil then
+      msg = check_one(name, v)
+      if msg then return nil, msg end
+    end
+  end
+  local cfg = {}
+  msg = resolve(opts, cfg)
+  if msg then return nil, msg end
+  return {
+    name = opts.name,
+    fallback = opts.fallback,
+    is_failure = opts.is_failure,
+    on_state_change = opts.on_state_change,
+    cfg = cfg,
+  }
+end
+
+-- check(opts [, level]) -> normalized options, or raises error(msg, level); level
+-- defaults to 2 (the caller of check). Never a tail call to error: that would shift
+-- the level under Lua 5.1.
+function _M.check(opts, level)
+  local r, msg = validate(opts)
+  if not r then error(msg, level or 2) end
+  return r
+end
+
+---------------------------------------------------------------------------------------
+-- check_init
+
+local INIT_KNOWN = set_of(_M.INIT_NAMES)
+
+local function validate_init(opts)
+  if type(opts) ~= "table" then
+    return nil, "fuse: fuse.init needs a table such as { shared = true }, got " ..
+      show(opts)
+  end
+  local msg = check_keys(opts, INIT_KNOWN, _M.INIT_NAMES)
+  if msg then return nil, msg end
+  if type(opts.shared) ~= "boolean" then
+    return nil, bad("shared", "true or false", opts.shared)
+  end
+  local cap = opts.capacity
+  if cap ~= nil then
+    if type(cap) ~= "number" then return nil, bad("capacity", "a positive integer", cap) end
+    if cap ~= cap or cap == huge or cap == -huge then
+      return nil, bad("capacity", "a finite number", cap)
+    end
+    if cap < 1 or cap ~= floor(cap) then
+      return nil, bad("capacity", "a positive integer", cap)
+    end
+    if cap > MAX_CAPACITY then
+      return nil, bad("capacity", "an integer from 1 to " .. fmt_num(MAX_CAPACITY), cap)
+    end
+  end
+  return { shared = opts.shared, capacity = cap or 1024 }
+end
+
+-- check_init(opts [, level]) -> { shared = bool, capacity = n }, or raises as check.
+function _M.check_init(opts, level)
+  local r, msg = validate_init(opts)
+  if not r then error(msg, level or 2) end
+  return r
+end
+
+---------------------------------------------------------------------------------------
+-- diff
+
+local function same(a, b)
+  if a == b then return true end
+  if type(a) ~= "number" or type(b) ~= "number" then return false end
+  return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+end
+
+local function show_cfg(field, v)
+  if v == 0 and OFF_WHEN_ZERO[field] then return "off" end
+  return show(v)
+end
+
+-- diff(a, b) -> array of "field (a vs b)" for every cfg field that differs, in
+-- CFG_FIELDS order; 0 of a rule that can be off prints as "off".
+function _M.diff(a, b)
+  local out = {}
+  for _, f in ipairs(CFG_FIELDS) do
+    local va, vb = a[f], b[f]
+    if not same(va, vb) then
+      out[#out + 1] = fmt("%s (%s vs %s)", f, show_cfg(f, va), show_cfg(f, vb))
+    end
+  end
+  return out
+end
+
+return _M
