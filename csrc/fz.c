@@ -581,6 +581,13 @@ int fz_state(fz_breaker *b) {
   return sw_state(sw) + 256 * made;
 }
 
+double fz_retry_after(fz_breaker *b) {
+  uint64_t sw = at_load_acq(&b->sw), t = now_ns();
+  if (sw_state(sw) != FZ_OPEN || at_load_acq(&b->until_gen) != sw_gen(sw)) return 0;
+  uint64_t until = at_load_rlx(&b->until);
+  return until > t ? (double)(until - t) * 1e-9 : 0;
+}
+
 /* Totals: folded counts plus every live word, retried while a recycle is under way. */
 static void read_totals(fz_breaker *b, fz_stats *out) {
   for (int tries = 0; tries < 100; tries++) {
@@ -622,10 +629,7 @@ int fz_stats_read(fz_breaker *b, fz_stats *out) {
     out->failure_rate = (double)out->failures / out->calls;
     out->slow_rate = (double)out->slow / out->calls;
   }
-  if (out->state == FZ_OPEN && at_load_acq(&b->until_gen) == sw_gen(sw)) {
-    uint64_t until = at_load_rlx(&b->until);
-    out->retry_after = until > t ? (double)(until - t) * 1e-9 : 0;
-  }
+  out->retry_after = fz_retry_after(b);
   read_totals(b, out);
   out->opens_total = at_load_rlx(&b->opens_total);
   return made;

@@ -98,6 +98,7 @@ double fz_enter(fz_breaker *b);
 int fz_done(fz_breaker *b, double ticket, int outcome, double elapsed);
 
 int fz_state(fz_breaker *b);
+double fz_retry_after(fz_breaker *b);
 int fz_stats_read(fz_breaker *b, fz_stats *out);
 int fz_reset(fz_breaker *b);
 int fz_force_open(fz_breaker *b);
@@ -165,6 +166,9 @@ double fz_clock_now(void);
  * fz_state(b): the state as of now, making any transition that is due by time alone
  *   (open -> half_open, a probe past its timeout -> open). Returns
  *   state + 256 * transition, transition as in fz_done (0 when none was made).
+ *
+ * fz_retry_after(b): seconds until an open circuit admits probes, 0 in any other state
+ *   (or when it is due now). A pure read: makes no transition.
  *
  * fz_stats_read(b, out): fills *out as of now (making due transitions as fz_state
  *   does) and returns the transition code. Window counts are read without a lock:

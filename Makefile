@@ -1,0 +1,254 @@
+# fuse: build, tests and checks (GNU make). `make help` lists the targets.
+#
+# Every output goes to build/. The tests print TAP: each suite shows live and is kept
+# in build/test-logs/NAME.tap, and tools/tapsum prints the total as its last line.
+
+CC         ?= cc
+LUAJIT     ?= luajit
+BUSTED     ?= busted
+LUACHECK   ?= luacheck
+LUAROCKS   ?= luarocks
+PKG_CONFIG ?= pkg-config
+
+WARNINGS := -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+            -Wcast-align -Wwrite-strings -Wundef -Werror
+CFLAGS   ?= -std=c11 -O2 -g -fPIC -fvisibility=hidden -pthread $(WARNINGS) -D_GNU_SOURCE
+# Recursive on purpose: evaluated when a recipe runs, after `make deps` installed
+# pkg-config and LuaJIT's headers. Only fz_lua.c and lstates.c need them.
+LUAJIT_CFLAGS = $(shell $(PKG_CONFIG) --cflags luajit 2>/dev/null)
+LUAJIT_LIBS   = $(shell $(PKG_CONFIG) --libs luajit 2>/dev/null)
+CPPFLAGS += -Icsrc $(LUAJIT_CFLAGS)
+DEPFLAGS  = -MMD -MP
+LDLIBS   += -pthread -lm
+
+SAN_ASAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+SAN_TSAN := -fsanitize=thread -fno-omit-frame-pointer
+STRESS_ITERS ?= 200000
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1 \
+            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 STRESS_ITERS=$(STRESS_ITERS)
+TSAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 STRESS_ITERS=$(STRESS_ITERS)
+# A sanitizer report in a suite's stderr fails the target even if the exit status hid it.
+SAN_REPORT := ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNING: ThreadSanitizer|ThreadSanitizer: reported
+
+# Lua against the tree, as in notes/API.md (absolute, so a test may chdir).
+LUA_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
+           LUA_CPATH="$(CURDIR)/build/?.so;;"
+# busted runs under LuaJIT by running its script with luajit: `busted --lua=luajit`
+# re-executes itself through a shell without quoting, which splits --lpath at ";".
+BUSTED_RUN  = $(LUAJIT) "$$(command -v $(BUSTED) || echo $(BUSTED)-not-installed)"
+BUSTED_ARGS := --lpath="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua" \
+               --cpath="$(CURDIR)/build/?.so"
+
+DEB_PKGS := build-essential pkg-config luajit2 libluajit2-5.1-dev lua5.1 liblua5.1-0-dev \
+            lua5.4 liblua5.4-dev lua-busted luarocks lua-check nginx libnginx-mod-http-lua \
+            lua-resty-core lua-resty-lrucache wrk prometheus
+
+ROCKSPEC := fuse-0.1.0-1.rockspec
+LOGDIR   := build/test-logs
+
+# The core: every csrc/*.c. fz_lua.c (the Lua C API binding) goes into core.so only;
+# the C tests link the other objects statically, through build/libfzcore.a.
+CORE_SRCS := $(wildcard csrc/*.c)
+CORE_OBJS := $(CORE_SRCS:csrc/%.c=build/obj/%.o)
+LIB_OBJS   = $(filter-out %/fz_lua.o,$(1))
+
+# C tests beyond the three named ones (test/*.c): built like test_core, run as suites.
+NAMED_TESTS := test_core stress lstates
+EXTRA_TESTS := $(filter-out $(NAMED_TESTS),$(basename $(notdir $(wildcard test/*.c))))
+TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
+
+# $(call need,FILE,WHO): stop with a clear message when FILE does not exist yet.
+need = @test -e $(1) || { echo "make: $(1) does not exist yet ($(2))" >&2; exit 1; }
+
+.PHONY: all deps cdef check-cdef test check asan tsan bench demo demo-nginx lint rock \
+        clean help
+.DELETE_ON_ERROR:
+.SUFFIXES:
+
+all: build/fuse/core.so
+
+help:
+	@echo "make            build/fuse/core.so (every csrc/*.c)"
+	@echo "make deps       install the Debian packages the project needs (if any is missing)"
+	@echo "make test       deps + all, then every suite (C, cdef check, busted, test/*.t.sh)"
+	@echo "make check      the same without the deps step"
+	@echo "make asan|tsan  the C tests under ASan+UBSan / the stress test under TSan"
+	@echo "make cdef       regenerate lua/fuse/cdef.lua from csrc/fz.h"
+	@echo "make check-cdef fail if lua/fuse/cdef.lua is stale or core.so exports differ"
+	@echo "make bench | demo | demo-nginx | lint | rock | clean"
+
+# ---- the shared object -------------------------------------------------------------
+
+ifeq ($(CORE_SRCS),)
+build/fuse/core.so build/libfzcore.a build/asan/libfzcore.a build/tsan/libfzcore.a:
+	@echo "make: no csrc/*.c yet (csrc/fz.c is the core): nothing to build" >&2; exit 1
+else
+build/fuse/core.so: $(CORE_OBJS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -shared -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+build/libfzcore.a: $(call LIB_OBJS,$(CORE_OBJS))
+	rm -f $@
+	$(AR) rcs $@ $^
+endif
+
+build/obj/%.o: csrc/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+# A test or bench source that is missing: say so instead of "no rule to make target".
+test/%.c bench/%.c:
+	@echo "make: $@ does not exist yet (it is written by the lead or another helper)" >&2
+	@exit 1
+
+# ---- packages ----------------------------------------------------------------------
+
+deps:
+	@command -v dpkg >/dev/null 2>&1 || { \
+	  echo "make deps: no dpkg here; install the equivalents of: $(DEB_PKGS)" >&2; exit 1; }
+	@missing=; for p in $(DEB_PKGS); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" -ne 0 ]; then \
+	  echo "make deps: missing Debian packages:$$missing" >&2; \
+	  echo "make deps: install them as root, e.g.: sudo apt-get install -y$$missing" >&2; \
+	  exit 1; fi; \
+	echo "make deps: installing$$missing"; \
+	apt-get update && DEBIAN_FRONTEND=noninteractive \
+	  apt-get -o DPkg::Lock::Timeout=600 install -y $(DEB_PKGS)
+
+# ---- the FFI declarations ----------------------------------------------------------
+
+cdef:
+	sh tools/gencdef.sh csrc/fz.h > lua/fuse/cdef.lua.tmp
+	mv lua/fuse/cdef.lua.tmp lua/fuse/cdef.lua
+
+check-cdef: build/fuse/core.so
+	@sh tools/checkcdef.sh
+
+# ---- tests -------------------------------------------------------------------------
+
+test: deps
+	@$(MAKE) --no-print-directory check
+
+build/test_core build/stress $(EXTRA_TESTS:%=build/%): build/%: test/%.c test/tap.h \
+    build/libfzcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
+
+# lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.
+build/lstates: test/lstates.c test/tap.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -o $@ $< $(LDFLAGS) $(LUAJIT_LIBS) $(LDLIBS)
+
+RUNTAP = bash tools/runtap $(LOGDIR)
+
+check: all $(TEST_BINS)
+	@rm -rf $(LOGDIR)
+	@$(RUNTAP) test_core build/test_core
+	@$(RUNTAP) stress build/stress
+	@$(RUNTAP) lstates env $(LUA_ENV) build/lstates
+	@$(foreach t,$(EXTRA_TESTS),$(RUNTAP) $(t) build/$(t);)
+	@$(RUNTAP) check-cdef sh tools/checkcdef.sh --tap
+	@$(RUNTAP) busted $(BUSTED_RUN) $(BUSTED_ARGS) -o TAP spec/
+	@for t in test/*.t.sh; do \
+	  [ -f "$$t" ] && [ -x "$$t" ] || continue; \
+	  $(RUNTAP) "$$(basename "$$t" .t.sh)" "$$t"; done
+	@echo "# ---- summary"
+	@sh tools/tapsum $(LOGDIR)
+
+# ---- sanitizers --------------------------------------------------------------------
+
+build/asan/obj/%.o: csrc/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -c $< -o $@
+
+build/tsan/obj/%.o: csrc/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(SAN_TSAN) $(DEPFLAGS) -c $< -o $@
+
+ifneq ($(CORE_SRCS),)
+build/asan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/asan/obj/%.o))
+	rm -f $@
+	$(AR) rcs $@ $^
+
+build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o))
+	rm -f $@
+	$(AR) rcs $@ $^
+endif
+
+build/asan/test_core build/asan/stress: build/asan/%: test/%.c test/tap.h \
+    build/asan/libfzcore.a
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) -o $@ $< build/asan/libfzcore.a \
+	  $(LDFLAGS) $(LDLIBS)
+
+build/tsan/stress: test/stress.c test/tap.h build/tsan/libfzcore.a
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) -o $@ $< build/tsan/libfzcore.a \
+	  $(LDFLAGS) $(LDLIBS)
+
+# $(call san_verdict,LOGDIR): tapsum, then fail on any sanitizer report in stderr.
+san_verdict = sh tools/tapsum $(1) && \
+	if grep -lE '$(SAN_REPORT)' $(1)/*.err; then \
+	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
+
+asan: build/asan/test_core build/asan/stress
+	@rm -rf build/asan/logs
+	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
+	@bash tools/runtap build/asan/logs stress env $(ASAN_ENV) build/asan/stress
+	@$(call san_verdict,build/asan/logs)
+
+tsan: build/tsan/stress
+	@rm -rf build/tsan/logs
+	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
+	@$(call san_verdict,build/tsan/logs)
+
+# ---- the rest ----------------------------------------------------------------------
+
+build/bench_threads: bench/threads.c build/libfzcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
+
+bench: all
+	$(call need,bench/bench.lua,the bench helper writes it)
+	$(LUA_ENV) $(LUAJIT) bench/bench.lua
+	@if [ -f bench/threads.c ]; then \
+	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
+	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	$(call need,examples/demo.lua,another helper writes it)
+	$(LUA_ENV) $(LUAJIT) examples/demo.lua
+
+demo-nginx: deps
+	@$(MAKE) --no-print-directory all
+	$(call need,examples/nginx/demo.sh,the nginx helper writes it)
+	bash examples/nginx/demo.sh
+
+LINT_DIRS = $(wildcard lua spec bench examples)
+lint:
+	$(LUACHECK) $(if $(CI),--no-color) $(LINT_DIRS)
+
+# Installs the rock into build/rocktree, then requires it from there, away from the tree.
+# luarocks' builtin build leaves csrc/*.o and fuse/core.so in the directory it builds
+# in, so it builds in a copy of the sources, build/rock-src.
+ROCKTREE   := $(CURDIR)/build/rocktree
+ROCK_CHECK := local tree = os.getenv("ROCKTREE"); \
+  local fuse = require "fuse"; \
+  local from = package.searchpath("fuse", package.path); \
+  assert(from and from:sub(1, \#tree) == tree, "fuse came from " .. tostring(from)); \
+  local core = package.searchpath("fuse.core", package.cpath); \
+  assert(core and core:sub(1, \#tree) == tree, "fuse.core is not in the tree: " .. tostring(core)); \
+  print("rock ok: fuse " .. tostring(fuse.VERSION) .. " from " .. from)
+rock:
+	rm -rf build/rocktree build/rock-src
+	mkdir -p build/rock-src
+	cp -R $(ROCKSPEC) lua csrc build/rock-src/
+	cd build/rock-src && $(LUAROCKS) make --tree $(ROCKTREE) $(ROCKSPEC)
+	@eval "$$($(LUAROCKS) --tree $(ROCKTREE) path)" && cd / && \
+	  ROCKTREE=$(ROCKTREE) $(LUAJIT) -e '$(ROCK_CHECK)'
+
+clean:
+	rm -rf build lua/fuse/cdef.lua.tmp
+
+-include $(wildcard build/obj/*.d build/asan/obj/*.d build/tsan/obj/*.d)

@@ -1,0 +1,370 @@
+-- fuse: circuit breakers for Lua, over a lock-free C core.
+--
+-- This is the facade: it validates options once (fuse.options), builds guarded
+-- functions and breaker objects, fires listeners, and formats stats and metrics. The
+-- backend (fuse.ffi under LuaJIT) is a thin layer of one-line calls into the core.
+local options = require "fuse.options"
+
+local B = require "fuse.ffi"
+
+local error, pcall, select, setmetatable, tostring, type = error, pcall, select, setmetatable, tostring, type
+local floor = math.floor
+local concat = table.concat
+local unpack = table.unpack or unpack  -- luacheck: ignore 143
+
+local _M = { VERSION = "0.1.0", _backend = B.name }
+
+local STATES = { [0] = "closed", "open", "half_open", "forced_open", "disabled" }
+local OPEN, HALF_OPEN = 1, 2
+local SUCCESS, FAILURE, IGNORE = 0, 1, 2
+local OPEN_TO_HALF = 64 + OPEN * 8 + HALF_OPEN
+local HALF_TO_OPEN = 64 + HALF_OPEN * 8 + OPEN
+local PLAIN_OPEN_REJECTION = -(1 + OPEN * 4)
+local E_MISMATCH, E_FULL, E_TICKET = -4, -3, -7
+
+local enter, done, clock_now = B.enter, B.done, B.clock_now
+
+---------------------------------------------------------------------------- the clock
+
+local fake  -- the test clock installed by fuse.clock(fn), or nil
+
+local function sync()
+  local s = fake()
+  if type(s) ~= "number" or s ~= s then
+    error("fuse: the clock function must return seconds as a number, got " .. tostring(s), 0)
+  end
+  B.clock_manual(s)
+end
+
+-- fuse.clock(fn): read time (seconds) from fn, for tests; fuse.clock() restores.
+function _M.clock(fn)
+  if fn ~= nil and type(fn) ~= "function" then
+    error("fuse: fuse.clock needs a function or nothing, got " .. type(fn), 2)
+  end
+  fake = fn
+  if fn then sync() else B.clock_auto() end
+end
+
+local function now()
+  if fake then sync() end
+  return clock_now()
+end
+
+---------------------------------------------------------------------------- listeners
+
+-- Where an error raised by an on_state_change listener is reported. Replaceable.
+function _M.report_error(msg)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.log then ngx.log(ngx.ERR, msg) else io.stderr:write(msg, "\n") end
+end
+
+local function fire(listener, name, code)
+  if listener == nil or code < 64 then return end
+  local from, to = STATES[floor((code - 64) / 8)], STATES[(code - 64) % 8]
+  local ok, err = pcall(listener, name, from, to)
+  if not ok then
+    _M.report_error("fuse: on_state_change of breaker '" .. (name or "anonymous") .. "' ("
+      .. from .. " -> " .. to .. ") failed: " .. tostring(err))
+  end
+end
+
+---------------------------------------------------------------------------- rejections
+
+local REJ = {}
+local rej_handle = setmetatable({}, { __mode = "k" })
+
+REJ.__index = function(r, k)
+  if k == "retry_after" then
+    if fake then sync() end
+    return B.retry_after(rej_handle[r])
+  end
+end
+REJ.__tostring = function(r) return "fuse: circuit '" .. (r.name or "anonymous") .. "' is open" end
+
+local function rejection(h, name, state)
+  local r = setmetatable({ name = name, state = state }, REJ)
+  rej_handle[r] = h
+  return r
+end
+
+function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
+
+-- The rejection for a negative ticket, firing the transition the rejected call made.
+local function rejected(br, listener, t)
+  local r = -t - 1
+  local made = r % 4
+  if made == 1 then fire(listener, br.name, OPEN_TO_HALF)
+  elseif made == 2 then fire(listener, br.name, HALF_TO_OPEN) end
+  return br.rejs[floor(r / 4)]
+end
+
+---------------------------------------------------------------------------- guarded calls
+
+-- The default failure rule, or the user's is_failure: FAILURE, SUCCESS or IGNORE.
+local function classify(is_failure, ok, ...)
+  if is_failure == nil then
+    if not ok then return FAILURE end
+    local r1, r2 = ...
+    if r1 == nil and r2 ~= nil then return FAILURE end
+    return SUCCESS
+  end
+  local v = is_failure(ok, ...)
+  if v == true then return FAILURE elseif v == false then return SUCCESS elseif v == nil then return IGNORE end
+  error("fuse: is_failure must return true, false or nil, got " .. tostring(v), 0)
+end
+
+-- The failure a fallback is given: the raised error, or of `nil, err` the err.
+local function failure_of(ok, r1, r2)
+  if not ok then return r1 end
+  if r1 == nil then return r2 end
+  return r1
+end
+
+local function call_fallback(fb, err, n, a1, a2, a3, rest)
+  if rest then return fb(err, unpack(rest, 1, n)) end
+  if n == 0 then return fb(err) elseif n == 1 then return fb(err, a1) elseif n == 2 then return fb(err, a1, a2) end
+  return fb(err, a1, a2, a3)
+end
+
+-- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
+-- and listener. Immutable upvalues let the JIT fold the branches on options away.
+local function make_run(br, fallback, is_failure, listener)
+  local h, name, rejs = br._h, br.name, br.rejs
+  local rej_open = rejs[OPEN]
+  local slow = br.cfg.slow > 0
+  local has_fallback = fallback ~= nil
+  local fb_fn = type(fallback) == "function"
+
+  local function record(t, t0, outcome)
+    local elapsed = -1
+    if slow then elapsed = now() - t0 elseif fake then sync() end
+    local code = done(h, t, outcome, elapsed)
+    if code ~= 0 then fire(listener, name, code) end
+  end
+
+  local function finish(t, t0, ok, ...)
+    local outcome = classify(is_failure, ok, ...)
+    record(t, t0, outcome)
+    if outcome == FAILURE and has_fallback then return fallback end
+    if ok then return ... end
+    error((...), 0)
+  end
+
+  local function finish_fb(t, t0, n, a1, a2, a3, rest, ok, ...)
+    local outcome = classify(is_failure, ok, ...)
+    record(t, t0, outcome)
+    if outcome == FAILURE then return call_fallback(fallback, failure_of(ok, ...), n, a1, a2, a3, rest) end
+    if ok then return ... end
+    error((...), 0)
+  end
+
+  if fb_fn then
+    return function(fn, ...)
+      if fake then sync() end
+      local t = enter(h)
+      if t < 0 then
+        return fallback(t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t), ...)
+      end
+      if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
+      local n = select("#", ...)
+      local a1, a2, a3 = ...
+      local rest = n > 3 and { ... } or nil
+      return finish_fb(t, slow and now() or 0, n, a1, a2, a3, rest, pcall(fn, ...))
+    end
+  end
+  return function(fn, ...)
+    if fake then sync() end
+    local t = enter(h)
+    if t < 0 then
+      local rej = t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t)
+      if has_fallback then return fallback end
+      return nil, rej
+    end
+    if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
+    return finish(t, slow and now() or 0, pcall(fn, ...))
+  end
+end
+
+---------------------------------------------------------------------------- breakers
+
+local Breaker = {}
+Breaker.__index = Breaker
+
+local function make_breaker(h, name, cfg, o)
+  local br = setmetatable({ _h = h, name = name, cfg = cfg, fallback = o.fallback,
+    is_failure = o.is_failure, on_state_change = o.on_state_change }, Breaker)
+  br.rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
+  br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change)
+  return br
+end
+
+local function check_callable(fn, what, level)
+  local mt = type(fn) == "table" and getmetatable(fn)
+  if type(fn) ~= "function" and not (mt and mt.__call) then
+    error("fuse: " .. what .. " needs a function, got " .. type(fn), level + 1)
+  end
+end
+
+-- A breaker from validated options `o`; errors are raised at `level` (the user's call).
+local function create(o, level)
+  local h, st
+  if o.name == nil then
+    h, st = B.new(o.cfg)
+    if not h then error("fuse: cannot create a breaker: " .. B.strerror(st), level + 1) end
+    return make_breaker(h, nil, o.cfg, o)
+  end
+  h, st = B.open(o.name, o.cfg)
+  if st == E_MISMATCH then
+    error(("fuse: breaker '%s' already exists with other options (existing vs given): %s")
+      :format(o.name, concat(options.diff(B.config(h), o.cfg), ", ")), level + 1)
+  elseif not h then
+    local extra = st == E_FULL and (" (capacity %d; raise it with fuse.init{ shared = true, capacity = N })")
+      :format(B.capacity()) or ""
+    error(("fuse: cannot create breaker '%s': %s%s"):format(o.name, B.strerror(st), extra), level + 1)
+  end
+  return make_breaker(h, o.name, B.config(h), o)
+end
+
+function _M.new(opts)
+  local o = options.check(opts, 3)
+  return create(o, 2)
+end
+
+-- fuse.wrap(fn, opts) -> guarded function, breaker
+function _M.wrap(fn, opts)
+  check_callable(fn, "fuse.wrap", 2)
+  local o = options.check(opts, 3)
+  local br = create(o, 2)
+  local run = br._run
+  return function(...) return run(fn, ...) end, br
+end
+
+function Breaker:call(fn, ...)
+  check_callable(fn, "call", 2)
+  return self._run(fn, ...)
+end
+
+function Breaker:wrap(fn, fallback)
+  check_callable(fn, "wrap", 2)
+  local run = self._run
+  if fallback ~= nil then run = make_run(self, fallback, self.is_failure, self.on_state_change) end
+  return function(...) return run(fn, ...) end
+end
+
+-- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
+function Breaker:allow()
+  if fake then sync() end
+  local t = enter(self._h)
+  if t < 0 then return nil, rejected(self, self.on_state_change, t) end
+  if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
+  return t
+end
+
+function Breaker:report(ticket, ok, seconds)
+  if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. type(ticket), 2) end
+  local outcome = ok == true and SUCCESS or ok == false and FAILURE or ok == nil and IGNORE
+  if not outcome then error("fuse: report's ok must be true, false or nil, got " .. type(ok), 2) end
+  if seconds ~= nil and (type(seconds) ~= "number" or seconds ~= seconds) then
+    error("fuse: report's seconds must be a number, got " .. tostring(seconds), 2)
+  end
+  if fake then sync() end
+  local code = done(self._h, ticket, outcome, seconds or -1)
+  if code == E_TICKET then error("fuse: report needs the ticket from allow, got " .. tostring(ticket), 2) end
+  fire(self.on_state_change, self.name, code)
+end
+
+function Breaker:state()
+  if fake then sync() end
+  local code = B.state(self._h)
+  fire(self.on_state_change, self.name, floor(code / 256))
+  return STATES[code % 256]
+end
+
+function Breaker:stats()
+  if fake then sync() end
+  local s = {}
+  fire(self.on_state_change, self.name, B.stats(self._h, s))
+  s.state = STATES[s.state]
+  s.calls_total = s.successes_total + s.failures_total
+  return s
+end
+
+local function manual(method)
+  return function(self)
+    if fake then sync() end
+    fire(self.on_state_change, self.name, B[method](self._h))
+  end
+end
+
+Breaker.reset = manual("reset")
+Breaker.force_open = manual("force_open")
+Breaker.disable = manual("disable")
+
+---------------------------------------------------------------------------- the registry
+
+function _M.get(name)
+  if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. type(name), 2) end
+  local h = #name > 0 and B.find(name)
+  if not h then return nil end
+  return make_breaker(h, name, B.config(h), {})
+end
+
+function _M.list()
+  local names = {}
+  for i = 0, B.count() - 1 do names[#names + 1] = B.name(B.at(i)) end
+  return names
+end
+
+-- fuse.init{ shared = true, capacity = N }: in nginx's init_by_lua*, before the fork.
+function _M.init(opts)
+  local o = options.check_init(opts, 3)
+  if not o.shared then return true end
+  local rc = B.init_shared(o.capacity)
+  if rc ~= 0 then
+    local why = rc == -6 and (B.is_shared() and ("it is already shared with capacity " .. B.capacity())
+      or "named breakers exist already: call fuse.init first, in init_by_lua") or B.strerror(rc)
+    error("fuse: fuse.init cannot share the registry: " .. why, 2)
+  end
+  return true
+end
+
+---------------------------------------------------------------------------- metrics
+
+local function label(s)
+  return (s:gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+end
+
+local METRICS = {
+  { "fuse_state", "gauge", "Breaker state: 0 closed, 1 open, 2 half_open, 3 forced_open, 4 disabled.", "state_n" },
+  { "fuse_window_calls", "gauge", "Calls (successes and failures) in the current window.", "calls" },
+  { "fuse_window_failure_rate", "gauge", "Failures over calls in the current window.", "failure_rate" },
+  { "fuse_calls_total", "counter", "Calls whose outcome was recorded.", "calls_total" },
+  { "fuse_successes_total", "counter", "Calls recorded as successes.", "successes_total" },
+  { "fuse_failures_total", "counter", "Calls recorded as failures.", "failures_total" },
+  { "fuse_slow_calls_total", "counter", "Calls that took at least the slow threshold.", "slow_total" },
+  { "fuse_rejections_total", "counter", "Calls rejected without running.", "rejections_total" },
+  { "fuse_opens_total", "counter", "Times the circuit opened.", "opens_total" },
+}
+
+-- Prometheus text exposition of every breaker in the registry.
+function _M.metrics()
+  if fake then sync() end
+  local rows = {}
+  for i = 0, B.count() - 1 do
+    local h = B.at(i)
+    local s = {}
+    B.stats(h, s)
+    s.state_n, s.calls_total = s.state, s.successes_total + s.failures_total
+    rows[#rows + 1] = { label(B.name(h)), s }
+  end
+  local out = {}
+  for _, m in ipairs(METRICS) do
+    out[#out + 1] = ("# HELP %s %s\n# TYPE %s %s\n"):format(m[1], m[3], m[1], m[2])
+    for _, row in ipairs(rows) do
+      out[#out + 1] = ('%s{name="%s"} %.17g\n'):format(m[1], row[1], row[2][m[4]])
+    end
+  end
+  return concat(out)
+end
+
+return _M

@@ -1,0 +1,113 @@
+-- fuse.ffi: the LuaJIT FFI backend. Thin: every function is one call into the core
+-- (csrc/fz.c); the facade (fuse.lua) validates and holds the logic.
+local ffi = require "ffi"
+local cdef = require "fuse.cdef"
+
+local tonumber = tonumber
+
+local function find_library()
+  local path, tried = package.searchpath("fuse.core", package.cpath)
+  if not path then
+    error("fuse: cannot find the core library (fuse/core.so) on package.cpath;" .. tried, 3)
+  end
+  return path
+end
+
+ffi.cdef(cdef.cdef)
+local C = ffi.load(find_library())
+
+if C.fz_abi_version() ~= cdef.abi then
+  error(string.format("fuse: core library ABI %d does not match lua/fuse/cdef.lua (ABI %d): rebuild",
+    C.fz_abi_version(), cdef.abi), 2)
+end
+
+local _M = { name = "ffi" }
+
+local status = ffi.new("int[1]")
+local cfg_buf = ffi.new("fz_config")
+local stats_buf = ffi.new("fz_stats")
+
+local CFG_FIELDS = { "window", "open_for", "max_open_for", "slow", "probe_timeout", "failure_rate",
+  "slow_rate", "backoff", "jitter", "fails", "count_window", "min_calls", "probes" }
+
+local function to_config(cfg)
+  for _, k in ipairs(CFG_FIELDS) do cfg_buf[k] = cfg[k] end
+  return cfg_buf
+end
+
+local function from_config(c)
+  local cfg = {}
+  for _, k in ipairs(CFG_FIELDS) do cfg[k] = tonumber(c[k]) end
+  return cfg
+end
+
+function _M.strerror(code) return ffi.string(C.fz_strerror(code)) end
+
+-- An anonymous breaker, freed when the returned handle is collected.
+function _M.new(cfg)
+  local h = C.fz_breaker_new(to_config(cfg), status)
+  if h == nil then return nil, status[0] end
+  return ffi.gc(h, C.fz_breaker_free)
+end
+
+-- The registry breaker `name`; status as fz_registry_open's.
+function _M.open(name, cfg)
+  local h = C.fz_registry_open(name, #name, to_config(cfg), status)
+  if h == nil then return nil, status[0] end
+  return h, status[0]
+end
+
+function _M.find(name)
+  local h = C.fz_registry_find(name, #name)
+  if h == nil then return nil end
+  return h
+end
+
+function _M.count() return C.fz_registry_count() end
+
+function _M.at(i)
+  local h = C.fz_registry_at(i)
+  if h == nil then return nil end
+  return h
+end
+
+function _M.name(h) return ffi.string(C.fz_breaker_name(h)) end
+
+function _M.config(h)
+  C.fz_breaker_config(h, cfg_buf)
+  return from_config(cfg_buf)
+end
+
+-- The hot path: plain calls, compiled into the caller's trace.
+function _M.enter(h) return C.fz_enter(h) end
+function _M.done(h, ticket, outcome, elapsed) return C.fz_done(h, ticket, outcome, elapsed) end
+
+function _M.state(h) return C.fz_state(h) end
+function _M.retry_after(h) return C.fz_retry_after(h) end
+function _M.reset(h) return C.fz_reset(h) end
+function _M.force_open(h) return C.fz_force_open(h) end
+function _M.disable(h) return C.fz_disable(h) end
+
+-- Fills `t` with the numbers of fz_stats; returns the transition code.
+function _M.stats(h, t)
+  local made = C.fz_stats_read(h, stats_buf)
+  local s = stats_buf
+  t.state, t.calls, t.failures, t.slow = s.state, s.calls, s.failures, s.slow
+  t.rejections, t.failure_rate, t.slow_rate = s.rejections, s.failure_rate, s.slow_rate
+  t.retry_after = s.retry_after
+  t.successes_total, t.failures_total = tonumber(s.successes_total), tonumber(s.failures_total)
+  t.slow_total, t.rejections_total = tonumber(s.slow_total), tonumber(s.rejections_total)
+  t.opens_total = tonumber(s.opens_total)
+  return made
+end
+
+function _M.init_shared(capacity) return C.fz_registry_init_shared(capacity) end
+function _M.is_shared() return C.fz_registry_is_shared() ~= 0 end
+function _M.capacity() return tonumber(C.fz_registry_capacity()) end
+
+function _M.clock_manual(s) C.fz_clock_manual(s) end
+function _M.clock_auto() C.fz_clock_auto() end
+function _M.clock_now() return C.fz_clock_now() end
+
+_M.C = C
+return _M
