@@ -173,16 +173,18 @@ static uint32_t tag_of(uint64_t w) { return (uint32_t)(w >> 32); }
 static uint32_t cnt_of(uint64_t w) { return (uint32_t)w; }
 
 /*
- * Adds one to the counter word for bucket epoch e. A word tagged with e or a newer
- * epoch takes the add (a racing thread that read the clock later recycled it: the call
- * lands one bucket late, never lost). An older word is recycled: the compare-and-swap
- * that retags it captures its count exactly, which moves into *folded.
+ * Adds one to the counter word for bucket epoch e. A word tagged with e or a slightly
+ * newer epoch takes the add (a racing thread that read the clock later recycled it: the
+ * call lands a bucket late, never lost). Any other word (older, never used, or left
+ * from before a jump of the clock) is recycled: the compare-and-swap that retags it
+ * captures its count exactly, which moves into *folded.
  * Returns the count before the add.
  */
 static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e, int order) {
   uint64_t v = at_load_rlx(w);
   for (;;) {
-    if ((int32_t)(tag_of(v) - e) >= 0) {
+    int32_t ahead = (int32_t)(tag_of(v) - e);
+    if (ahead >= 0 && ahead <= SPAN + 1) {
       if (cnt_of(v) >= UINT32_C(0x80000000)) {  /* bucket saturated: totals still exact */
         at_add_rlx(folded, 1);
         return cnt_of(v);
@@ -378,7 +380,7 @@ static int probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
   for (unsigned i = 0; busy; i++, busy >>= 1) {
     if (!(busy & 1)) continue;
     uint64_t st = at_load_acq(&b->probe_start[i]);  /* pairs with the release in claim_probe */
-    if ((uint32_t)(st >> 32) == g32 && (uint32_t)(t / 1000000 - (uint32_t)st) >= b->probe_timeout_ms)
+    if ((uint32_t)(st >> 32) == g32 && (int32_t)(uint32_t)(t / 1000000 - (uint32_t)st) >= (int64_t)b->probe_timeout_ms)
       return 1;
   }
   return 0;

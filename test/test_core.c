@@ -79,6 +79,29 @@ static void test_window_edges(void) {
   fz_breaker_free(b);
 }
 
+/* Every window size at every clock origin: the window counts from the first call. */
+static void test_windows_and_origins(void) {
+  const double windows[] = { 0.01, 0.1, 1, 7, 10, 60, 86400 };
+  const double origins[] = { 0, 1e3, 1e6, -5e3, 3.9e9 };
+  int bad = 0;
+  for (unsigned w = 0; w < sizeof windows / sizeof *windows; w++) {
+    for (unsigned o = 0; o < sizeof origins / sizeof *origins; o++) {
+      at(origins[o]);
+      fz_config c = defaults();
+      c.fails = 2, c.window = windows[w];
+      fz_breaker *b = fz_breaker_new(&c, NULL);
+      run(b, FZ_FAILURE);
+      later(windows[w] * 0.5);
+      if ((int)stats(b).failures != 1 || run(b, FZ_FAILURE) != 64 + FZ_OPEN) {
+        bad++;
+        diag("window %g at origin %g did not trip", windows[w], origins[o]);
+      }
+      fz_breaker_free(b);
+    }
+  }
+  is_int(bad, 0, "the fails rule holds for every window and clock origin");
+}
+
 static void test_half_open(void) {
   at(5000);
   fz_config c = defaults();
@@ -315,6 +338,7 @@ static void test_registry(void) {
 int main(void) {
   test_fails_rule();
   test_window_edges();
+  test_windows_and_origins();
   test_half_open();
   test_ignored_probe();
   test_stale_and_fresh_window();
