@@ -38,6 +38,7 @@
 #include "fz_atomic.h"
 #include "fz_errors.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -654,6 +655,18 @@ int fz_force_open(fz_breaker *b) { return move_to(b, FZ_FORCED_OPEN); }
 int fz_disable(fz_breaker *b) { return move_to(b, FZ_DISABLED); }
 
 /* ---------------------------------------------------------------- registry */
+
+/*
+ * The registry is process-wide, so this library must stay loaded while the process
+ * lives: when the last Lua state that FFI-loaded it closes, LuaJIT dlcloses it, and a
+ * state opened later would find an empty registry. Loading ourselves once more with
+ * RTLD_NODELETE pins the mapping (no link flag needed, so luarocks builds get it too).
+ */
+__attribute__((constructor)) static void pin_library(void) {
+  Dl_info info;
+  if (dladdr((void *)(uintptr_t)pin_library, &info) && info.dli_fname)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
 
 #define REG_MAGIC 0x667a7265u  /* "fzre" */
 #define PRIVATE_CAPACITY 4096

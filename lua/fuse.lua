@@ -311,7 +311,7 @@ end
 
 function _M.list()
   local names = {}
-  for i = 0, B.count() - 1 do names[#names + 1] = B.name(B.at(i)) end
+  for i = 0, B.count() - 1 do names[#names + 1] = B.name_of(B.at(i)) end
   return names
 end
 
@@ -355,7 +355,7 @@ function _M.metrics()
     local s = {}
     B.stats(h, s)
     s.state_n, s.calls_total = s.state, s.successes_total + s.failures_total
-    rows[#rows + 1] = { label(B.name(h)), s }
+    rows[#rows + 1] = { label(B.name_of(h)), s }
   end
   local out = {}
   for _, m in ipairs(METRICS) do
