@@ -422,7 +422,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
   for (;;) {
     uint32_t succ = (uint32_t)(ho >> 16) & 0xffff, busy = (uint32_t)ho & 0xffff;
     if ((uint32_t)(ho >> 32) != g32) succ = busy = 0;  /* first probe of this generation */
-    if ((uint32_t)__builtin_popcount(busy) + succ >= b->cfg.probes) {
+    if ((uint32_t)__builtin_popcount(busy) >= b->cfg.probes) {  /* `probes` at once */
       count_rejection(b, epoch_at(b, t));
       return rejection(FZ_HALF_OPEN, made ? 1 : 0);
     }

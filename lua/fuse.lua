@@ -120,10 +120,18 @@ local function failure_of(ok, r1, r2)
   return r1
 end
 
-local function call_fallback(fb, err, n, a1, a2, a3, rest)
+-- fallback(err, ...) with the call's arguments, kept in fixed slots for up to eight
+-- (no allocation); only a call with more arguments keeps them in a table.
+local function call_fallback(fb, err, n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
   if rest then return fb(err, unpack(rest, 1, n)) end
-  if n == 0 then return fb(err) elseif n == 1 then return fb(err, a1) elseif n == 2 then return fb(err, a1, a2) end
-  return fb(err, a1, a2, a3)
+  if n <= 4 then
+    if n == 0 then return fb(err) elseif n == 1 then return fb(err, a1)
+    elseif n == 2 then return fb(err, a1, a2) elseif n == 3 then return fb(err, a1, a2, a3) end
+    return fb(err, a1, a2, a3, a4)
+  end
+  if n == 5 then return fb(err, a1, a2, a3, a4, a5) elseif n == 6 then return fb(err, a1, a2, a3, a4, a5, a6)
+  elseif n == 7 then return fb(err, a1, a2, a3, a4, a5, a6, a7) end
+  return fb(err, a1, a2, a3, a4, a5, a6, a7, a8)
 end
 
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
@@ -150,10 +158,12 @@ local function make_run(br, fallback, is_failure, listener)
     error((...), 0)
   end
 
-  local function finish_fb(t, t0, n, a1, a2, a3, rest, ok, ...)
+  local function finish_fb(t, t0, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
     local outcome = classify(is_failure, ok, ...)
     record(t, t0, outcome)
-    if outcome == FAILURE then return call_fallback(fallback, failure_of(ok, ...), n, a1, a2, a3, rest) end
+    if outcome == FAILURE then
+      return call_fallback(fallback, failure_of(ok, ...), n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
+    end
     if ok then return ... end
     error((...), 0)
   end
@@ -167,9 +177,9 @@ local function make_run(br, fallback, is_failure, listener)
       end
       if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
       local n = select("#", ...)
-      local a1, a2, a3 = ...
-      local rest = n > 3 and { ... } or nil
-      return finish_fb(t, slow and now() or 0, n, a1, a2, a3, rest, pcall(fn, ...))
+      local a1, a2, a3, a4, a5, a6, a7, a8 = ...
+      local rest = n > 8 and { ... } or nil
+      return finish_fb(t, slow and now() or 0, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, pcall(fn, ...))
     end
   end
   return function(fn, ...)
