@@ -91,7 +91,7 @@ struct fz_breaker {
   _Alignas(LINE) uint64_t folded_succ, folded_rej, folded_fail, folded_slow;
   uint64_t fold_begin, fold_end;  /* concurrent: recycles begun / ended */
   uint64_t opens_total;           /* concurrent */
-  uint64_t cur_open_ns;           /* written by the transition winner only */
+  uint64_t cur_open_ns;           /* concurrent: the open period before jitter */
 
   /* The count window: a ring of the last N outcomes and one aggregate word. */
   _Alignas(LINE) uint64_t cw_seq;  /* concurrent: calls recorded so far */
@@ -331,7 +331,7 @@ const char *fz_breaker_name(const fz_breaker *b) { return b->name; }
 
 /* The open period for the next OPEN: the current one, shortened by jitter. */
 static uint64_t open_period(fz_breaker *b) {
-  double p = (double)b->cur_open_ns;
+  double p = (double)at_load_rlx(&b->cur_open_ns);
   if (b->cfg.jitter > 0) p *= 1.0 - b->cfg.jitter * rand01();
   return (uint64_t)p;
 }
@@ -353,8 +353,8 @@ static int trip(fz_breaker *b, uint64_t sw, uint64_t t) {
 /* half_open -> open after a failed or timed-out probe: the open period backs off. */
 static int reopen(fz_breaker *b, uint64_t sw, uint64_t t) {
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
-  double next = (double)b->cur_open_ns * b->cfg.backoff;
-  b->cur_open_ns = next > (double)b->max_open_ns ? b->max_open_ns : (uint64_t)next;
+  double next = (double)at_load_rlx(&b->cur_open_ns) * b->cfg.backoff;
+  at_store_rlx(&b->cur_open_ns, next > (double)b->max_open_ns ? b->max_open_ns : (uint64_t)next);
   set_until(b, sw_gen(sw) + 1, t);
   return trans_code(FZ_HALF_OPEN, FZ_OPEN);
 }
@@ -363,7 +363,7 @@ static int reopen(fz_breaker *b, uint64_t sw, uint64_t t) {
  * rule reads the window, so a swap that loses leaves nothing wrong behind. */
 static int close_circuit(fz_breaker *b, uint64_t sw) {
   fresh_window(b);
-  b->cur_open_ns = b->open_for_ns;
+  at_store_rlx(&b->cur_open_ns, b->open_for_ns);
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_CLOSED))) return 0;
   return trans_code(FZ_HALF_OPEN, FZ_CLOSED);
 }
@@ -387,24 +387,22 @@ static int probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
   return 0;
 }
 
-/* Makes the transitions due by time alone; returns the code of one it made, or 0. */
+/* Makes a transition due by time alone, if one is: returns its code (0 when none was
+ * made by this caller) and leaves the current state word in *sw. At most one, so that
+ * the caller can report exactly what it did. */
 static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
-  int made = 0;
-  for (int guard = 0; guard < 4; guard++) {
-    int st = sw_state(*sw), m = 0;
-    if (st == FZ_OPEN && open_due(b, *sw, t)) {
-      uint64_t want = *sw;
-      if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(*sw) + 1, FZ_HALF_OPEN)))
-        m = trans_code(FZ_OPEN, FZ_HALF_OPEN);
-    } else if (st == FZ_HALF_OPEN && probe_timed_out(b, *sw, t)) {
-      at_add_sc(&b->folded_fail, 1);  /* the timed-out probe counts as failed */
-      m = reopen(b, *sw, t);
-    } else {
-      return made;
-    }
-    made = m ? m : made;
-    *sw = at_load_acq(&b->sw);
+  int made = 0, st = sw_state(*sw);
+  if (st == FZ_OPEN && open_due(b, *sw, t)) {
+    uint64_t want = *sw;
+    if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(*sw) + 1, FZ_HALF_OPEN)))
+      made = trans_code(FZ_OPEN, FZ_HALF_OPEN);
+  } else if (st == FZ_HALF_OPEN && probe_timed_out(b, *sw, t)) {
+    made = reopen(b, *sw, t);
+    if (made) at_add_sc(&b->folded_fail, 1);  /* the timed-out probe counts as failed */
+  } else {
+    return 0;
   }
+  *sw = at_load_acq(&b->sw);
   return made;
 }
 
@@ -439,16 +437,18 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
 static double enter_slow(fz_breaker *b, uint64_t sw) {
   uint64_t t = now_ns();
   int made = settle(b, &sw, t);
+  /* the transition this call made travels back in the ticket, whatever happened next */
+  int to_half = made == trans_code(FZ_OPEN, FZ_HALF_OPEN);
   switch (sw_state(sw)) {
   case FZ_CLOSED:
-    return ticket(sw_gen(sw), 0, KIND_NORMAL, 0);
+    return ticket(sw_gen(sw), 0, KIND_NORMAL, to_half);
   case FZ_DISABLED:
-    return ticket(sw_gen(sw), 0, KIND_PASS, 0);
+    return ticket(sw_gen(sw), 0, KIND_PASS, to_half);
   case FZ_HALF_OPEN:
-    return claim_probe(b, sw, t, made == trans_code(FZ_OPEN, FZ_HALF_OPEN));
+    return claim_probe(b, sw, t, to_half);
   default: /* FZ_OPEN, FZ_FORCED_OPEN */
     count_rejection(b, epoch_at(b, t));
-    return rejection(sw_state(sw), made == trans_code(FZ_HALF_OPEN, FZ_OPEN) ? 2 : 0);
+    return rejection(sw_state(sw), to_half ? 1 : made ? 2 : 0);
   }
 }
 
@@ -534,7 +534,9 @@ static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail) {
     if ((uint32_t)(ho >> 32) != g32 || !(ho & 1u << slot)) return 0;
     uint64_t succ = (ho >> 16 & 0xffff) + 1;
     uint64_t want = (ho & ~(UINT64_C(0xffff) << 16) & ~(UINT64_C(1) << slot)) | succ << 16;
-    if (at_cas_acqrel(&b->ho, &ho, want)) return succ >= b->cfg.probes ? close_circuit(b, sw) : 0;
+    /* only the success that completes `probes` closes; later ones of this generation
+     * (probes still running when it closed) are stale */
+    if (at_cas_acqrel(&b->ho, &ho, want)) return succ == b->cfg.probes ? close_circuit(b, sw) : 0;
   }
 }
 
@@ -551,7 +553,7 @@ int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) {
   uint64_t t = (uint64_t)tk;
   int kind = (int)(t >> 1 & 3);
   unsigned slot = (unsigned)(t >> 3 & 15);
-  if ((double)t != tk || kind == 0 || (kind != KIND_PROBE && (t & 0x79)) || slot >= b->cfg.probes ||
+  if ((double)t != tk || kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || slot >= b->cfg.probes ||
       outcome < FZ_SUCCESS || outcome > FZ_IGNORE)
     return FZ_ETICKET;
   if (kind == KIND_PASS) return 0;
@@ -644,7 +646,7 @@ static int move_to(fz_breaker *b, int to) {
   uint64_t sw = at_load_acq(&b->sw);
   if (to == FZ_CLOSED) {
     fresh_window(b);
-    b->cur_open_ns = b->open_for_ns;
+    at_store_rlx(&b->cur_open_ns, b->open_for_ns);
   }
   while (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) {}
   return trans_code(sw_state(sw), to);

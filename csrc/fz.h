@@ -149,7 +149,8 @@ double fz_clock_now(void);
  *     > 0  admitted. ticket = generation*128 + slot*8 + kind*2 + flag, where kind is
  *          1 (a call counted in the closed window), 2 (a half-open probe in slot
  *          `slot`) or 3 (disabled: nothing will be counted), and flag is 1 when this
- *          very call made the transition open -> half_open.
+ *          very call made the transition open -> half_open (whatever the state became
+ *          afterwards: the ticket of any kind carries it).
  *     < 0  rejected. -ticket - 1 = state*4 + made, where state is the state that
  *          rejected the call (FZ_OPEN, FZ_HALF_OPEN with no free probe slot, or
  *          FZ_FORCED_OPEN) and made is 0, 1 when this call made open -> half_open,
