@@ -49,12 +49,16 @@
 #include <unistd.h>
 
 #define LINE 64
+#define MS48 ((UINT64_C(1) << 48) - 1)
 #define SPAN 10                 /* buckets a time window spans */
 #define NBUCKETS (SPAN + 1)     /* plus the one being filled */
 #define NSTRIPES 8              /* per-thread counter stripes */
 #define TICKET_LIMIT 9007199254740992.0 /* 2^53: tickets are exact doubles */
 #define GEN_MASK ((UINT64_C(1) << 46) - 1)
 #define MANUAL_ORIGIN (UINT64_C(1) << 62) /* the manual clock's 0 s, so negatives work */
+#define MANUAL_RANGE 4.5e9                /* seconds either side of it */
+
+__extension__ typedef unsigned __int128 u128;
 
 enum { KIND_NORMAL = 1, KIND_PROBE = 2, KIND_PASS = 3 };
 enum { F_RATE = 1, F_CW = 2 };  /* flags: rules that need the slow path on success */
@@ -75,13 +79,13 @@ struct fz_breaker {
   uint64_t until_gen;           /* concurrent: generation `until` belongs to */
   uint64_t cur_epoch;           /* concurrent: bucket epoch of the last clock read */
   uint64_t shift;               /* concurrent: added to epochs; bumped to start a fresh window */
-  uint64_t bucket_ns, open_for_ns, max_open_ns, probe_timeout_ms;
+  uint64_t bucket_ns, bucket_inv, open_for_ns, max_open_ns, probe_timeout_ms;
   uint32_t flags, in_registry;
   fz_config cfg;                /* immutable after init */
 
   /* Half-open admission. */
   _Alignas(LINE) uint64_t ho;   /* concurrent: gen32 << 32 | successes << 16 | busy slots */
-  uint64_t probe_start[FZ_MAX_PROBES]; /* concurrent: gen32 << 32 | start in ms (mod 2^32) */
+  uint64_t probe_start[FZ_MAX_PROBES]; /* concurrent: gen16 << 48 | start in ms */
 
   /* Failures and slow calls: not striped, they decide trips and are rare. */
   _Alignas(LINE) uint64_t fails[NBUCKETS]; /* concurrent, tagged */
@@ -130,7 +134,7 @@ static uint64_t now_ns(void) {
 }
 
 void fz_clock_manual(double seconds) {
-  if (!isfinite(seconds) || fabs(seconds) > 4e9) return;  /* keep it inside the origin's room */
+  if (!isfinite(seconds) || fabs(seconds) > MANUAL_RANGE) return;  /* the facade checks too */
   at_store_rlx(&g_manual_ns, MANUAL_ORIGIN + (uint64_t)(int64_t)llround(seconds * 1e9));
   at_store_rlx(&g_manual_on, 1);
 }
@@ -139,15 +143,19 @@ void fz_clock_auto(void) { at_store_rlx(&g_manual_on, 0); }
 
 double fz_clock_now(void) {
   if (at_load_rlx(&g_manual_on))
-    return (double)(int64_t)(at_load_rlx(&g_manual_ns) - MANUAL_ORIGIN) * 1e-9;
-  return (double)ts_ns(CLOCK_MONOTONIC) * 1e-9;
+    return (double)(int64_t)(at_load_rlx(&g_manual_ns) - MANUAL_ORIGIN) / 1e9;
+  return (double)ts_ns(CLOCK_MONOTONIC) / 1e9;  /* / 1e9, not * 1e-9: exact when it can be */
 }
 
 /* ---------------------------------------------------------------- per thread */
 
+/* initial-exec: a plain %fs-relative load, not a __tls_get_addr call per use; the two
+ * words fit the static TLS that glibc keeps for libraries loaded by dlopen. */
+#define TLS _Thread_local __attribute__((tls_model("initial-exec")))
+
 static uint32_t g_next_stripe;  /* concurrent */
-static _Thread_local uint32_t t_stripe = UINT32_MAX;
-static _Thread_local uint64_t t_rng;
+static TLS uint32_t t_stripe = UINT32_MAX;
+static TLS uint64_t t_rng;
 
 static stripe *my_stripe(fz_breaker *b) {
   uint32_t s = t_stripe;
@@ -221,10 +229,49 @@ static uint64_t tw_all(const uint64_t *w) {
 }
 
 /* The bucket epoch of time t; remembers the newest one for calls that read no clock. */
+/*
+ * Retires every word of `w`: its count moves to *folded and it is retagged just behind
+ * the window that ends at epoch e. Called when the epoch has just jumped past a whole
+ * window, so every word is stale, even one whose 32-bit tag happens to equal a current
+ * epoch (tags keep only 32 bits of the epoch; this pass is what keeps them from
+ * aliasing). A call racing with the pass may see its count moved to the totals only.
+ */
+static void retire(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e) {
+  uint64_t behind = (uint64_t)(uint32_t)(e - SPAN - 2) << 32;
+  for (int i = 0; i < NBUCKETS; i++) {
+    uint64_t v = at_load_rlx(&w[i]);
+    while (v != behind) {
+      at_add_sc(&b->fold_begin, 1);  /* as in tw_add */
+      int won = at_cas_sc(&w[i], &v, behind);
+      if (won) at_add_sc(folded, cnt_of(v));
+      at_add_sc(&b->fold_end, 1);
+      if (won) break;
+    }
+  }
+}
+
+/* After the clock jumped past a whole window: one pass over every bucket. */
+static void retire_all(fz_breaker *b, uint64_t e) {
+  retire(b, b->fails, &b->folded_fail, e);
+  retire(b, b->slow, &b->folded_slow, e);
+  for (int i = 0; i < NSTRIPES; i++) {
+    retire(b, b->stripes[i].succ, &b->folded_succ, e);
+    retire(b, b->stripes[i].rej, &b->folded_rej, e);
+  }
+}
+
+/* The bucket epoch of time t; remembers the newest one for calls that read no clock.
+ * Division by the bucket width is a multiplication by its reciprocal (precomputed):
+ * exact to within one bucket at the edges, and the same t always gives the same e. */
 static uint64_t epoch_at(fz_breaker *b, uint64_t t) {
-  uint64_t e = t / b->bucket_ns + at_load_rlx(&b->shift);
+  uint64_t e = (uint64_t)(((u128)t * b->bucket_inv) >> 64) + at_load_rlx(&b->shift);
   uint64_t cur = at_load_rlx(&b->cur_epoch);
-  while (e > cur && !at_cas_acqrel(&b->cur_epoch, &cur, e)) {}
+  while (e > cur) {
+    if (at_cas_acqrel(&b->cur_epoch, &cur, e)) {
+      if (e - cur > SPAN + 1) retire_all(b, e);
+      break;
+    }
+  }
   return e;
 }
 
@@ -299,6 +346,7 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
   memset(b, 0, sizeof *b);
   b->cfg = *c;
   b->bucket_ns = (uint64_t)(c->window * 1e9 / SPAN);
+  b->bucket_inv = UINT64_MAX / b->bucket_ns;
   b->open_for_ns = (uint64_t)(c->open_for * 1e9);
   b->max_open_ns = (uint64_t)(c->max_open_for * 1e9);
   b->probe_timeout_ms = (uint64_t)ceil(c->probe_timeout * 1e3);
@@ -306,7 +354,8 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
   b->cur_open_ns = b->open_for_ns;
   b->sw = sw_make(0, FZ_CLOSED);
   if (name) memcpy(b->name, name, len);
-  b->cur_epoch = now_ns() / b->bucket_ns;
+  b->cur_epoch = (uint64_t)(((u128)now_ns() * b->bucket_inv) >> 64);
+  retire_all(b, b->cur_epoch);
 }
 
 fz_breaker *fz_breaker_new(const fz_config *c, int *err) {
@@ -381,7 +430,8 @@ static int probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
   for (unsigned i = 0; busy; i++, busy >>= 1) {
     if (!(busy & 1)) continue;
     uint64_t st = at_load_acq(&b->probe_start[i]);  /* pairs with the release in claim_probe */
-    if ((uint32_t)(st >> 32) == g32 && (int32_t)(uint32_t)(t / 1000000 - (uint32_t)st) >= (int64_t)b->probe_timeout_ms)
+    uint64_t start = st & MS48, t_ms = (t / 1000000) & MS48;
+    if ((st >> 48) == (g32 & 0xffff) && t_ms >= start && t_ms - start >= b->probe_timeout_ms)
       return 1;
   }
   return 0;
@@ -429,7 +479,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
     if (at_cas_acqrel(&b->ho, &ho, want)) break;
   }
   /* release: pairs with the acquire in probe_timed_out */
-  at_store_rel(&b->probe_start[slot], (uint64_t)g32 << 32 | (uint32_t)(t / 1000000));
+  at_store_rel(&b->probe_start[slot], (uint64_t)(g32 & 0xffff) << 48 | ((t / 1000000) & MS48));
   return ticket(sw_gen(sw), slot, KIND_PROBE, made ? 1 : 0);
 }
 
@@ -520,16 +570,16 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
   return rules_trip(c, calls, f, s) ? trip(b, sw, t) : 0;
 }
 
-/* The outcome of the probe in `slot` of half-open generation sw. */
-static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail) {
+/* The outcome of the probe in `slot` of half-open generation sw. A slow probe counts
+ * as failed when a slow-call rate rule is set. */
+static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int slow) {
   uint32_t g32 = (uint32_t)sw_gen(sw);
   uint64_t ho = at_load_acq(&b->ho);
   uint64_t t = now_ns(), e = epoch_at(b, t);
-  if (fail) {
-    bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
-    return reopen(b, sw, t);
-  }
-  bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
+  if (slow) bump(b, b->slow, &b->folded_slow, e, __ATOMIC_SEQ_CST);
+  if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
+  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
+  if (fail || (slow && b->cfg.slow_rate > 0)) return reopen(b, sw, t);
   for (;;) {
     if ((uint32_t)(ho >> 32) != g32 || !(ho & 1u << slot)) return 0;
     uint64_t succ = (ho >> 16 & 0xffff) + 1;
@@ -566,13 +616,17 @@ int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) {
   if ((sw_gen(sw) & GEN_MASK) != gen) return 0;  /* stale: an earlier generation */
   int fail = outcome == FZ_FAILURE;
   int slow = b->cfg.slow > 0 && elapsed >= b->cfg.slow;
-  if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail || (slow && b->cfg.slow_rate > 0));
+  if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail, slow);
   if (__builtin_expect(!fail && !slow && !b->flags, 1)) {
-    /* The hot path: no clock; the bucket of the last clock read. Every 64th call of a
-     * stripe reads the clock, so a busy breaker's buckets stay current. */
+    /* The hot path: a success under the plain fails rule, which reads no clock while
+     * its stripe is busy: it counts in the bucket of the last clock read. The clock is
+     * read for the first 64 calls a stripe makes in a bucket (so a quiet breaker counts
+     * exactly), for a bucket that is not the current one, and for every 64th call. */
     uint64_t e = at_load_rlx(&b->cur_epoch);
-    if ((bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED) & 63) == 63)
-      epoch_at(b, now_ns());
+    stripe *s = my_stripe(b);
+    uint64_t v = at_load_rlx(&s->succ[e % NBUCKETS]);
+    if (tag_of(v) != (uint32_t)e || cnt_of(v) < 64 || (cnt_of(v) & 63) == 63) e = epoch_at(b, now_ns());
+    bump(b, s->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
     return 0;
   }
   return closed_record(b, sw, fail, slow);

@@ -30,8 +30,9 @@ local fake  -- the test clock installed by fuse.clock(fn), or nil
 
 local function sync()
   local s = fake()
-  if type(s) ~= "number" or s ~= s then
-    error("fuse: the clock function must return seconds as a number, got " .. tostring(s), 0)
+  if type(s) ~= "number" or not (s > -4.5e9 and s < 4.5e9) then
+    error("fuse: the clock function must return seconds as a number within 4.5e9 of 0, got "
+      .. tostring(s), 0)
   end
   B.clock_manual(s)
 end
@@ -100,7 +101,14 @@ end
 
 ---------------------------------------------------------------------------- guarded calls
 
--- The default failure rule, or the user's is_failure: FAILURE, SUCCESS or IGNORE.
+local function judged(ok, v, ...)
+  if not ok then return nil, v end
+  if v == true then return FAILURE elseif v == false then return SUCCESS elseif v == nil then return IGNORE end
+  return nil, "fuse: is_failure must return true, false or nil, got " .. tostring(v)
+end
+
+-- The default failure rule, or the user's is_failure: FAILURE, SUCCESS or IGNORE; or
+-- nil and the error when is_failure raised or answered something else.
 local function classify(is_failure, ok, ...)
   if is_failure == nil then
     if not ok then return FAILURE end
@@ -108,9 +116,7 @@ local function classify(is_failure, ok, ...)
     if r1 == nil and r2 ~= nil then return FAILURE end
     return SUCCESS
   end
-  local v = is_failure(ok, ...)
-  if v == true then return FAILURE elseif v == false then return SUCCESS elseif v == nil then return IGNORE end
-  error("fuse: is_failure must return true, false or nil, got " .. tostring(v), 0)
+  return judged(pcall(is_failure, ok, ...))
 end
 
 -- The failure a fallback is given: the raised error, or of `nil, err` the err.
@@ -150,8 +156,16 @@ local function make_run(br, fallback, is_failure, listener)
     if code ~= 0 then fire(listener, name, code) end
   end
 
+  -- An is_failure that raised: the call counts nowhere (a probe gives its slot back)
+  -- and the error goes to the caller.
+  local function misjudged(t, err)
+    record(t, 0, IGNORE)
+    error(err, 0)
+  end
+
   local function finish(t, t0, ok, ...)
-    local outcome = classify(is_failure, ok, ...)
+    local outcome, err = classify(is_failure, ok, ...)
+    if not outcome then misjudged(t, err) end
     record(t, t0, outcome)
     if outcome == FAILURE and has_fallback then return fallback end
     if ok then return ... end
@@ -159,7 +173,8 @@ local function make_run(br, fallback, is_failure, listener)
   end
 
   local function finish_fb(t, t0, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
-    local outcome = classify(is_failure, ok, ...)
+    local outcome, err = classify(is_failure, ok, ...)
+    if not outcome then misjudged(t, err) end
     record(t, t0, outcome)
     if outcome == FAILURE then
       return call_fallback(fallback, failure_of(ok, ...), n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
@@ -237,7 +252,8 @@ end
 
 function _M.new(opts)
   local o = options.check(opts, 3)
-  return create(o, 2)
+  local br = create(o, 2)  -- not a tail call: create's errors name the caller's line
+  return br
 end
 
 -- fuse.wrap(fn, opts) -> guarded function, breaker
