@@ -345,6 +345,12 @@ end
 function _M.init(opts)
   local o = options.check_init(opts, 3)
   if not o.shared then return true end
+  local ngx = rawget(_G, "ngx")
+  local phase = ngx and ngx.get_phase and ngx.get_phase()
+  if phase and phase ~= "init" then
+    error("fuse: fuse.init{ shared = true } belongs in init_by_lua*, before nginx forks its "
+      .. "workers; in " .. phase .. " each worker would get a registry of its own", 2)
+  end
   local rc = B.init_shared(o.capacity)
   if rc ~= 0 then
     local why = rc == -6 and (B.is_shared() and ("it is already shared with capacity " .. B.capacity())

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# examples/nginx/demo.sh -- one circuit breaker shared by 4 nginx workers, narrated.
+# Run by `make demo-nginx`. Starts examples/nginx/nginx.conf in a temp prefix on free
+# loopback ports, walks through a failure and a recovery, stops nginx by its pid.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+NGINX=${NGINX:-nginx}
+SO=$ROOT/build/fuse/core.so
+
+die() { echo "demo-nginx: $*" >&2; exit 1; }
+command -v "$NGINX" >/dev/null || die "nginx is not installed (Debian: nginx libnginx-mod-http-lua)"
+command -v curl >/dev/null || die "curl is not installed"
+[ -r "$SO" ] || die "$SO is missing: run make first"
+
+T=$(mktemp -d /tmp/fuse-nginx-demo.XXXXXX) || die "mktemp failed"
+P=$T/examples/nginx
+MASTER=
+alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+stop() {
+  if [ -n "$MASTER" ] && alive "$MASTER"; then
+    kill -QUIT "$MASTER"                      # graceful stop
+    for _ in $(seq 50); do alive "$MASTER" || break; sleep 0.1; done
+    alive "$MASTER" && kill -KILL "$MASTER"
+  fi
+  rm -rf "$T"
+}
+trap stop EXIT
+trap 'exit 1' INT TERM HUP
+
+# The same layout as the repository (lua/, build/, examples/nginx/), readable by the
+# workers, which run as nobody.
+mkdir -p "$P/logs" "$P/temp" "$T/build/fuse"
+cp -R "$ROOT/lua" "$T/lua"
+cp "$SO" "$T/build/fuse/core.so"
+cp "$ROOT/examples/nginx/app.lua" "$P/"
+chmod -R a+rX "$T"
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for _ in $(seq 100); do
+  PORT=$((20000 + RANDOM % 40000)); UP=$((PORT + 1))
+  port_free "$PORT" && port_free "$UP" && break
+done
+sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
+  "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
+chmod a+r "$P/nginx.conf"
+
+"$NGINX" -p "$P/" -c nginx.conf || die "nginx did not start: $(tail -n 5 "$P/logs/error.log")"
+MASTER=$(cat "$P/logs/nginx.pid")
+for _ in $(seq 50); do
+  curl -s -m 1 -o /dev/null "http://127.0.0.1:$PORT/state" && break
+  sleep 0.1
+done
+
+# get PATH: one request on a fresh connection; sets CODE, WPID, BODY
+get() {
+  local out
+  out=$(curl -s -m 5 -H 'Connection: close' -o "$T/body" \
+    -w '%{http_code} %header{x-worker-pid}' "http://127.0.0.1:$PORT$1")
+  CODE=${out%% *} WPID=${out#* } BODY=$(cat "$T/body")
+}
+fake() { curl -s -m 5 "http://127.0.0.1:$UP$1" > /dev/null; }
+hits() { curl -s -m 5 "http://127.0.0.1:$UP/__hits" | sed -n "s/.* $1=\([0-9]*\).*/\1/p"; }
+state_of() { printf '%s' "$1" | grep -o '"upstream":{"state":"[a-z_]*"' | cut -d'"' -f6; }
+say() { printf '\n== %s\n' "$*"; }
+
+# Every worker's view: /state until each of the 4 workers answered (at most 200 tries).
+all_workers() {
+  local seen="" line=""
+  for _ in $(seq 200); do
+    get /state
+    case " $seen " in *" $WPID "*) continue ;; esac
+    seen="$seen $WPID"
+    line="$line  worker $WPID: $(state_of "$BODY")"
+    [ "$(echo "$seen" | wc -w)" -ge 4 ] && break
+  done
+  echo "  $line"
+}
+
+WORKERS=$(ps -o pid= --ppid "$MASTER" 2>/dev/null | tr -d ' ' | tr '\n' ' ')
+say "nginx master $MASTER, workers: $WORKERS"
+echo "   front http://127.0.0.1:$PORT   fake upstream http://127.0.0.1:$UP"
+echo "   breaker 'upstream': fails=3 window=10 open_for=1 probes=1, created in init_by_lua"
+echo "   after fuse.init{shared=true}: its state lives in memory every worker maps"
+
+say "the upstream is healthy: 8 requests at once, spread over the workers"
+curl -s -m 10 --no-progress-meter --parallel --parallel-immediate -H 'Connection: close' \
+  -o "$T/par#1" -w '   %{http_code} from worker %header{x-worker-pid}\n' \
+  "http://127.0.0.1:$PORT/api?i=[1-8]" 2>/dev/null | sort | uniq -c
+
+say "the upstream starts failing (HTTP 500); requests one after another:"
+fake '/__control?mode=fail&reset=hits'
+for i in $(seq 8); do
+  get /api
+  printf '   #%d  worker %-7s %s  %s\n' "$i" "$WPID" "$CODE" "$(head -n 1 "$T/body")"
+done
+echo "   -> the upstream saw $(hits fail) requests: fails=3 in total, counted across workers,"
+echo "      not 3 per worker; every later call got the fallback's 503 without touching it"
+
+say "every worker sees the same open circuit:"
+all_workers
+
+say "the upstream recovers; after open_for (1 s) one probe is let through:"
+fake '/__control?mode=ok&reset=hits'
+sleep 1.1
+get /api
+printf '   probe  worker %-7s %s  %s\n' "$WPID" "$CODE" "$(head -n 1 "$T/body")"
+echo "   -> the upstream saw $(hits ok) request (the probe); it succeeded and closed the circuit"
+all_workers
+
+say "/metrics (excerpt, breaker 'upstream'):"
+get /metrics
+printf '%s\n' "$BODY" | grep 'name="upstream"' | head -n 12 | sed 's/^/   /'
+
+say "stopping nginx (pid $MASTER)"

@@ -1,0 +1,414 @@
+-- b:stats() through a scripted scenario, and fuse.metrics() (Prometheus text format).
+local fuse = require "fuse"
+
+describe("fuse #ffi", function()
+  local now = 1000
+
+  before_each(function()
+    now = now + 1000
+    fuse.clock(function() return now end)
+  end)
+
+  after_each(function()
+    fuse.clock()
+  end)
+
+  local uid = 0
+  local function uname(prefix)
+    uid = uid + 1
+    return ("spec10-%s-%d-%d"):format(prefix, uid, os.time())
+  end
+
+  local function outcome(b, ok, seconds)
+    local ticket, rej = b:allow()
+    assert.is_number(ticket, "call rejected: " .. tostring(rej))
+    b:report(ticket, ok, seconds)
+  end
+
+  local function reject(b)
+    local ticket, rej = b:allow()
+    assert.is_nil(ticket)
+    assert.is_true(fuse.is_rejection(rej))
+    return rej
+  end
+
+  local TOTALS = { "calls_total", "successes_total", "failures_total", "slow_total",
+                   "rejections_total", "opens_total" }
+  local NUMERIC = { "calls", "failures", "slow", "rejections", "failure_rate", "slow_rate",
+                    "retry_after", "calls_total", "successes_total", "failures_total",
+                    "slow_total", "rejections_total", "opens_total" }
+
+  -- stats() with every field checked for type, and the totals checked against the
+  -- previous snapshot: they never go down.
+  local function snapshot(b, prev)
+    local s = b:stats()
+    assert.is_string(s.state)
+    for _, k in ipairs(NUMERIC) do
+      assert.equal("number", type(s[k]), "stats()." .. k .. " is " .. type(s[k]))
+    end
+    assert.equal(s.successes_total + s.failures_total, s.calls_total)
+    if prev then
+      for _, k in ipairs(TOTALS) do
+        assert.is_true(s[k] >= prev[k], k .. " went down: " .. prev[k] .. " -> " .. s[k])
+      end
+    end
+    return s
+  end
+
+  local function expect(s, want)
+    for k, v in pairs(want) do
+      if type(v) == "number" and v ~= math.floor(v) then
+        assert.near(v, s[k], 1e-6, "stats()." .. k)
+      else
+        assert.equal(v, s[k], "stats()." .. k)
+      end
+    end
+  end
+
+  it("runs on the FFI backend", function()
+    assert.equal("ffi", fuse._backend)
+  end)
+
+  describe("b:stats()", function()
+    it("starts at zero, with rates 0 over an empty window", function()
+      local s = snapshot(fuse.new{ slow = 1 })
+      expect(s, {
+        state = "closed", calls = 0, failures = 0, slow = 0, rejections = 0,
+        failure_rate = 0, slow_rate = 0, retry_after = 0,
+        calls_total = 0, successes_total = 0, failures_total = 0, slow_total = 0,
+        rejections_total = 0, opens_total = 0,
+      })
+    end)
+
+    it("follows a scripted scenario", function()
+      local b = fuse.new{ name = uname("scenario"), fails = 3, window = 10, slow = 1 }
+      local t0 = now
+      outcome(b, true, 0.5)
+      outcome(b, true, 2)                       -- slow
+      outcome(b, false, 0.1)
+      local s = snapshot(b)
+      expect(s, {
+        state = "closed", calls = 3, failures = 1, slow = 1, rejections = 0,
+        failure_rate = 1 / 3, slow_rate = 1 / 3, retry_after = 0,
+        calls_total = 3, successes_total = 2, failures_total = 1, slow_total = 1,
+        rejections_total = 0, opens_total = 0,
+      })
+
+      now = t0 + 1
+      outcome(b, false)
+      outcome(b, false)                         -- third failure: opens (open_for = 10)
+      s = snapshot(b, s)
+      expect(s, {
+        state = "open", retry_after = 10, calls_total = 5, successes_total = 2,
+        failures_total = 3, slow_total = 1, rejections_total = 0, opens_total = 1,
+      })
+
+      local rej = reject(b)
+      assert.near(10, rej.retry_after, 1e-6)
+      reject(b)
+      s = snapshot(b, s)
+      expect(s, { rejections = 2, rejections_total = 2 })
+
+      now = t0 + 5                              -- retry_after goes down with the clock
+      s = snapshot(b, s)
+      expect(s, { state = "open", retry_after = 6 })
+      rej = reject(b)
+      assert.near(6, rej.retry_after, 1e-6)
+      assert.equal("open", rej.state)
+      s = snapshot(b, s)
+      expect(s, { rejections = 3, rejections_total = 3 })
+
+      now = t0 + 10.5
+      s = snapshot(b, s)
+      expect(s, { state = "open", retry_after = 0.5 })
+
+      now = t0 + 11.5                           -- due: half_open shows without a call
+      s = snapshot(b, s)
+      expect(s, { state = "half_open", retry_after = 0, opens_total = 1 })
+
+      outcome(b, true, 0.2)                     -- the probe closes it: a fresh window
+      s = snapshot(b, s)
+      expect(s, {
+        state = "closed", calls = 0, failures = 0, slow = 0, rejections = 0,
+        failure_rate = 0, slow_rate = 0, retry_after = 0,
+        calls_total = 6, successes_total = 3, failures_total = 3, slow_total = 1,
+        rejections_total = 3, opens_total = 1,
+      })
+
+      outcome(b, true, 5)
+      s = snapshot(b, s)
+      expect(s, { calls = 1, slow = 1, slow_rate = 1, slow_total = 2, calls_total = 7 })
+
+      now = now + 100                           -- the window rolls over
+      s = snapshot(b, s)
+      expect(s, {
+        state = "closed", calls = 0, failures = 0, slow = 0, rejections = 0,
+        calls_total = 7, successes_total = 4, failures_total = 3, slow_total = 2,
+        rejections_total = 3, opens_total = 1,
+      })
+
+      b:reset()                                 -- a close keeps the totals
+      s = snapshot(b, s)
+      expect(s, {
+        calls_total = 7, successes_total = 4, failures_total = 3, slow_total = 2,
+        rejections_total = 3, opens_total = 1,
+      })
+
+      b:force_open()                            -- forced_open: rejections, no retry_after
+      rej = reject(b)
+      assert.equal("forced_open", rej.state)
+      s = snapshot(b, s)
+      expect(s, { state = "forced_open", retry_after = 0, rejections_total = 4 })
+    end)
+
+    it("counts half-open rejections (no free probe slot) and opens_total per open", function()
+      local b = fuse.new{ fails = 1, open_for = 5, probes = 1 }
+      outcome(b, false)
+      now = now + 5.01
+      local probe = b:allow()
+      assert.is_number(probe)
+      local rej = reject(b)
+      assert.equal("half_open", rej.state)
+      local s = snapshot(b)
+      expect(s, { state = "half_open", rejections_total = 1, retry_after = 0 })
+      b:report(probe, false)                    -- re-opens
+      s = snapshot(b, s)
+      expect(s, { state = "open", opens_total = 2, failures_total = 2, calls_total = 2 })
+    end)
+
+    it("counts successes in the window after the breaker sat idle (no rate rule)", function()
+      local b = fuse.new{ fails = 5, window = 10 }
+      outcome(b, false)
+      now = now + 30                            -- the failure expires
+      outcome(b, true)
+      outcome(b, true)
+      outcome(b, true)
+      outcome(b, false)
+      local s = snapshot(b)
+      assert.equal(4, s.calls)
+      assert.equal(1, s.failures)
+      assert.near(0.25, s.failure_rate, 1e-12)
+    end)
+
+    it("keeps failure_rate equal to failures / calls over the window", function()
+      local b = fuse.new{ fails = 100 }
+      for i = 1, 7 do outcome(b, i % 3 ~= 0) end  -- 2 failures in 7
+      local s = snapshot(b)
+      assert.equal(7, s.calls)
+      assert.equal(2, s.failures)
+      assert.near(2 / 7, s.failure_rate, 1e-12)
+    end)
+  end)
+
+  describe("fuse.metrics()", function()
+    -- Parses the exposition: families (name -> {help, type, samples}), in order.
+    local function parse(text)
+      local families, order, errors = {}, {}, {}
+      local function fam(name)
+        if not families[name] then
+          families[name] = { samples = {} }
+          order[#order + 1] = name
+        end
+        return families[name]
+      end
+      local lineno = 0
+      for line in text:gmatch("([^\n]*)\n") do
+        lineno = lineno + 1
+        local kind, mname, rest = line:match("^# (%u+) ([%a_:][%w_:]*) ?(.*)$")
+        if kind == "HELP" then
+          fam(mname).help = rest
+        elseif kind == "TYPE" then
+          fam(mname).type = rest
+        elseif not (line:match("^#") or line == "") then
+          local sname, labels, value = line:match('^([%a_:][%w_:]*)(%b{}) (%S+)$')
+          if not sname then
+            sname, value = line:match("^([%a_:][%w_:]*) (%S+)$")
+          end
+          if not sname then
+            errors[#errors + 1] = lineno .. ": " .. line
+          else
+            local f = families[sname] or fam(sname)
+            f.samples[#f.samples + 1] = { labels = labels or "", value = tonumber(value) }
+          end
+        end
+      end
+      return families, order, errors
+    end
+
+    local function escape_label(v)
+      return (v:gsub('[\\"\n]', { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+    end
+
+    -- the unescaped value of label `key` in a {...} label set, or nil
+    local function label_value(labels, key)
+      local i = 2
+      while i < #labels do
+        local k, j = labels:match("^([%a_][%w_]*)=\"()", i)
+        if not k then return nil end
+        local buf = {}
+        i = j
+        while true do
+          local c = labels:sub(i, i)
+          if c == "" then return nil end
+          if c == '"' then break end
+          if c == "\\" then
+            local n = labels:sub(i + 1, i + 1)
+            buf[#buf + 1] = n == "n" and "\n" or n
+            i = i + 2
+          else
+            buf[#buf + 1] = c
+            i = i + 1
+          end
+        end
+        if k == key then return table.concat(buf) end
+        i = i + 1
+        if labels:sub(i, i) == "," then i = i + 1 end
+      end
+    end
+
+    local function sample_for(family, name)
+      local want = 'name="' .. escape_label(name) .. '"'
+      for _, smp in ipairs(family.samples) do
+        if smp.labels:find(want, 1, true) then return smp end
+      end
+    end
+
+    local function run_promtool(text)
+      local path = os.tmpname()
+      local fh = assert(io.open(path, "wb"))
+      fh:write(text)
+      fh:close()
+      local p = assert(io.popen("promtool check metrics < '" .. path .. "' 2>&1; echo \"rc=$?\""))
+      local out = p:read("*a")
+      p:close()
+      os.remove(path)
+      local rc = tonumber(out:match("rc=(%d+)%s*$"))
+      return rc, (out:gsub("rc=%d+%s*$", ""))
+    end
+
+    local WEIRD = 'a"b\\c' .. "\n" .. "d"
+
+    local named, weird, anon
+    setup(function()
+      -- breakers created once for the whole block (names are process-wide)
+      fuse.clock(function() return now end)
+      named = fuse.new{ name = uname("metrics"), fails = 2 }
+      weird = fuse.get(WEIRD) or fuse.new{ name = WEIRD, fails = 2 }
+      anon = fuse.new{ fails = 2 }
+      fuse.clock()
+    end)
+
+    it("is a string in the text format: HELP and TYPE for every family", function()
+      local text = fuse.metrics()
+      assert.is_string(text)
+      assert.equal("\n", text:sub(-1))
+      local families, order, errors = parse(text)
+      assert.same({}, errors)
+      assert.is_true(#order > 0)
+      for _, name in ipairs(order) do
+        local f = families[name]
+        assert.is_string(f.help, "no HELP for " .. name)
+        assert.is_truthy(({ gauge = true, counter = true })[f.type],
+          "TYPE of " .. name .. " is " .. tostring(f.type))
+        if f.type == "counter" then
+          assert.is_truthy(name:match("_total$"), "counter without _total: " .. name)
+        end
+        assert.is_true(#f.samples > 0, "family without samples: " .. name)
+      end
+    end)
+
+    it("has a state gauge with a sample for every named breaker, none for anonymous ones", function()
+      local families, order = parse(fuse.metrics())
+      local state
+      for _, name in ipairs(order) do
+        if families[name].type == "gauge" and name:match("state") then state = families[name] end
+      end
+      assert.is_table(state, "no state gauge")
+      local in_metrics = {}
+      for _, smp in ipairs(state.samples) do
+        local name = label_value(smp.labels, "name")
+        assert.is_string(name, "sample without a name label: " .. smp.labels)
+        in_metrics[name] = true
+      end
+      local listed = {}
+      for _, name in ipairs(fuse.list()) do listed[name] = true end
+      assert.is_true(listed[named.name] and listed[WEIRD])
+      assert.is_nil(anon.name)
+      assert.same(listed, in_metrics)           -- every named breaker, nothing else
+    end)
+
+    it("escapes a name holding a double quote, a backslash and a newline", function()
+      assert.equal(WEIRD, weird.name)
+      local text = fuse.metrics()
+      assert.is_truthy(text:find('name="a\\"b\\\\c\\nd"', 1, true), text)
+      for line in text:gmatch("[^\n]+") do
+        assert.is_falsy(line == "d" or line:match('^d"'), "raw newline in a label: " .. line)
+      end
+    end)
+
+    -- the metric families fuse.lua documents, and the stats() field each one mirrors
+    local FAMILIES = {
+      { "fuse_state", "gauge" },
+      { "fuse_window_calls", "gauge", "calls" },
+      { "fuse_window_failure_rate", "gauge", "failure_rate" },
+      { "fuse_calls_total", "counter", "calls_total" },
+      { "fuse_successes_total", "counter", "successes_total" },
+      { "fuse_failures_total", "counter", "failures_total" },
+      { "fuse_slow_calls_total", "counter", "slow_total" },
+      { "fuse_rejections_total", "counter", "rejections_total" },
+      { "fuse_opens_total", "counter", "opens_total" },
+    }
+    local STATE_VALUE = { closed = 0, open = 1, half_open = 2, forced_open = 3, disabled = 4 }
+
+    it("has the documented families, with values that agree with b:stats()", function()
+      local b = fuse.new{ name = uname("values"), fails = 2, slow = 1 }
+      outcome(b, true, 3)
+      outcome(b, false)
+      outcome(b, false)                         -- opens
+      reject(b)
+      local families = parse(fuse.metrics())
+      local s = b:stats()
+      assert.equal("open", s.state)
+      for _, m in ipairs(FAMILIES) do
+        local f = families[m[1]]
+        assert.is_table(f, "missing family " .. m[1])
+        assert.equal(m[2], f.type, m[1])
+        local smp = sample_for(f, b.name)
+        assert.is_table(smp, b.name .. " missing from " .. m[1])
+        local want = m[3] and s[m[3]] or STATE_VALUE[s.state]
+        assert.near(want, smp.value, 1e-9, m[1])
+      end
+      assert.equal(1, sample_for(families.fuse_state, b.name).value)
+      assert.equal(3, sample_for(families.fuse_calls_total, b.name).value)
+      assert.equal(1, sample_for(families.fuse_slow_calls_total, b.name).value)
+      assert.equal(1, sample_for(families.fuse_rejections_total, b.name).value)
+      assert.equal(1, sample_for(families.fuse_opens_total, b.name).value)
+
+      b:force_open()
+      assert.equal(3, sample_for(parse(fuse.metrics()).fuse_state, b.name).value)
+      b:disable()
+      assert.equal(4, sample_for(parse(fuse.metrics()).fuse_state, b.name).value)
+    end)
+
+    it("shows a time-due transition (open -> half_open) in the state gauge", function()
+      local b = fuse.new{ name = uname("due"), fails = 1, open_for = 5 }
+      outcome(b, false)
+      assert.equal(1, sample_for(parse(fuse.metrics()).fuse_state, b.name).value)
+      now = now + 5.01
+      assert.equal(2, sample_for(parse(fuse.metrics()).fuse_state, b.name).value)
+    end)
+
+    it("is accepted by `promtool check metrics`", function()
+      local which = io.popen("command -v promtool 2>/dev/null")
+      local found = which:read("*a")
+      which:close()
+      if found == "" then
+        pending("promtool is not installed")
+        return
+      end
+      local rc, out = run_promtool(fuse.metrics())
+      assert.equal(0, rc, out)
+      assert.equal("", out)
+    end)
+  end)
+end)

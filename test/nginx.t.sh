@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# test/nginx.t.sh -- one breaker across every nginx worker (prints TAP).
+#
+# Starts examples/nginx/nginx.conf with 4 workers in a temp prefix (a copy of lua/,
+# build/fuse/core.so and examples/nginx/, so that the workers, running as `nobody`, can
+# read everything), talks to it over 127.0.0.1 on free ports, stops it by its pid.
+# Needs nginx with the Lua module (Debian: libnginx-mod-http-lua). Talks HTTP with curl
+# (>= 7.84, for %header) or, without it, with bash's /dev/tcp (NGINX_T_CLIENT=bash forces
+# that); promtool is used when installed. Runs in about 6 s; a watchdog stops it after 90 s.
+# KEEP=1 keeps the temp prefix (logs, rendered config) for a look afterwards.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+NGINX=${NGINX:-nginx}
+LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}              # override to try another tree
+SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
+
+n=0 failed=0
+ok()   { n=$((n + 1)); echo "ok $n - $1"; }
+nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
+diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
+check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
+  local d=$1; shift
+  if "$@"; then ok "$d"; else nok "$d"; fi
+}
+bail() { echo "Bail out! $*"; exit 1; }
+
+echo "TAP version 13"
+command -v "$NGINX" >/dev/null || { echo "1..0 # SKIP nginx not installed"; exit 0; }
+[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] ||
+  { echo "1..0 # SKIP the nginx Lua module is not installed"; exit 0; }
+CLIENT=${NGINX_T_CLIENT:-curl}
+if [ "$CLIENT" = curl ]; then
+  v=$(curl --version 2>/dev/null | head -n 1 | cut -d' ' -f2)
+  [ -n "$v" ] && [ "$(printf '%s\n' 7.84.0 "$v" | sort -V | head -n 1)" = 7.84.0 ] || CLIENT=bash
+fi
+[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
+[ -r "$LUA_SRC/fuse.lua" ] || bail "$LUA_SRC/fuse.lua missing"
+
+# ---------------------------------------------------------------- setup
+T=$(mktemp -d /tmp/fuse-nginx-test.XXXXXX) || bail "mktemp failed"
+P=$T/examples/nginx
+MASTER=
+alive() { # a live process (a zombie waiting to be reaped is not)
+  kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
+cleanup() {
+  local pid=${MASTER:-}
+  [ -z "$pid" ] && [ -r "$P/logs/nginx.pid" ] && pid=$(cat "$P/logs/nginx.pid")
+  if [ -n "$pid" ] && alive "$pid"; then
+    kill -QUIT "$pid" 2>/dev/null            # graceful stop: workers finish, then exit
+    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
+    alive "$pid" && kill -KILL "$pid" 2>/dev/null
+  fi
+  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
+  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+trap 'echo "Bail out! interrupted (a signal, or the 90 s watchdog)"; exit 1' INT TERM HUP
+# The watchdog holds none of our output streams, so a caller reading them never waits on it.
+( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+  sleep 90 & sp=$!; wait "$sp" && kill -TERM $$
+) </dev/null >/dev/null 2>&1 &
+WATCHDOG=$!
+
+mkdir -p "$P/logs" "$P/temp" "$T/build/fuse"
+cp -R "$LUA_SRC" "$T/lua"
+cp "$SO_SRC" "$T/build/fuse/core.so"
+cp "$ROOT/examples/nginx/app.lua" "$P/app.lua"
+chmod -R a+rX "$T"        # workers run as nobody: they read lua/, build/ and app.lua
+
+port_free() { # nothing answers on 127.0.0.1:$1 (connection refused)
+  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+pick_port() {
+  local p
+  for _ in $(seq 100); do
+    p=$((20000 + RANDOM % 40000))
+    port_free "$p" && port_free "$((p + 1))" && { echo "$p"; return 0; }
+  done
+  return 1
+}
+
+start_nginx() {
+  local try
+  for try in 1 2 3; do
+    PORT=$(pick_port) || bail "no free port"
+    UP=$((PORT + 1))
+    sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
+      "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
+    chmod a+r "$P/nginx.conf"
+    : > "$P/logs/error.log"
+    if "$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1; then
+      return 0
+    fi
+    grep -q "Address already in use" "$T/start.out" "$P/logs/error.log" || break
+  done
+  diag "nginx did not start:" "$(cat "$T/start.out")" "$(tail -n 20 "$P/logs/error.log")"
+  return 1
+}
+
+# hget PORT PATH BODYFILE: one GET on a fresh connection, the body into BODYFILE;
+# prints "STATUS PID", PID from the X-Worker-Pid header.
+if [ "$CLIENT" = curl ]; then
+  hget() {
+    curl -s -m 5 -H 'Connection: close' -o "$3" -w '%{http_code} %header{x-worker-pid}' \
+      "http://127.0.0.1:$1$2"
+  }
+else
+  hget() {
+    local code pid
+    timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0" || exit 1
+      printf "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" "$1" >&3
+      cat <&3' "$1" "$2" > "$3.raw" 2>/dev/null
+    code=$(head -n 1 "$3.raw" | cut -d' ' -f2)
+    pid=$(sed -n '1,/^\r$/p' "$3.raw" | tr -d '\r' | sed -n 's/^[Xx]-[Ww]orker-[Pp]id: *//p')
+    sed '1,/^\r$/d' "$3.raw" > "$3"
+    printf '%s %s' "${code:-000}" "$pid"
+  }
+fi
+
+# req PATH -> sets CODE, WPID, BODY (one request on a fresh connection)
+req() {
+  local out
+  out=$(hget "$PORT" "$1" "$T/body")
+  CODE=${out%% *}
+  WPID=${out#* }
+  BODY=$(cat "$T/body" 2>/dev/null)
+}
+fake() { hget "$UP" "$1" "$T/fake.body" > /dev/null; cat "$T/fake.body"; } # fake upstream
+hits() { fake /__hits | sed -n "s/.* $1=\([0-9]*\).*/\1/p"; } # hits of one mode
+# field BREAKER FIELD JSON: a field of a /state answer
+field() {
+  printf '%s' "$3" | grep -o "\"$1\":{[^}]*}" | grep -o "\"$2\":[^,}]*" | cut -d: -f2 | tr -d '"'
+}
+# par N PATH: N requests at once (one connection each); "code pid" lines in $T/par.out
+par() {
+  rm -rf "$T/par"; mkdir -p "$T/par"
+  if [ "$CLIENT" = curl ]; then
+    curl -s --no-progress-meter -m 10 --parallel --parallel-immediate --parallel-max "$1" \
+      -H 'Connection: close' -o "$T/par/b#1" -w '%{http_code} %header{x-worker-pid}\n' \
+      "http://127.0.0.1:$PORT$2?i=[1-$1]" > "$T/par.out" 2> "$T/par.err"
+  else
+    local i
+    for i in $(seq "$1"); do
+      { hget "$PORT" "$2?i=$i" "$T/par/b$i" > "$T/par/o$i"; echo >> "$T/par/o$i"; } &
+    done
+    wait
+    cat "$T/par"/o* > "$T/par.out"
+  fi
+}
+
+start_nginx || bail "cannot start nginx"
+MASTER=$(cat "$P/logs/nginx.pid" 2>/dev/null)
+for _ in $(seq 50); do
+  req /state
+  [ "$CODE" = 200 ] && break
+  sleep 0.1
+done
+diag "HTTP client: $CLIENT"
+
+workers() { # the master's children
+  if command -v ps >/dev/null; then ps -o pid= --ppid "$MASTER" | tr -d ' '
+  else grep -l "^PPid:[[:space:]]*$MASTER\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3; fi
+}
+WORKERS=$(workers | sort -n | tr '\n' ' ')
+nw=$(echo "$WORKERS" | wc -w)
+check "nginx started, master $MASTER with 4 workers" [ "$nw" -eq 4 ]
+[ "$nw" -eq 4 ] || diag "workers: $WORKERS"
+
+# ---------------------------------------------------------------- (b) spread over workers
+fake '/__control?mode=ok&reset=hits' > /dev/null
+par 200 /api
+codes=$(cut -d' ' -f1 "$T/par.out" | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+pids=$(cut -d' ' -f2 "$T/par.out" | sort -u | grep -c .)
+check "(b) 200 concurrent requests all answered 200" [ "$codes" = " 200 200;" ]
+[ "$codes" = " 200 200;" ] || diag "status counts: $codes"
+check "(b) more than one worker served them (X-Worker-Pid)" [ "$pids" -gt 1 ]
+diag "$pids distinct worker pids served the 200 requests"
+req /state
+total=$(field upstream successes_total "$BODY")
+check "(b) successes_total == 200 across workers (exact)" [ "${total:-x}" = 200 ]
+[ "${total:-x}" = 200 ] || diag "successes_total: $total" "/state: $BODY"
+
+# ---------------------------------------------------------------- (a) trip after `fails` hits
+fake '/__control?mode=fail&reset=hits' > /dev/null
+seq_codes="" seq_pids=""
+for i in $(seq 12); do
+  req /api
+  seq_codes="$seq_codes$CODE "
+  seq_pids="$seq_pids$WPID "
+  [ "$i" -eq 12 ] && last_body=$BODY
+done
+fails_hit=$(hits fail)
+apids=$(echo "$seq_pids" | tr ' ' '\n' | sort -u | grep -c .)
+expect="502 502 502 503 503 503 503 503 503 503 503 503 "
+check "(a) upstream hit exactly fails=3 times in total, not 3 per worker" [ "${fails_hit:-x}" = 3 ]
+check "(a) 3 failures answered 502, then the fallback's 503" [ "$seq_codes" = "$expect" ]
+if [ "${fails_hit:-x}" != 3 ] || [ "$seq_codes" != "$expect" ]; then
+  diag "hits: $(fake /__hits)" "codes: $seq_codes" "pids: $seq_pids"
+fi
+check "(a) the 12 sequential requests reached more than one worker" [ "$apids" -gt 1 ]
+diag "the 12 sequential requests were served by $apids distinct workers"
+case $last_body in
+  *"circuit 'upstream' is open"*) ok "(a) the 503 body says the circuit is open" ;;
+  *) nok "(a) the 503 body says the circuit is open"; diag "body: $last_body" ;;
+esac
+req /state
+st=$(field upstream state "$BODY")
+check "(a) /state: upstream is open" [ "$st" = open ]
+
+# ---------------------------------------------------------------- (c) one probe at a time
+fake '/__control?mode=slow&delay=1.5&status=500&reset=hits' > /dev/null
+sleep 1.2                                   # open_for = 1 s has elapsed: next call probes
+par 20 /api &
+parpid=$!
+sleep 0.7                                   # the probe is still running upstream
+slow_mid=$(hits slow)
+req /state
+st_mid=$(field upstream state "$BODY")
+wait "$parpid"
+slow_hits=$(hits slow)
+codes=$(cut -d' ' -f1 "$T/par.out" | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+ppids=$(cut -d' ' -f2 "$T/par.out" | sort -u | grep -c .)
+check "(c) 20 concurrent calls in half-open: exactly probes=1 reached the slow upstream" \
+  [ "${slow_hits:-x}" = 1 ]
+check "(c) while the probe ran: state half_open, 1 upstream hit" \
+  [ "$st_mid/${slow_mid:-x}" = half_open/1 ]
+check "(c) the probe failed (502), the other 19 got the fallback 503" \
+  [ "$codes" = " 1 502; 19 503;" ]
+if [ "${slow_hits:-x}" != 1 ] || [ "$codes" != " 1 502; 19 503;" ] || [ "$st_mid" != half_open ]; then
+  diag "hits: $(fake /__hits)" "status counts: $codes" "state mid-probe: $st_mid ($slow_mid hits)"
+fi
+diag "$ppids distinct workers answered the 20 concurrent requests"
+req /state
+st=$(field upstream state "$BODY")
+check "(c) the failed probe re-opened the circuit" [ "$st" = open ]
+
+# ---------------------------------------------------------------- (d) recovery, seen by all
+fake '/__control?mode=ok&reset=hits' > /dev/null
+sleep 1.2
+req /api
+check "(d) after open_for the probe goes through and succeeds (200)" [ "$CODE" = 200 ]
+[ "$CODE" = 200 ] || diag "code $CODE body $BODY"
+seen="" bad=""
+for _ in $(seq 200); do
+  req /state
+  s=$(field upstream state "$BODY")
+  [ "$s" = closed ] || bad="$bad $WPID:$s"
+  case " $seen " in *" $WPID "*) ;; *) seen="$seen $WPID" ;; esac
+  [ "$(echo "$seen" | wc -w)" -ge 4 ] && break
+done
+check "(d) all 4 workers answered /state" [ "$(echo "$seen" | wc -w)" -ge 4 ]
+check "(d) every worker sees upstream closed" [ -z "$bad" ]
+[ -z "$bad" ] || diag "not closed: $bad"
+diag "workers seen: $seen (ps: $WORKERS)"
+check "(d) upstream hit once (the probe)" [ "$(hits ok)" = 1 ]
+
+# ---------------------------------------------------------------- (e) two-step form
+fake '/__control?mode=fail&reset=hits' > /dev/null
+seq_codes="" seq_pids=""
+for i in $(seq 10); do
+  req /twostep
+  seq_codes="$seq_codes$CODE "
+  seq_pids="$seq_pids$WPID "
+  [ "$i" -eq 10 ] && last_body=$BODY
+  sleep 0.05     # report runs in the log phase, just after the response is sent
+done
+fails_hit=$(hits fail)
+expect="500 500 500 503 503 503 503 503 503 503 "
+check "(e) two-step: upstream hit exactly fails=3 times in total" [ "${fails_hit:-x}" = 3 ]
+check "(e) two-step: 3 x 500 passed through, then 503 from the access phase" \
+  [ "$seq_codes" = "$expect" ]
+if [ "${fails_hit:-x}" != 3 ] || [ "$seq_codes" != "$expect" ]; then
+  diag "hits: $(fake /__hits)" "codes: $seq_codes" "pids: $seq_pids" "last body: $last_body"
+fi
+req /state
+both="$(field twostep state "$BODY")/$(field upstream state "$BODY")"
+check "(e) /state: twostep open, upstream still closed" [ "$both" = open/closed ]
+[ "$both" = open/closed ] || diag "twostep/upstream: $both"
+
+# ---------------------------------------------------------------- (f) metrics
+req /metrics
+printf '%s\n' "$BODY" > "$T/metrics.txt"
+named=0
+grep -q '"upstream"' "$T/metrics.txt" && grep -q '"twostep"' "$T/metrics.txt" && named=1
+check "(f) /metrics answers 200 and names both breakers" [ "$CODE/$named" = 200/1 ]
+if command -v promtool >/dev/null; then
+  if out=$(promtool check metrics < "$T/metrics.txt" 2>&1); then
+    ok "(f) promtool check metrics"
+  else
+    nok "(f) promtool check metrics"; diag "$out" "--- /metrics:" "$(head -n 40 "$T/metrics.txt")"
+  fi
+else
+  ok "(f) promtool check metrics # SKIP promtool not installed"
+fi
+
+# ---------------------------------------------------------------- (g) error log
+errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$P/logs/error.log")
+check "(g) no [error], [alert], [crit] or [emerg] in the error log" [ -z "$errs" ]
+[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+
+echo "1..$n"
+[ "$failed" -eq 0 ]
