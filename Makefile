@@ -12,7 +12,10 @@ PKG_CONFIG ?= pkg-config
 
 WARNINGS := -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
             -Wcast-align -Wwrite-strings -Wundef -Werror
-CFLAGS   ?= -std=c11 -O2 -g -fPIC -fvisibility=hidden -pthread $(WARNINGS) -D_GNU_SOURCE
+# Set here, not taken from the environment: an exported CFLAGS (distribution build
+# flags) would silently drop -fvisibility=hidden and the warnings. `make CFLAGS=...`
+# still overrides it.
+CFLAGS   := -std=c11 -O2 -g -fPIC -fvisibility=hidden -pthread $(WARNINGS) -D_GNU_SOURCE
 # Recursive on purpose: evaluated when a recipe runs, after `make deps` installed
 # pkg-config and LuaJIT's headers. Only fz_lua.c and lstates.c need them.
 LUAJIT_CFLAGS = $(shell $(PKG_CONFIG) --cflags luajit 2>/dev/null)
@@ -28,7 +31,7 @@ ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:detect_stack_use_after_r
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 STRESS_ITERS=$(STRESS_ITERS)
 TSAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 STRESS_ITERS=$(STRESS_ITERS)
 # A sanitizer report in a suite's stderr fails the target even if the exit status hid it.
-SAN_REPORT := ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNING: ThreadSanitizer|ThreadSanitizer: reported
+SAN_REPORT := ERROR: (Address|Leak)Sanitizer|runtime error:|WARNING: ThreadSanitizer
 
 # Lua against the tree, as in notes/API.md (absolute, so a test may chdir).
 LUA_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
@@ -134,12 +137,14 @@ test: deps
 build/test_core build/stress $(EXTRA_TESTS:%=build/%): build/%: test/%.c test/tap.h \
     build/libfzcore.a
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a \
+	  $(LDFLAGS) $(LDLIBS)
 
 # lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.
 build/lstates: test/lstates.c test/tap.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -o $@ $< $(LDFLAGS) $(LUAJIT_LIBS) $(LDLIBS)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(DEPFLAGS) -o $@ $< $(LDFLAGS) $(LUAJIT_LIBS) \
+	  $(LDLIBS)
 
 RUNTAP = bash tools/runtap $(LOGDIR)
 
@@ -179,11 +184,11 @@ endif
 
 build/asan/test_core build/asan/stress: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
-	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) -o $@ $< build/asan/libfzcore.a \
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
 build/tsan/stress: test/stress.c test/tap.h build/tsan/libfzcore.a
-	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) -o $@ $< build/tsan/libfzcore.a \
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) $(DEPFLAGS) -o $@ $< build/tsan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
 # $(call san_verdict,LOGDIR): tapsum, then fail on any sanitizer report in stderr.
@@ -206,7 +211,7 @@ tsan: build/tsan/stress
 
 build/bench_threads: bench/threads.c build/libfzcore.a
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
 
 bench: all
 	$(call need,bench/bench.lua,the bench helper writes it)
@@ -239,7 +244,9 @@ ROCK_CHECK := local tree = os.getenv("ROCKTREE"); \
   assert(from and from:sub(1, \#tree) == tree, "fuse came from " .. tostring(from)); \
   local core = package.searchpath("fuse.core", package.cpath); \
   assert(core and core:sub(1, \#tree) == tree, "fuse.core is not in the tree: " .. tostring(core)); \
-  print("rock ok: fuse " .. tostring(fuse.VERSION) .. " from " .. from)
+  assert(fuse.new{ fails = 1 }:state() == "closed", "a breaker from the rock does not work"); \
+  print("rock ok: fuse " .. tostring(fuse.VERSION) .. " (" .. tostring(fuse._backend) \
+    .. ") from " .. from)
 rock:
 	rm -rf build/rocktree build/rock-src
 	mkdir -p build/rock-src
@@ -251,4 +258,4 @@ rock:
 clean:
 	rm -rf build lua/fuse/cdef.lua.tmp
 
--include $(wildcard build/obj/*.d build/asan/obj/*.d build/tsan/obj/*.d)
+-include $(wildcard build/*.d build/*/*.d build/*/obj/*.d)
