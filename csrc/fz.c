@@ -484,7 +484,26 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
 }
 
 /* fz_enter when the circuit is not closed. A state machine: one case a state. */
+/*
+ * A flood of rejections: when this thread's stripe has already rejected at least
+ * BUSY_REJECTIONS calls in the current bucket, only every 16th rejection reads the
+ * clock to see whether the open period is over; the others count and return. So under
+ * load the probe is admitted at most 15 calls of a thread late, which is at most 1/64
+ * of a bucket (window/640) after open_for; a quiet breaker reads the clock every time.
+ */
+#define BUSY_REJECTIONS 1024
+
+static int flood_rejection(fz_breaker *b) {
+  uint64_t e = at_load_rlx(&b->cur_epoch);
+  uint64_t *w = &my_stripe(b)->rej[e % NBUCKETS];
+  uint64_t v = at_load_rlx(w);
+  if (tag_of(v) != (uint32_t)e || cnt_of(v) < BUSY_REJECTIONS || (cnt_of(v) & 15) == 15) return 0;
+  tw_add(b, w, &b->folded_rej, (uint32_t)e, __ATOMIC_RELAXED);
+  return 1;
+}
+
 static double enter_slow(fz_breaker *b, uint64_t sw) {
+  if (sw_state(sw) == FZ_OPEN && flood_rejection(b)) return rejection(FZ_OPEN, 0);
   uint64_t t = now_ns();
   int made = settle(b, &sw, t);
   /* the transition this call made travels back in the ticket, whatever happened next */

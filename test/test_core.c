@@ -140,6 +140,29 @@ static void test_half_open(void) {
   fz_breaker_free(b);
 }
 
+static void test_rejection_flood(void) {
+  at(5500);
+  fz_config c = defaults();
+  c.fails = 1, c.open_for = 5;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  run(b, FZ_FAILURE);
+  for (int i = 0; i < 3000; i++) fz_enter(b);
+  is_int((int)stats(b).rejections_total, 3000, "a flood of rejections is counted exactly");
+  later(5);
+  int tries = 1;
+  while (fz_enter(b) < 0 && tries < 100) tries++;
+  ok(tries <= 16, "under a flood the probe is admitted within 16 calls of open_for (%d)", tries);
+  fz_breaker_free(b);
+
+  at(5600);
+  b = fz_breaker_new(&c, NULL);
+  run(b, FZ_FAILURE);
+  for (int i = 0; i < 100; i++) fz_enter(b);
+  later(5);
+  ok(fz_enter(b) > 0, "a quiet breaker admits the probe on the first call after open_for");
+  fz_breaker_free(b);
+}
+
 static void test_ignored_probe(void) {
   at(6000);
   fz_config c = defaults();
@@ -342,6 +365,7 @@ int main(void) {
   test_window_edges();
   test_windows_and_origins();
   test_half_open();
+  test_rejection_flood();
   test_ignored_probe();
   test_stale_and_fresh_window();
   test_failure_rate();
