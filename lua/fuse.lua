@@ -101,7 +101,7 @@ end
 
 ---------------------------------------------------------------------------- guarded calls
 
-local function judged(ok, v, ...)
+local function judged(ok, v)
   if not ok then return nil, v end
   if v == true then return FAILURE elseif v == false then return SUCCESS elseif v == nil then return IGNORE end
   return nil, "fuse: is_failure must return true, false or nil, got " .. tostring(v)
