@@ -358,6 +358,19 @@ static void test_registry(void) {
   is_int(state(a), FZ_CLOSED, "registry breakers outlive free");
   is_int(fz_registry_init_shared(8), FZ_EBUSY, "cannot share once named breakers exist");
   ok(!fz_registry_is_shared(), "still private");
+
+  /* Fill the registry: the first name past capacity is refused, nothing else breaks. */
+  uint32_t cap = fz_registry_capacity();
+  char name[32];
+  int created = 0;
+  for (uint32_t i = (uint32_t)fz_registry_count(); i < cap; i++) {
+    int n = snprintf(name, sizeof name, "fill-%u", i);
+    created += fz_registry_open(name, (size_t)n, &c, &st) != NULL && st == 1;
+  }
+  is_int(fz_registry_count(), (long long)cap, "the registry holds capacity (%u) breakers", cap);
+  ok(created > 0, "created %d to fill it", created);
+  ok(fz_registry_open("one-more", 8, &c, &st) == NULL && st == FZ_EFULL, "one more is refused: full");
+  ok(fz_registry_open("db", 2, &c, &st) != NULL, "an existing name is still found when full");
 }
 
 int main(void) {
