@@ -484,26 +484,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
 }
 
 /* fz_enter when the circuit is not closed. A state machine: one case a state. */
-/*
- * A flood of rejections: when this thread's stripe has already rejected at least
- * BUSY_REJECTIONS calls in the current bucket, only every 16th rejection reads the
- * clock to see whether the open period is over; the others count and return. So under
- * load the probe is admitted at most 15 calls of a thread late, which is at most 1/64
- * of a bucket (window/640) after open_for; a quiet breaker reads the clock every time.
- */
-#define BUSY_REJECTIONS 1024
-
-static int flood_rejection(fz_breaker *b) {
-  uint64_t e = at_load_rlx(&b->cur_epoch);
-  uint64_t *w = &my_stripe(b)->rej[e % NBUCKETS];
-  uint64_t v = at_load_rlx(w);
-  if (tag_of(v) != (uint32_t)e || cnt_of(v) < BUSY_REJECTIONS || (cnt_of(v) & 15) == 15) return 0;
-  tw_add(b, w, &b->folded_rej, (uint32_t)e, __ATOMIC_RELAXED);
-  return 1;
-}
-
 static double enter_slow(fz_breaker *b, uint64_t sw) {
-  if (sw_state(sw) == FZ_OPEN && flood_rejection(b)) return rejection(FZ_OPEN, 0);
   uint64_t t = now_ns();
   int made = settle(b, &sw, t);
   /* the transition this call made travels back in the ticket, whatever happened next */
@@ -589,6 +570,13 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
   return rules_trip(c, calls, f, s) ? trip(b, sw, t) : 0;
 }
 
+/* Before a probe's slot is given back, its start time is marked as belonging to no
+ * probe of this generation: the next claimer sets the busy bit before it stores its
+ * own start, and probe_timed_out must not judge it by the old one meanwhile. */
+static void forget_start(fz_breaker *b, uint32_t g32, unsigned slot) {
+  at_store_rel(&b->probe_start[slot], (uint64_t)((g32 ^ 1) & 0xffff) << 48);
+}
+
 /* The outcome of the probe in `slot` of half-open generation sw. A slow probe counts
  * as failed when a slow-call rate rule is set. */
 static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int slow) {
@@ -599,6 +587,7 @@ static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int
   if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
   else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
   if (fail || (slow && b->cfg.slow_rate > 0)) return reopen(b, sw, t);
+  if ((uint32_t)(ho >> 32) == g32 && (ho & 1u << slot)) forget_start(b, g32, slot);
   for (;;) {
     if ((uint32_t)(ho >> 32) != g32 || !(ho & 1u << slot)) return 0;
     uint64_t succ = (ho >> 16 & 0xffff) + 1;
@@ -613,6 +602,7 @@ static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int
 static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot) {
   uint64_t ho = at_load_acq(&b->ho);
   uint32_t g32 = (uint32_t)gen;
+  if ((uint32_t)(ho >> 32) == g32 && (ho & 1u << slot)) forget_start(b, g32, slot);
   while ((uint32_t)(ho >> 32) == g32 && (ho & 1u << slot))
     if (at_cas_acqrel(&b->ho, &ho, ho & ~(UINT64_C(1) << slot))) return;
 }
@@ -737,10 +727,18 @@ int fz_disable(fz_breaker *b) { return move_to(b, FZ_DISABLED); }
  * state opened later would find an empty registry. Loading ourselves once more with
  * RTLD_NODELETE pins the mapping (no link flag needed, so luarocks builds get it too).
  */
+/* A forked child (an nginx worker) must not keep its parent's stripe and random state:
+ * every worker would count on one stripe and draw the same jitter. */
+static void forget_thread_state(void) {
+  t_stripe = UINT32_MAX;
+  t_rng = 0;
+}
+
 __attribute__((constructor)) static void pin_library(void) {
   Dl_info info;
   if (dladdr((void *)(uintptr_t)pin_library, &info) && info.dli_fname)
     dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  pthread_atfork(NULL, NULL, forget_thread_state);
 }
 
 #define REG_MAGIC 0x667a7265u  /* "fzre" */

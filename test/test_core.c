@@ -149,9 +149,7 @@ static void test_rejection_flood(void) {
   for (int i = 0; i < 3000; i++) fz_enter(b);
   is_int((int)stats(b).rejections_total, 3000, "a flood of rejections is counted exactly");
   later(5);
-  int tries = 1;
-  while (fz_enter(b) < 0 && tries < 100) tries++;
-  ok(tries <= 16, "under a flood the probe is admitted within 16 calls of open_for (%d)", tries);
+  ok(fz_enter(b) > 0, "after a flood of rejections the first call after open_for is the probe");
   fz_breaker_free(b);
 
   at(5600);

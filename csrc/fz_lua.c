@@ -1,0 +1,337 @@
+/*
+ * fz_lua.c -- the classic C module "fuse.core" for PUC Lua 5.1 to 5.4: the one
+ * Lua-aware C file of fuse.
+ *
+ * No logic lives here: each function checks its arguments, calls the core (fz.h) and
+ * pushes the results. luaopen_fuse_core returns a table with the very functions, names,
+ * arguments and results of lua/fuse/ffi.lua's module, so that the facade (lua/fuse.lua)
+ * drives either backend the same way.
+ *
+ * A breaker handle is a full userdata holding the fz_breaker pointer. A handle made by
+ * `new` owns its anonymous breaker and frees it in __gc; handles of registry breakers
+ * own nothing (the registry lives as long as the process), and two handles of one
+ * registry breaker may be different userdata.
+ *
+ * Numbers: C doubles (tickets, seconds, rates) are pushed as lua_Number; C integer
+ * types (states, counts, codes) as lua_Integer, so that Lua 5.3+ prints them as
+ * LuaJIT does ("3", not "3.0"). Integral arguments accept any number with an integral
+ * value (3 or 3.0).
+ */
+#include "fz.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include <stdint.h>
+
+/* A new table of the functions in l. Lua 5.1: luaL_register with a NULL name fills
+ * the table on top. Not LuaJIT's luaL_newlib: it calls luaL_setfuncs, which PUC Lua
+ * 5.1 lacks, and build/fuse/core.so is compiled with LuaJIT's headers for both. */
+#if LUA_VERSION_NUM >= 502
+#define new_lib(L, l) luaL_newlib((L), (l))
+#else
+#define new_lib(L, l) (lua_newtable(L), luaL_register((L), NULL, (l)))
+#endif
+
+#define HANDLE_MT "fuse.core.breaker"
+
+#define EXPORT __attribute__((visibility("default")))
+
+EXPORT int luaopen_fuse_core(lua_State *L);
+
+typedef struct handle {
+  fz_breaker *b;
+  int owned;  /* 1: an anonymous breaker that __gc frees */
+} handle;
+
+/* The fz_config field names, in fz_config order; the first NDOUBLES are doubles. */
+static const char *const CFG_FIELDS[] = {
+  "window", "open_for", "max_open_for", "slow", "probe_timeout", "failure_rate",
+  "slow_rate", "backoff", "jitter", "fails", "count_window", "min_calls", "probes"
+};
+enum { NDOUBLES = 9, NFIELDS = 13 };
+
+/* ---------------------------------------------------------------- numbers */
+
+static void push_uint(lua_State *L, uint64_t v) {
+#if LUA_VERSION_NUM >= 503
+  if (v <= (uint64_t)LUA_MAXINTEGER) {
+    lua_pushinteger(L, (lua_Integer)v);
+    return;
+  }
+#endif
+  lua_pushnumber(L, (lua_Number)v);
+}
+
+/* Argument `arg`: a number with an integral value in [lo, hi], returned as a double
+ * that the caller converts to its C type. */
+static lua_Number check_int(lua_State *L, int arg, lua_Number lo, lua_Number hi) {
+  lua_Number n = luaL_checknumber(L, arg);
+  if (!(n >= lo && n <= hi) || n != (lua_Number)(int64_t)n)
+    luaL_argerror(L, arg, lua_pushfstring(L, "integer in range expected, got %f", n));
+  return n;
+}
+
+/* ---------------------------------------------------------------- handles */
+
+static void push_handle(lua_State *L, fz_breaker *b, int owned) {
+  handle *h = lua_newuserdata(L, sizeof *h);
+  h->b = b;
+  h->owned = owned;
+  luaL_getmetatable(L, HANDLE_MT);
+  lua_setmetatable(L, -2);
+}
+
+/* A registry breaker as a handle, or nil for NULL. */
+static void push_found(lua_State *L, fz_breaker *b) {
+  if (b) push_handle(L, b, 0);
+  else lua_pushnil(L);
+}
+
+static fz_breaker *check_breaker(lua_State *L, int arg) {
+  handle *h = luaL_checkudata(L, arg, HANDLE_MT);
+  if (!h->b) luaL_argerror(L, arg, "breaker handle already freed");
+  return h->b;
+}
+
+static int handle_gc(lua_State *L) {
+  handle *h = luaL_checkudata(L, 1, HANDLE_MT);
+  if (h->owned) fz_breaker_free(h->b);
+  h->b = NULL;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- configs */
+
+/* The fz_config in the table at `arg` (every field a number). */
+static void check_config(lua_State *L, int arg, fz_config *c) {
+  double d[NDOUBLES];
+  uint32_t u[NFIELDS - NDOUBLES];
+  luaL_checktype(L, arg, LUA_TTABLE);
+  for (int i = 0; i < NFIELDS; i++) {
+    lua_Number n;
+    lua_getfield(L, arg, CFG_FIELDS[i]);
+    if (lua_type(L, -1) != LUA_TNUMBER)
+      luaL_argerror(L, arg, lua_pushfstring(L, "config field '%s' must be a number, got %s",
+                                            CFG_FIELDS[i], luaL_typename(L, -1)));
+    n = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    if (i < NDOUBLES) {
+      d[i] = n;
+    } else if (n >= 0 && n <= (lua_Number)UINT32_MAX) {
+      u[i - NDOUBLES] = (uint32_t)n;
+    } else {
+      luaL_argerror(L, arg, lua_pushfstring(L, "config field '%s' out of range: %f",
+                                            CFG_FIELDS[i], n));
+    }
+  }
+  c->window = d[0], c->open_for = d[1], c->max_open_for = d[2], c->slow = d[3];
+  c->probe_timeout = d[4], c->failure_rate = d[5], c->slow_rate = d[6];
+  c->backoff = d[7], c->jitter = d[8];
+  c->fails = u[0], c->count_window = u[1], c->min_calls = u[2], c->probes = u[3];
+}
+
+static void push_config(lua_State *L, const fz_config *c) {
+  const double d[NDOUBLES] = { c->window, c->open_for, c->max_open_for, c->slow,
+    c->probe_timeout, c->failure_rate, c->slow_rate, c->backoff, c->jitter };
+  const uint32_t u[NFIELDS - NDOUBLES] = { c->fails, c->count_window, c->min_calls,
+    c->probes };
+  lua_createtable(L, 0, NFIELDS);
+  for (int i = 0; i < NFIELDS; i++) {
+    if (i < NDOUBLES) lua_pushnumber(L, d[i]);
+    else push_uint(L, u[i - NDOUBLES]);
+    lua_setfield(L, -2, CFG_FIELDS[i]);
+  }
+}
+
+/* ---------------------------------------------------------------- the module */
+
+static int l_strerror(lua_State *L) {
+  lua_pushstring(L, fz_strerror((int)check_int(L, 1, INT32_MIN, INT32_MAX)));
+  return 1;
+}
+
+/* new(cfg) -> an anonymous breaker freed with its handle, or nil, status */
+static int l_new(lua_State *L) {
+  fz_config c;
+  int status = FZ_OK;
+  fz_breaker *b;
+  check_config(L, 1, &c);
+  b = fz_breaker_new(&c, &status);
+  if (!b) {
+    lua_pushnil(L);
+    lua_pushinteger(L, status);
+    return 2;
+  }
+  push_handle(L, b, 1);
+  return 1;
+}
+
+/* open(name, cfg) -> handle, status (1 created, 0 existed, FZ_EMISMATCH), or nil, status */
+static int l_open(lua_State *L) {
+  size_t len;
+  const char *name = luaL_checklstring(L, 1, &len);
+  fz_config c;
+  int status = FZ_OK;
+  check_config(L, 2, &c);
+  push_found(L, fz_registry_open(name, len, &c, &status));
+  lua_pushinteger(L, status);
+  return 2;
+}
+
+static int l_find(lua_State *L) {
+  size_t len;
+  const char *name = luaL_checklstring(L, 1, &len);
+  push_found(L, fz_registry_find(name, len));
+  return 1;
+}
+
+static int l_count(lua_State *L) {
+  lua_pushinteger(L, fz_registry_count());
+  return 1;
+}
+
+static int l_at(lua_State *L) {
+  push_found(L, fz_registry_at((int)check_int(L, 1, INT32_MIN, INT32_MAX)));
+  return 1;
+}
+
+static int l_name_of(lua_State *L) {
+  lua_pushstring(L, fz_breaker_name(check_breaker(L, 1)));
+  return 1;
+}
+
+static int l_config(lua_State *L) {
+  fz_config c;
+  fz_breaker_config(check_breaker(L, 1), &c);
+  push_config(L, &c);
+  return 1;
+}
+
+static int l_enter(lua_State *L) {
+  lua_pushnumber(L, fz_enter(check_breaker(L, 1)));
+  return 1;
+}
+
+/* done(h, ticket, outcome, elapsed) -> 0, a transition code, or FZ_ETICKET */
+static int l_done(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  double ticket = luaL_checknumber(L, 2);
+  int outcome = (int)check_int(L, 3, INT32_MIN, INT32_MAX);
+  lua_pushinteger(L, fz_done(b, ticket, outcome, luaL_checknumber(L, 4)));
+  return 1;
+}
+
+static int l_state(lua_State *L) {
+  lua_pushinteger(L, fz_state(check_breaker(L, 1)));
+  return 1;
+}
+
+static int l_retry_after(lua_State *L) {
+  lua_pushnumber(L, fz_retry_after(check_breaker(L, 1)));
+  return 1;
+}
+
+static int l_reset(lua_State *L) {
+  lua_pushinteger(L, fz_reset(check_breaker(L, 1)));
+  return 1;
+}
+
+static int l_force_open(lua_State *L) {
+  lua_pushinteger(L, fz_force_open(check_breaker(L, 1)));
+  return 1;
+}
+
+static int l_disable(lua_State *L) {
+  lua_pushinteger(L, fz_disable(check_breaker(L, 1)));
+  return 1;
+}
+
+static void set_uint(lua_State *L, const char *field, uint64_t v) {
+  push_uint(L, v);
+  lua_setfield(L, 2, field);
+}
+
+static void set_number(lua_State *L, const char *field, double v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, 2, field);
+}
+
+/* stats(h, t): fills t with the numbers of fz_stats; returns the transition code. */
+static int l_stats(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  fz_stats s;
+  int made;
+  luaL_checktype(L, 2, LUA_TTABLE);
+  made = fz_stats_read(b, &s);
+  lua_pushinteger(L, s.state);
+  lua_setfield(L, 2, "state");
+  set_uint(L, "calls", s.calls);
+  set_uint(L, "failures", s.failures);
+  set_uint(L, "slow", s.slow);
+  set_uint(L, "rejections", s.rejections);
+  set_number(L, "failure_rate", s.failure_rate);
+  set_number(L, "slow_rate", s.slow_rate);
+  set_number(L, "retry_after", s.retry_after);
+  set_uint(L, "successes_total", s.successes_total);
+  set_uint(L, "failures_total", s.failures_total);
+  set_uint(L, "slow_total", s.slow_total);
+  set_uint(L, "rejections_total", s.rejections_total);
+  set_uint(L, "opens_total", s.opens_total);
+  lua_pushinteger(L, made);
+  return 1;
+}
+
+static int l_init_shared(lua_State *L) {
+  lua_pushinteger(L, fz_registry_init_shared((uint32_t)check_int(L, 1, 0, UINT32_MAX)));
+  return 1;
+}
+
+static int l_is_shared(lua_State *L) {
+  lua_pushboolean(L, fz_registry_is_shared() != 0);
+  return 1;
+}
+
+static int l_capacity(lua_State *L) {
+  push_uint(L, fz_registry_capacity());
+  return 1;
+}
+
+static int l_clock_manual(lua_State *L) {
+  fz_clock_manual(luaL_checknumber(L, 1));
+  return 0;
+}
+
+static int l_clock_auto(lua_State *L) {
+  (void)L;
+  fz_clock_auto();
+  return 0;
+}
+
+static int l_clock_now(lua_State *L) {
+  lua_pushnumber(L, fz_clock_now());
+  return 1;
+}
+
+static const luaL_Reg FUNCS[] = {
+  { "strerror", l_strerror }, { "new", l_new }, { "open", l_open }, { "find", l_find },
+  { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
+  { "enter", l_enter }, { "done", l_done }, { "state", l_state },
+  { "retry_after", l_retry_after }, { "reset", l_reset }, { "force_open", l_force_open },
+  { "disable", l_disable }, { "stats", l_stats }, { "init_shared", l_init_shared },
+  { "is_shared", l_is_shared }, { "capacity", l_capacity },
+  { "clock_manual", l_clock_manual }, { "clock_auto", l_clock_auto },
+  { "clock_now", l_clock_now }, { NULL, NULL }
+};
+
+int luaopen_fuse_core(lua_State *L) {
+  if (luaL_newmetatable(L, HANDLE_MT)) {
+    lua_pushcfunction(L, handle_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  new_lib(L, FUNCS);
+  lua_pushliteral(L, "capi");
+  lua_setfield(L, -2, "name");
+  return 1;
+}
