@@ -82,8 +82,7 @@ pick_port() {
 }
 
 start_nginx() {
-  local try
-  for try in 1 2 3; do
+  for _ in 1 2 3; do
     PORT=$(pick_port) || bail "no free port"
     UP=$((PORT + 1))
     sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
@@ -109,6 +108,7 @@ if [ "$CLIENT" = curl ]; then
 else
   hget() {
     local code pid
+    # shellcheck disable=SC2016  # $0 and $1 expand in the inner bash
     timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0" || exit 1
       printf "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" "$1" >&3
       cat <&3' "$1" "$2" > "$3.raw" 2>/dev/null
@@ -141,11 +141,12 @@ par() {
       -H 'Connection: close' -o "$T/par/b#1" -w '%{http_code} %header{x-worker-pid}\n' \
       "http://127.0.0.1:$PORT$2?i=[1-$1]" > "$T/par.out" 2> "$T/par.err"
   else
-    local i
+    local i jobs=()
     for i in $(seq "$1"); do
       { hget "$PORT" "$2?i=$i" "$T/par/b$i" > "$T/par/o$i"; echo >> "$T/par/o$i"; } &
+      jobs+=("$!")
     done
-    wait
+    wait "${jobs[@]}"   # these jobs only: a bare wait would wait for the watchdog too
     cat "$T/par"/o* > "$T/par.out"
   fi
 }
@@ -208,6 +209,9 @@ esac
 req /state
 st=$(field upstream state "$BODY")
 check "(a) /state: upstream is open" [ "$st" = open ]
+tot="$(field upstream failures_total "$BODY")/$(field upstream rejections_total "$BODY")"
+check "(a) totals across workers: failures_total 3, rejections_total 9 (exact)" [ "$tot" = 3/9 ]
+[ "$tot" = 3/9 ] || diag "failures_total/rejections_total: $tot"
 
 # ---------------------------------------------------------------- (c) one probe at a time
 fake '/__control?mode=slow&delay=1.5&status=500&reset=hits' > /dev/null
