@@ -5,6 +5,8 @@
 
 CC         ?= cc
 LUAJIT     ?= luajit
+LUA51      ?= lua5.1
+LUA54      ?= lua5.4
 BUSTED     ?= busted
 LUACHECK   ?= luacheck
 LUAROCKS   ?= luarocks
@@ -20,6 +22,8 @@ CFLAGS   := -std=c11 -O2 -g -fPIC -fvisibility=hidden -pthread $(WARNINGS) -D_GN
 # pkg-config and LuaJIT's headers. Only fz_lua.c and lstates.c need them.
 LUAJIT_CFLAGS = $(shell $(PKG_CONFIG) --cflags luajit 2>/dev/null)
 LUAJIT_LIBS   = $(shell $(PKG_CONFIG) --libs luajit 2>/dev/null)
+# build/fuse/core.so (LuaJIT's 5.1 headers) serves LuaJIT and lua5.1; Lua 5.4 gets its own.
+LUA54_CFLAGS  = $(shell $(PKG_CONFIG) --cflags lua5.4 2>/dev/null)
 CPPFLAGS += -Icsrc $(LUAJIT_CFLAGS)
 DEPFLAGS  = -MMD -MP
 LDLIBS   += -pthread -lm
@@ -38,9 +42,12 @@ LUA_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
            LUA_CPATH="$(CURDIR)/build/?.so;;"
 # busted runs under LuaJIT by running its script with luajit: `busted --lua=luajit`
 # re-executes itself through a shell without quoting, which splits --lpath at ";".
-BUSTED_RUN  = $(LUAJIT) "$$(command -v $(BUSTED) || echo $(BUSTED)-not-installed)"
-BUSTED_ARGS := --lpath="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua" \
-               --cpath="$(CURDIR)/build/?.so"
+# PUC Lua runs busted's script the same way, on the C module backend (--tags=capi).
+BUSTED_SCRIPT = "$$(command -v $(BUSTED) || echo $(BUSTED)-not-installed)"
+BUSTED_RUN  = $(LUAJIT) $(BUSTED_SCRIPT)
+BUSTED_LPATH := --lpath="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua"
+BUSTED_ARGS := $(BUSTED_LPATH) --cpath="$(CURDIR)/build/?.so"
+BUSTED_ARGS_54 := $(BUSTED_LPATH) --cpath="$(CURDIR)/build/5.4/?.so"
 
 DEB_PKGS := build-essential pkg-config luajit2 libluajit2-5.1-dev lua5.1 liblua5.1-0-dev \
             lua5.4 liblua5.4-dev lua-busted luarocks lua-check nginx libnginx-mod-http-lua \
@@ -73,7 +80,8 @@ all: build/fuse/core.so
 help:
 	@echo "make            build/fuse/core.so (every csrc/*.c)"
 	@echo "make deps       install the Debian packages the project needs (if any is missing)"
-	@echo "make test       deps + all, then every suite (C, cdef check, busted, test/*.t.sh)"
+	@echo "make test       deps + all, then every suite (C, cdef check, busted under"
+	@echo "                LuaJIT, lua5.1 and lua5.4, test/*.t.sh)"
 	@echo "make check      the same without the deps step"
 	@echo "make asan|tsan  the C tests under ASan+UBSan / the stress test under TSan"
 	@echo "make cdef       regenerate lua/fuse/cdef.lua from csrc/fz.h"
@@ -98,6 +106,16 @@ endif
 build/obj/%.o: csrc/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+# The C module for Lua 5.4: the same core objects, fz_lua.c compiled with 5.4's headers
+# (first on the include path).
+build/5.4/fuse/core.so: $(call LIB_OBJS,$(CORE_OBJS)) build/5.4/obj/fz_lua.o
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -shared -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+build/5.4/obj/fz_lua.o: csrc/fz_lua.c
+	@mkdir -p $(@D)
+	$(CC) $(LUA54_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 # A test or bench source that is missing: say so instead of "no rule to make target".
 test/%.c bench/%.c:
@@ -148,7 +166,7 @@ build/lstates: test/lstates.c test/tap.h
 
 RUNTAP = bash tools/runtap $(LOGDIR)
 
-check: all $(TEST_BINS)
+check: all build/5.4/fuse/core.so $(TEST_BINS)
 	@rm -rf $(LOGDIR)
 	@$(RUNTAP) test_core build/test_core
 	@$(RUNTAP) stress build/stress
@@ -156,6 +174,8 @@ check: all $(TEST_BINS)
 	@$(foreach t,$(EXTRA_TESTS),$(RUNTAP) $(t) build/$(t);)
 	@$(RUNTAP) check-cdef sh tools/checkcdef.sh --tap
 	@$(RUNTAP) busted $(BUSTED_RUN) $(BUSTED_ARGS) -o TAP spec/
+	@$(RUNTAP) busted-5.1 $(LUA51) $(BUSTED_SCRIPT) $(BUSTED_ARGS) --tags=capi -o TAP spec/
+	@$(RUNTAP) busted-5.4 $(LUA54) $(BUSTED_SCRIPT) $(BUSTED_ARGS_54) --tags=capi -o TAP spec/
 	@for t in test/*.t.sh; do \
 	  [ -f "$$t" ] && [ -x "$$t" ] || continue; \
 	  $(RUNTAP) "$$(basename "$$t" .t.sh)" "$$t"; done

@@ -5,7 +5,20 @@
 -- backend (fuse.ffi under LuaJIT) is a thin layer of one-line calls into the core.
 local options = require "fuse.options"
 
-local B = require "fuse.ffi"
+-- The backend: the FFI under LuaJIT with its ffi library, else the C module fuse.core.
+local B
+if rawget(_G, "jit") and pcall(require, "ffi") then
+  B = require "fuse.ffi"
+else
+  local ok, core = pcall(require, "fuse.core")
+  if not ok then
+    error("fuse: no backend: not LuaJIT with its ffi library, and the C module fuse.core "
+      .. "did not load: " .. tostring(core), 2)
+  elseif type(core) ~= "table" or core.name ~= "capi" then
+    error("fuse: the fuse.core found on package.cpath is not fuse's C module", 2)
+  end
+  B = core
+end
 
 local error, pcall, select, setmetatable, tostring, type = error, pcall, select, setmetatable, tostring, type
 local floor = math.floor

@@ -5,6 +5,8 @@
 local dir = require "pl.dir"
 local path = require "pl.path"
 
+local BACKEND = jit and "ffi" or "capi"  -- pure Lua: tagged so that every backend's run has it
+
 -- The repository root: this file is ROOT/spec/00-rockspec_spec.lua.
 local ROOT = path.dirname(path.dirname(path.abspath(debug.getinfo(1, "S").source:sub(2))))
 
@@ -45,7 +47,7 @@ local function module_name(file)
   return (file:gsub("^lua/", ""):gsub("%.lua$", ""):gsub("/init$", ""):gsub("/", "."))
 end
 
-describe("rockspec #ffi", function()
+describe("rockspec #" .. BACKEND, function()
   local specs = {}  -- the *.rockspec files at the root
   for _, f in ipairs(dir.getfiles(ROOT, "*.rockspec")) do specs[#specs + 1] = path.basename(f) end
   local file = specs[1]

@@ -1,7 +1,9 @@
--- Option validation (lua/fuse/options.lua). Pure Lua: no backend is loaded; the #ffi tag
--- only puts these tests in the FFI run.
+-- Option validation (lua/fuse/options.lua). Pure Lua: no backend is loaded; the tag
+-- (the backend of this interpreter) puts these tests in every backend's run.
 
 local options = require "fuse.options"
+
+local BACKEND = jit and "ffi" or "capi"
 
 local HERE = debug.getinfo(1, "S").short_src
 
@@ -123,7 +125,7 @@ local NUMERIC = {
   } },
 }
 
-describe("options #ffi", function()
+describe("options #" .. BACKEND, function()
 
   it("lists every option name, in the order of DESIGN.md", function()
     assert.same({
