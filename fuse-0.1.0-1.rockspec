@@ -13,7 +13,8 @@ description = {
 fuse wraps a function in a circuit breaker: after enough failures inside a window
 the circuit opens and calls are rejected (or sent to a fallback) until probes show
 the service has recovered. The core is C (lock-free, pthread-safe, shareable
-between nginx workers); LuaJIT reaches it through the FFI.
+between nginx workers); LuaJIT reaches it through the FFI, PUC Lua 5.1-5.4 through
+the classic C module built from the same sources.
 ]],
   license = "MIT",
 }

@@ -219,6 +219,15 @@ local function round_n(x)   -- one significant digit, within [MIN_N, MAX_N]
   return math.floor(x / p) * p
 end
 
+local function loadavg()   -- the 1-minute load average, "?" where /proc/loadavg is missing
+  local f = io.open("/proc/loadavg")
+  if not f then return "?" end
+  local l = f:read("*l") or ""
+  f:close()
+  return l:match("^(%S+)") or "?"
+end
+local load_start = loadavg()
+
 local sink = 0
 local function run(c)
   local loop, expected, still_ok = c.setup(c.name)
@@ -263,6 +272,7 @@ for _, c in ipairs(cases) do
     collectgarbage()
   end
 end
+local load_end = loadavg()
 local bare, pc = by_name["bare call"].median, by_name["pcall"].median
 for _, c in ipairs(results) do
   c.vs_bare, c.vs_pcall, c.over_bare = c.median / bare, c.median / pc, c.median - bare
@@ -275,10 +285,11 @@ if JSON then
   local out = {}
   out[#out + 1] = "{"
   out[#out + 1] = ('  "date": "%s",'):format(os.date("!%Y-%m-%dT%H:%M:%SZ"))
-  out[#out + 1] = ('  "command": "luajit bench/bench.lua --json%s",'):format(QUICK and " --quick" or "")
+  out[#out + 1] = ('  "command": "%s",'):format(esc("luajit bench/bench.lua " .. table.concat(arg, " ")))
   out[#out + 1] = ('  "luajit": "%s", "arch": "%s", "os": "%s",'):format(esc(jit.version), jit.arch, jit.os)
   out[#out + 1] = ('  "fuse": "%s", "backend": "%s",'):format(esc(tostring(fuse.VERSION)), esc(tostring(fuse._backend)))
-  out[#out + 1] = ('  "rounds": %d, "sink": %.17g,'):format(ROUNDS, sink)
+  out[#out + 1] = ('  "rounds": %d, "sink": %.17g, "loadavg_start": "%s", "loadavg_end": "%s",')
+    :format(ROUNDS, sink, load_start, load_end)
   out[#out + 1] = '  "cases": ['
   for i, c in ipairs(results) do
     local ab = {}
@@ -295,6 +306,8 @@ else
   print(("fuse %s (%s backend), %s %s/%s, %s UTC; %d rounds per case, median and min"):format(
     tostring(fuse.VERSION), tostring(fuse._backend), jit.version, jit.os, jit.arch,
     os.date("!%Y-%m-%d %H:%M"), ROUNDS))
+  print(("1-minute load average: %s at the start, %s at the end (%s: other work on the machine)"):format(
+    load_start, load_end, "above ~0.2"))
   local fmt = "%-38s %10s %9s %9s %9s %14s %9s"
   print(fmt:format("case", "ns/call", "min", "x bare", "x pcall", "over bare (ns)", "N/round"))
   local group
