@@ -61,7 +61,7 @@
 __extension__ typedef unsigned __int128 u128;
 
 enum { KIND_NORMAL = 1, KIND_PROBE = 2, KIND_PASS = 3 };
-enum { F_RATE = 1, F_CW = 2 };  /* flags: rules that need the slow path on success */
+enum { F_RATE = 1, F_CW = 2, F_SLOW = 4 };  /* flags: rules that need the slow path on success */
 
 /* The outcome bits of a count-window slot (low 4 bits; the era is above them). */
 enum { CW_VALID = 1, CW_FAIL = 2, CW_SLOW = 4 };
@@ -350,7 +350,8 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
   b->open_for_ns = (uint64_t)(c->open_for * 1e9);
   b->max_open_ns = (uint64_t)(c->max_open_for * 1e9);
   b->probe_timeout_ms = (uint64_t)ceil(c->probe_timeout * 1e3);
-  b->flags = (c->failure_rate > 0 || c->slow_rate > 0 ? F_RATE : 0) | (c->count_window ? F_CW : 0);
+  b->flags = (c->failure_rate > 0 || c->slow_rate > 0 ? F_RATE : 0) | (c->count_window ? F_CW : 0) |
+             (c->slow > 0 ? F_SLOW : 0);
   b->cur_open_ns = b->open_for_ns;
   b->sw = sw_make(0, FZ_CLOSED);
   if (name) memcpy(b->name, name, len);
@@ -484,7 +485,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
 }
 
 /* fz_enter when the circuit is not closed. A state machine: one case a state. */
-static double enter_slow(fz_breaker *b, uint64_t sw) {
+static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
   uint64_t t = now_ns();
   int made = settle(b, &sw, t);
   /* the transition this call made travels back in the ticket, whatever happened next */
@@ -502,9 +503,24 @@ static double enter_slow(fz_breaker *b, uint64_t sw) {
   }
 }
 
+/* An open circuit whose period is not over: count the rejection (the common case of
+ * a rejection, kept small: one clock read, one add on the thread's own stripe). */
+static inline int reject_open(fz_breaker *b, uint64_t sw) {
+  uint64_t t = now_ns();
+  if (open_due(b, sw, t)) return 0;
+  uint64_t e = epoch_at(b, t);
+  uint32_t si = t_stripe;
+  uint64_t *w = si == UINT32_MAX ? NULL : &b->stripes[si].rej[e % NBUCKETS];
+  uint64_t v = w ? at_load_rlx(w) : 0;
+  if (w && tag_of(v) == (uint32_t)e && cnt_of(v) < UINT32_C(0x80000000)) at_add_rlx(w, 1);
+  else count_rejection(b, e);
+  return 1;
+}
+
 double fz_enter(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(sw_gen(sw), 0, KIND_NORMAL, 0);
+  if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
   return enter_slow(b, sw);
 }
 
@@ -607,7 +623,38 @@ static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot) {
     if (at_cas_acqrel(&b->ho, &ho, ho & ~(UINT64_C(1) << slot))) return;
 }
 
+/*
+ * The hot path of fz_done: a success of a call admitted while closed, under the plain
+ * fails rule (no rate rule, no count window, no slow measure), whose stripe is busy in
+ * the current bucket. It reads no clock: the success counts in the bucket of the last
+ * clock read. The clock is read (by done_slow) for the first 64 calls a stripe makes in
+ * a bucket, so a quiet breaker counts exactly, for a bucket that is not the current one,
+ * and for every 64th call, so a busy one stays current. Returns 1 when it counted.
+ */
+static inline int done_fast(fz_breaker *b, double tk) {
+  if (!(tk >= 1.0 && tk < TICKET_LIMIT)) return 0;
+  uint64_t t = (uint64_t)tk;
+  if ((t & 0x7f) != KIND_NORMAL << 1 || (double)t != tk || b->flags) return 0;
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
+  uint32_t si = t_stripe;
+  if ((sw_gen(sw) & GEN_MASK) != t >> 7 || si == UINT32_MAX) return 0;
+  uint64_t e = at_load_rlx(&b->cur_epoch);
+  uint64_t *w = &b->stripes[si].succ[e % NBUCKETS];
+  uint64_t v = at_load_rlx(w);
+  uint32_t n = cnt_of(v);
+  if (tag_of(v) != (uint32_t)e || n < 64 || (n & 63) == 63 || n >= UINT32_C(0x80000000)) return 0;
+  at_add_rlx(w, 1);  /* a retag racing with this lands it a bucket late, never lost */
+  return 1;
+}
+
+static __attribute__((noinline)) int done_slow(fz_breaker *b, double tk, int outcome, double elapsed);
+
 int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) {
+  if (outcome == FZ_SUCCESS && done_fast(b, tk)) return 0;
+  return done_slow(b, tk, outcome, elapsed);
+}
+
+static int done_slow(fz_breaker *b, double tk, int outcome, double elapsed) {
   if (!(tk >= 1.0 && tk < TICKET_LIMIT)) return FZ_ETICKET;
   uint64_t t = (uint64_t)tk;
   int kind = (int)(t >> 1 & 3);
@@ -626,16 +673,9 @@ int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) {
   int fail = outcome == FZ_FAILURE;
   int slow = b->cfg.slow > 0 && elapsed >= b->cfg.slow;
   if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail, slow);
-  if (__builtin_expect(!fail && !slow && !b->flags, 1)) {
-    /* The hot path: a success under the plain fails rule, which reads no clock while
-     * its stripe is busy: it counts in the bucket of the last clock read. The clock is
-     * read for the first 64 calls a stripe makes in a bucket (so a quiet breaker counts
-     * exactly), for a bucket that is not the current one, and for every 64th call. */
-    uint64_t e = at_load_rlx(&b->cur_epoch);
-    stripe *s = my_stripe(b);
-    uint64_t v = at_load_rlx(&s->succ[e % NBUCKETS]);
-    if (tag_of(v) != (uint32_t)e || cnt_of(v) < 64 || (cnt_of(v) & 63) == 63) e = epoch_at(b, now_ns());
-    bump(b, s->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
+  if (!fail && !slow && !b->flags) {
+    /* what done_fast declined: count in the bucket of a fresh clock read */
+    bump(b, my_stripe(b)->succ, &b->folded_succ, epoch_at(b, now_ns()), __ATOMIC_RELAXED);
     return 0;
   }
   return closed_record(b, sw, fail, slow);
