@@ -486,6 +486,12 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
 
 /* fz_enter when the circuit is not closed. A state machine: one case a state. */
 static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
+  /* the manual states need no clock: forced_open counts in the bucket of the last read */
+  if (sw_state(sw) == FZ_DISABLED) return ticket(sw_gen(sw), 0, KIND_PASS, 0);
+  if (sw_state(sw) == FZ_FORCED_OPEN) {
+    count_rejection(b, at_load_rlx(&b->cur_epoch));
+    return rejection(FZ_FORCED_OPEN, 0);
+  }
   uint64_t t = now_ns();
   int made = settle(b, &sw, t);
   /* the transition this call made travels back in the ticket, whatever happened next */
@@ -573,14 +579,16 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
     calls = agg >> 22 & 0x7ff, f = agg >> 11 & 0x7ff, s = agg & 0x7ff;
   } else {
     if (!fail && !slow && !(b->flags & F_RATE)) return 0;
-    f = tw_sum(b->fails, (uint32_t)e);
-    s = tw_sum(b->slow, (uint32_t)e);
-    /* A success can only complete a rate rule, which needs rate * min_calls bad calls:
-     * skip the striped sum when there are fewer. */
+    /* Only the sums a rule needs. A success can only complete a rate rule, which needs
+     * rate * min_calls bad calls: skip the striped sum of calls when there are fewer. */
+    int need_f = c->fails || c->failure_rate > 0;
+    f = need_f ? tw_sum(b->fails, (uint32_t)e) : 0;
+    s = c->slow_rate > 0 ? tw_sum(b->slow, (uint32_t)e) : 0;
     double least = c->min_calls * (1 - 1e-9);
     int maybe = (c->failure_rate > 0 && f >= c->failure_rate * least) ||
                 (c->slow_rate > 0 && s >= c->slow_rate * least);
     if (!fail && !slow && !maybe) return 0;
+    if (!need_f) f = tw_sum(b->fails, (uint32_t)e);  /* calls are successes + failures */
     calls = f + sum_succ(b, (uint32_t)e);
   }
   return rules_trip(c, calls, f, s) ? trip(b, sw, t) : 0;

@@ -238,6 +238,10 @@ static void test_slow(void) {
   is_int(fz_done(b, fz_enter(b), FZ_SUCCESS, 0.5), 64 + FZ_OPEN, "exactly slow is slow: 1 of 2 trips");
   fz_stats s = stats(b);
   is_int((int)s.slow, 1, "slow in window");
+  fz_breaker *only = fz_breaker_new(&c, NULL);
+  for (int i = 0; i < 3; i++) run(only, FZ_FAILURE);
+  is_int(fz_done(only, fz_enter(only), FZ_SUCCESS, 0.6), 0, "slow_rate counts failures among the calls: 1 slow of 4 < 50%%");
+  fz_breaker_free(only);
   is_int((int)s.slow_total, 1, "slow_total");
   is_int((int)s.successes_total, 2, "slow calls are still successes");
   fz_breaker_free(b);
