@@ -50,11 +50,17 @@ local function now()
   C.bench_clock_gettime(CLOCK_MONOTONIC, ts)
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
-local ts2 = ffi.new("bench_timespec")
-local function coarse_clock()   -- the clock fuse's core reads, handed to the pure-Lua breaker
-  C.bench_clock_gettime(CLOCK_MONOTONIC_COARSE, ts2)
-  return tonumber(ts2.tv_sec) + tonumber(ts2.tv_nsec) * 1e-9
+-- The clock fuse's core reads, handed to the pure-Lua breaker. Each user gets its own
+-- copy (its own prototype), so no case links into a trace another case left behind.
+local function coarse_clock_fn()
+  return assert(load([[
+    local C, ts = ...
+    return function()
+      C.bench_clock_gettime(6, ts)  -- CLOCK_MONOTONIC_COARSE
+      return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+    end]], "=coarse_clock"))(C, ffi.new("bench_timespec"))
 end
+assert(CLOCK_MONOTONIC_COARSE == 6)
 
 -- The function every case guards: tiny, so the wrapper's cost shows.
 local function tiny(x) return x + 1 end
@@ -124,12 +130,12 @@ case("call", "b:allow() + b:report(t, true)", function(name)
 end)
 
 case("call", "purelua, closed", function(name)
-  local g, b = purelua.wrap(tiny, { fails = 5, window = 10, clock = coarse_clock })
+  local g, b = purelua.wrap(tiny, { fails = 5, window = 10, clock = coarse_clock_fn() })
   return loop_of(name, "g", CALL, g), sum_tiny, function() return b.state == "closed" end
 end)
 
 case("call", "purelua, open (rejected)", function(name)
-  local g, b = purelua.wrap(flaky, { fails = 5, window = 10, open_for = 1e9, clock = coarse_clock })
+  local g, b = purelua.wrap(flaky, { fails = 5, window = 10, open_for = 1e9, clock = coarse_clock_fn() })
   drive_open(g, 5)
   assert(b.state == "open", "purelua breaker did not open")
   return loop_of(name, "g", REJECTED, g), count, function() return b.state == "open" end
@@ -158,7 +164,7 @@ end
 clock_case("clock: os.time (1 s resolution)", os.time)
 clock_case("clock: os.clock (CPU time)", os.clock)
 clock_case("clock: FFI CLOCK_MONOTONIC", now)
-clock_case("clock: FFI CLOCK_MONOTONIC_COARSE", coarse_clock)
+clock_case("clock: FFI CLOCK_MONOTONIC_COARSE", coarse_clock_fn())
 
 -- JIT trace events during warm-up. What matters is the case's own loop: its root trace
 -- should start in loop<case> and link to itself ("loop"). Aborts of traces started
