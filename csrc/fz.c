@@ -121,14 +121,14 @@ int fz_abi_version(void) { return FZ_ABI_VERSION; }
 static uint64_t g_manual_on;  /* concurrent: 1 while the manual clock is installed */
 static uint64_t g_manual_ns;  /* concurrent: MANUAL_ORIGIN + manual seconds in ns */
 
-static uint64_t ts_ns(clockid_t id) {
+static inline uint64_t ts_ns(clockid_t id) {
   struct timespec ts;
   clock_gettime(id, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* The breaker's clock: coarse (a vDSO read, no syscall), or the manual one. */
-static uint64_t now_ns(void) {
+static inline uint64_t now_ns(void) {
   if (at_load_rlx(&g_manual_on)) return at_load_rlx(&g_manual_ns);
   return ts_ns(CLOCK_MONOTONIC_COARSE);
 }
@@ -263,15 +263,19 @@ static void retire_all(fz_breaker *b, uint64_t e) {
 /* The bucket epoch of time t; remembers the newest one for calls that read no clock.
  * Division by the bucket width is a multiplication by its reciprocal (precomputed):
  * exact to within one bucket at the edges, and the same t always gives the same e. */
-static uint64_t epoch_at(fz_breaker *b, uint64_t t) {
-  uint64_t e = (uint64_t)(((u128)t * b->bucket_inv) >> 64) + at_load_rlx(&b->shift);
-  uint64_t cur = at_load_rlx(&b->cur_epoch);
+static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, uint64_t cur) {
   while (e > cur) {
     if (at_cas_acqrel(&b->cur_epoch, &cur, e)) {
       if (e - cur > SPAN + 1) retire_all(b, e);
       break;
     }
   }
+}
+
+static inline uint64_t epoch_at(fz_breaker *b, uint64_t t) {
+  uint64_t e = (uint64_t)(((u128)t * b->bucket_inv) >> 64) + at_load_rlx(&b->shift);
+  uint64_t cur = at_load_rlx(&b->cur_epoch);
+  if (e > cur) advance_epoch(b, e, cur);  /* once a bucket */
   return e;
 }
 
