@@ -279,9 +279,8 @@ static void retire_all(fz_breaker *b, uint64_t e) {
   }
 }
 
-/* The bucket epoch of time t; remembers the newest one for calls that read no clock.
- * Division by the bucket width is a multiplication by its reciprocal (precomputed):
- * exact to within one bucket at the edges, and the same t always gives the same e. */
+/* Moves the remembered epoch forward to e (the CAS winner retires every bucket when
+ * the clock jumped past a whole window). */
 static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, uint64_t cur) {
   while (e > cur) {
     if (at_cas_acqrel(&b->cur_epoch, &cur, e)) {
@@ -291,6 +290,9 @@ static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, u
   }
 }
 
+/* The bucket epoch of time t; remembers the newest one for calls that read no clock.
+ * Division by the bucket width is a multiplication by its reciprocal (precomputed):
+ * exact to within one bucket at the edges, and the same t always gives the same e. */
 static inline uint64_t epoch_at(fz_breaker *b, uint64_t t) {
   uint64_t e = (uint64_t)(((u128)t * b->bucket_inv) >> 64) + at_load_rlx(&b->shift);
   uint64_t cur = at_load_rlx(&b->cur_epoch);
