@@ -203,6 +203,54 @@ describe("fuse #" .. BACKEND, function()
     end)
   end)
 
+  -- The registry is process-wide, so filling one takes a process of its own: the same
+  -- interpreter, with the same paths, runs a script that fills a shared registry of 2.
+  describe("a full registry", function()
+    local function interpreter()
+      local i = 0
+      while arg and arg[i - 1] do i = i - 1 end
+      return arg and arg[i] or (jit and "luajit" or "lua")
+    end
+
+    it("is a clear error at creation, naming the breaker and the capacity", function()
+      local script = os.tmpname()
+      local f = assert(io.open(script, "w"))
+      f:write([[
+        local fuse = require "fuse"
+        fuse.init{ shared = true, capacity = 2 }
+        fuse.new{ name = "one" }
+        fuse.new{ name = "two" }
+        local again = fuse.new{ name = "one" }          -- an existing name still works
+        local ok, err = pcall(function() local b = fuse.new{ name = "three" }; return b end)
+        io.write(tostring(ok), "\n", tostring(err), "\n", again.name, "\n", #fuse.list(), "\n")
+      ]])
+      f:close()
+      local p = assert(io.popen(("%q %q 2>&1"):format(interpreter(), script)))
+      local out = p:read("*a")
+      p:close()
+      os.remove(script)
+      local ok, err, again, count = out:match("^(%a+)\n([^\n]*)\n([^\n]*)\n(%d+)\n$")
+      assert.equal("false", ok, out)
+      assert.matches("fuse: cannot create breaker 'three': breaker registry is full (capacity 2;",
+        err, 1, true)
+      assert.matches(":6: fuse:", err, 1, true)  -- at the caller's line in the script
+      assert.equal("one", again)
+      assert.equal("2", count)
+    end)
+  end)
+
+  describe("fuse.init under nginx", function()
+    it("refuses a shared registry outside init_by_lua, where each worker would get its own", function()
+      local saved = rawget(_G, "ngx")
+      rawset(_G, "ngx", { get_phase = function() return "init_worker" end })
+      local ok, err = pcall(fuse.init, { shared = true, capacity = 8 })
+      rawset(_G, "ngx", saved)
+      assert.is_false(ok)
+      assert.matches("fuse.init{ shared = true } belongs in init_by_lua*", err, 1, true)
+      assert.matches("in init_worker each worker would get a registry of its own", err, 1, true)
+    end)
+  end)
+
   describe("anonymous breakers", function()
     it("are independent of each other", function()
       local f1, b1 = fuse.wrap(failing, { fails = 1 })
