@@ -489,14 +489,18 @@ static void count_rejection(fz_breaker *b, uint64_t e) {
 }
 
 /* Claims a probe slot in half-open generation sw; returns the ticket or a rejection. */
+static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot);
+
 static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
   uint32_t g32 = (uint32_t)sw_gen(sw);
   uint64_t ho = at_load_acq(&b->ho);
   unsigned slot;
   for (;;) {
     uint32_t succ = (uint32_t)(ho >> 16) & 0xffff, busy = (uint32_t)ho & 0xffff;
-    if ((uint32_t)(ho >> 32) != g32) succ = busy = 0;  /* first probe of this generation */
-    if ((uint32_t)__builtin_popcount(busy) >= b->cfg.probes) {  /* `probes` at once */
+    int32_t ahead = (int32_t)((uint32_t)(ho >> 32) - g32);
+    if (ahead < 0) succ = busy = 0;  /* the first probe of this generation */
+    if (ahead > 0 || (uint32_t)__builtin_popcount(busy) >= b->cfg.probes) {
+      /* `probes` run already, or a later half-open began: this call's view is stale */
       count_rejection(b, epoch_at(b, t));
       return rejection(FZ_HALF_OPEN, made ? 1 : 0);
     }
@@ -506,6 +510,16 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
   }
   /* release: pairs with the acquire in probe_timed_out */
   at_store_rel(&b->probe_start[slot], (uint64_t)(g32 & 0xffff) << 48 | ((t / 1000000) & MS48));
+  /* A probe failed (or the circuit closed) between our read of the state and the claim:
+   * give the slot back, so that no call of an older half-open runs once it is over. */
+  uint64_t now_sw = at_load_acq(&b->sw);
+  if (now_sw != sw) {
+    probe_release(b, sw_gen(sw), slot);
+    if (sw_state(now_sw) == FZ_CLOSED) return ticket(sw_gen(now_sw), 0, KIND_NORMAL, made ? 1 : 0);
+    if (sw_state(now_sw) == FZ_DISABLED) return ticket(sw_gen(now_sw), 0, KIND_PASS, made ? 1 : 0);
+    count_rejection(b, epoch_at(b, t));
+    return rejection(sw_state(now_sw), made ? 1 : 0);
+  }
   return ticket(sw_gen(sw), slot, KIND_PROBE, made ? 1 : 0);
 }
 
