@@ -215,6 +215,8 @@ describe("fuse #" .. BACKEND, function()
     it("is a clear error at creation, naming the breaker and the capacity", function()
       local script = os.tmpname()
       local f = assert(io.open(script, "w"))
+      -- this process's paths (busted may have set them with --lpath/--cpath), on line 1
+      f:write(("package.path = %q; package.cpath = %q; "):format(package.path, package.cpath))
       f:write([[
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 2 }
