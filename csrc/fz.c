@@ -76,7 +76,7 @@ struct fz_breaker {
   /* Read on every call, written by transitions only. */
   _Alignas(LINE) uint64_t sw;   /* concurrent: generation << 3 | state */
   uint64_t until;               /* concurrent: end of the open period, ns */
-  uint64_t until_gen;           /* concurrent: generation `until` belongs to */
+  uint64_t until_gen;           /* concurrent: generation `until` belongs to (| STAMPING) */
   uint64_t cur_epoch;           /* concurrent: bucket epoch of the last clock read */
   uint64_t shift;               /* concurrent: added to epochs; bumped to start a fresh window */
   uint64_t bucket_ns, bucket_inv, open_for_ns, max_open_ns, probe_timeout_ms;
@@ -347,7 +347,9 @@ int fz_config_check(const fz_config *c) {
   return ok ? FZ_OK : FZ_EINVAL;
 }
 
-static int differs(double a, double b) { return fabs(a - b) > 1e-12 * fmax(fabs(a), fabs(b)); }
+/* The same tolerance as the facade's options.diff, so that a mismatch always names an
+ * option: values that round-trip through a double may differ in their last bits. */
+static int differs(double a, double b) { return fabs(a - b) > 1e-9 * fmax(fabs(a), fabs(b)); }
 
 uint32_t fz_config_diff(const fz_config *a, const fz_config *b) {
   uint32_t m = 0;
@@ -404,48 +406,74 @@ const char *fz_breaker_name(const fz_breaker *b) { return b->name; }
 
 /* ---------------------------------------------------------------- transitions */
 
-/* The open period for the next OPEN: the current one, shortened by jitter. */
-static uint64_t open_period(fz_breaker *b) {
-  double p = (double)at_load_rlx(&b->cur_open_ns);
+/* `period` shortened by jitter: the length of one open period. */
+static uint64_t jittered(fz_breaker *b, uint64_t period) {
+  double p = (double)period;
   if (b->cfg.jitter > 0) p *= 1.0 - b->cfg.jitter * rand01();
   return (uint64_t)p;
 }
 
-/* Publishes the end of the open period of generation gen (the CAS winner only). */
-static void set_until(fz_breaker *b, uint64_t gen, uint64_t t) {
-  at_store_rlx(&b->until, t + open_period(b));
+static int16_t gen16_ahead(uint64_t stamp, uint32_t gen) {
+  return (int16_t)(uint16_t)((uint16_t)(stamp >> 48) - (uint16_t)gen);
+}
+
+#define STAMPING (UINT64_C(1) << 63)  /* in until_gen: `until` is being written */
+
+/*
+ * Publishes the end of the open period of generation gen BEFORE the swap that opens the
+ * circuit, so that a process killed right after the swap cannot leave it open for ever.
+ * A small seqlock: until_gen goes from an older generation to gen | STAMPING, then
+ * `until` is written, then until_gen = gen (release). The first caller to stamp a
+ * generation wins; a caller whose view is late (an older gen) never writes over a newer
+ * stamp. A process killed while stamping leaves STAMPING behind, which open_due reads
+ * as "due": the circuit then admits a probe early rather than stay open for ever.
+ */
+static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
+  uint64_t cur = at_load_acq(&b->until_gen);
+  do {
+    if ((cur & ~STAMPING) >= gen) return;
+  } while (!at_cas_acqrel(&b->until_gen, &cur, gen | STAMPING));
+  at_store_rlx(&b->until, end_ns);
   at_store_rel(&b->until_gen, gen);  /* release: pairs with the acquire in open_due */
-  at_add_rlx(&b->opens_total, 1);
 }
 
 /* closed -> open. Returns the transition code, or 0 when another caller moved first. */
 static int trip(fz_breaker *b, uint64_t sw, uint64_t t) {
+  stamp_open(b, sw_gen(sw) + 1, t + jittered(b, b->open_for_ns));
+  /* acq_rel: the stamp above happens-before any reader that sees this open state */
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
-  set_until(b, sw_gen(sw) + 1, t);
+  at_store_rlx(&b->cur_open_ns, b->open_for_ns);  /* a new run of open periods */
+  at_add_rlx(&b->opens_total, 1);
   return trans_code(FZ_CLOSED, FZ_OPEN);
 }
 
 /* half_open -> open after a failed or timed-out probe: the open period backs off. */
 static int reopen(fz_breaker *b, uint64_t sw, uint64_t t) {
-  if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
   double next = (double)at_load_rlx(&b->cur_open_ns) * b->cfg.backoff;
-  at_store_rlx(&b->cur_open_ns, next > (double)b->max_open_ns ? b->max_open_ns : (uint64_t)next);
-  set_until(b, sw_gen(sw) + 1, t);
+  uint64_t period = next > (double)b->max_open_ns ? b->max_open_ns : (uint64_t)next;
+  stamp_open(b, sw_gen(sw) + 1, t + jittered(b, period));
+  if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
+  at_store_rlx(&b->cur_open_ns, period);
+  at_add_rlx(&b->opens_total, 1);
   return trans_code(FZ_HALF_OPEN, FZ_OPEN);
 }
 
 /* half_open -> closed. The fresh window is laid before the swap: while half-open no
- * rule reads the window, so a swap that loses leaves nothing wrong behind. */
+ * rule reads the window, so a swap that loses leaves nothing wrong behind. The backoff
+ * is left alone: the next trip starts a new run of open periods. */
 static int close_circuit(fz_breaker *b, uint64_t sw) {
   fresh_window(b);
-  at_store_rlx(&b->cur_open_ns, b->open_for_ns);
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_CLOSED))) return 0;
   return trans_code(FZ_HALF_OPEN, FZ_CLOSED);
 }
 
+/* Whether the open period of open generation sw is over at t. The stamp of sw's
+ * generation is always there (stamp_open runs before the swap that the acquire load of
+ * sw saw); anything else means its writer died: then rather admit a probe than stay
+ * open for ever. */
 static int open_due(fz_breaker *b, uint64_t sw, uint64_t t) {
-  /* acquire: pairs with the release in set_until */
-  return at_load_acq(&b->until_gen) == sw_gen(sw) && t >= at_load_rlx(&b->until);
+  /* acquire: pairs with the release at the end of stamp_open */
+  return at_load_acq(&b->until_gen) != sw_gen(sw) || t >= at_load_rlx(&b->until);
 }
 
 /* A probe of generation sw that has outlived probe_timeout re-opens the circuit. */
@@ -455,10 +483,11 @@ static int probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
   if ((uint32_t)(ho >> 32) != g32) return 0;
   for (unsigned i = 0; busy; i++, busy >>= 1) {
     if (!(busy & 1)) continue;
-    uint64_t st = at_load_acq(&b->probe_start[i]);  /* pairs with the release in claim_probe */
+    /* the stamp was published by the claim's acq_rel CAS on ho, read above (acquire) */
+    uint64_t st = at_load_acq(&b->probe_start[i]);
     uint64_t start = st & MS48, t_ms = (t / 1000000) & MS48;
-    if ((st >> 48) == (g32 & 0xffff) && t_ms >= start && t_ms - start >= b->probe_timeout_ms)
-      return 1;
+    if (gen16_ahead(st, g32) != 0) return 1;  /* cannot be (see stamp_probe): do not wedge */
+    if (t_ms >= start && t_ms - start >= b->probe_timeout_ms) return 1;
   }
   return 0;
 }
@@ -491,6 +520,25 @@ static void count_rejection(fz_breaker *b, uint64_t e) {
 /* Claims a probe slot in half-open generation sw; returns the ticket or a rejection. */
 static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot);
 
+/*
+ * Stamps the start of a probe in `slot` (gen16 << 48 | start in ms) BEFORE the claim
+ * that sets the slot's busy bit, so that a busy slot always carries a start of its own
+ * generation, even if its process is killed right after the claim: probe_timeout then
+ * frees it. A stamp only moves forward: a newer generation's is left alone, and within
+ * one generation a later start wins (two callers racing for one free slot both stamp).
+ */
+static void stamp_probe(fz_breaker *b, unsigned slot, uint32_t g32, uint64_t t) {
+  uint64_t t_ms = t / 1000000 & MS48;
+  uint64_t want = (uint64_t)(g32 & 0xffff) << 48 | t_ms;
+  uint64_t *p = &b->probe_start[slot];
+  uint64_t cur = at_load_acq(p);
+  for (;;) {
+    int16_t ahead = gen16_ahead(cur, g32);
+    if (ahead > 0 || (ahead == 0 && (cur & MS48) >= t_ms)) return;
+    if (at_cas_acqrel(p, &cur, want)) return;
+  }
+}
+
 static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
   uint32_t g32 = (uint32_t)sw_gen(sw);
   uint64_t ho = at_load_acq(&b->ho);
@@ -505,11 +553,10 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
       return rejection(FZ_HALF_OPEN, made ? 1 : 0);
     }
     slot = (unsigned)__builtin_ctz(~busy);
+    stamp_probe(b, slot, g32, t);
     uint64_t want = (uint64_t)g32 << 32 | (uint64_t)succ << 16 | busy | 1u << slot;
-    if (at_cas_acqrel(&b->ho, &ho, want)) break;
+    if (at_cas_acqrel(&b->ho, &ho, want)) break;  /* acq_rel: publishes the stamp too */
   }
-  /* release: pairs with the acquire in probe_timed_out */
-  at_store_rel(&b->probe_start[slot], (uint64_t)(g32 & 0xffff) << 48 | ((t / 1000000) & MS48));
   /* A probe failed (or the circuit closed) between our read of the state and the claim:
    * give the slot back, so that no call of an older half-open runs once it is over. */
   uint64_t now_sw = at_load_acq(&b->sw);
@@ -533,6 +580,12 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
   }
   uint64_t t = now_ns();
   int made = settle(b, &sw, t);
+  if (made == trans_code(FZ_HALF_OPEN, FZ_OPEN)) {
+    /* this call re-opened the circuit: it is rejected, and the rejection says so,
+     * whatever another caller made of the state since */
+    count_rejection(b, epoch_at(b, t));
+    return rejection(FZ_OPEN, 2);
+  }
   /* the transition this call made travels back in the ticket, whatever happened next */
   int to_half = made == trans_code(FZ_OPEN, FZ_HALF_OPEN);
   switch (sw_state(sw)) {
@@ -544,7 +597,7 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
     return claim_probe(b, sw, t, to_half);
   default: /* FZ_OPEN, FZ_FORCED_OPEN */
     count_rejection(b, epoch_at(b, t));
-    return rejection(sw_state(sw), to_half ? 1 : made ? 2 : 0);
+    return rejection(sw_state(sw), to_half ? 1 : 0);
   }
 }
 
@@ -571,23 +624,50 @@ double fz_enter(fz_breaker *b) {
 
 /* ---------------------------------------------------------------- outcomes */
 
-/* The count window: the outcome takes the oldest slot of the ring. */
-static uint64_t cw_record(fz_breaker *b, int fail, int slow) {
+/* Adds (sign 1) or removes (sign -1) one outcome to the aggregate of era `era`.
+ * Returns the new aggregate, or 0 when a fresh window has begun meanwhile. */
+static uint64_t cw_apply(fz_breaker *b, uint64_t era, int sign, uint32_t bits) {
   uint64_t agg = at_load_acq(&b->cw_agg);
-  uint64_t era = agg >> 33;
-  uint32_t era28 = (uint32_t)era & 0x0fffffff;
-  uint32_t pos = (uint32_t)(at_add_rlx(&b->cw_seq, 1) % b->cfg.count_window);
-  uint32_t nv = era28 << 4 | CW_VALID | (fail ? CW_FAIL : 0) | (slow ? CW_SLOW : 0);
-  uint32_t old = at_xchg32_acqrel(&b->cw_ring[pos], nv);
-  if (!(old & CW_VALID) || old >> 4 != era28) old = 0;  /* empty, or of an earlier era */
   for (;;) {
-    if (agg >> 33 != era) return 0;  /* a fresh window began: this outcome belongs to none */
-    uint64_t calls = (agg >> 22 & 0x7ff) + (old ? 0 : 1);
-    uint64_t f = (agg >> 11 & 0x7ff) + (fail ? 1 : 0) - (old & CW_FAIL ? 1 : 0);
-    uint64_t s = (agg & 0x7ff) + (slow ? 1 : 0) - (old & CW_SLOW ? 1 : 0);
-    uint64_t want = era << 33 | calls << 22 | f << 11 | s;
+    if (agg >> 33 != era) return 0;
+    uint64_t calls = (agg >> 22 & 0x7ff) + (uint64_t)(int64_t)sign;
+    uint64_t f = (agg >> 11 & 0x7ff) + (bits & CW_FAIL ? (uint64_t)(int64_t)sign : 0);
+    uint64_t s = (agg & 0x7ff) + (bits & CW_SLOW ? (uint64_t)(int64_t)sign : 0);
+    uint64_t want = era << 33 | (calls & 0x7ff) << 22 | (f & 0x7ff) << 11 | (s & 0x7ff);
     if (at_cas_acqrel(&b->cw_agg, &agg, want)) return want;
   }
+}
+
+/*
+ * The count window: the outcome takes the oldest slot of the ring. It is added to the
+ * aggregate before it is written to its slot, and the outcome it displaces is removed
+ * after: every outcome is removed only after it was added, so no count goes below zero
+ * (with callers in flight the window may briefly hold N + their number; readers clamp
+ * calls to N). A writer whose era has passed (a fresh window began) leaves the ring
+ * alone when the slot already holds a newer era's outcome.
+ */
+static uint64_t cw_record(fz_breaker *b, int fail, int slow) {
+  uint64_t era = at_load_acq(&b->cw_agg) >> 33;
+  uint32_t era28 = (uint32_t)era & 0x0fffffff;
+  uint32_t nv = era28 << 4 | CW_VALID | (fail ? CW_FAIL : 0) | (slow ? CW_SLOW : 0);
+  uint64_t agg = cw_apply(b, era, 1, nv);
+  if (!agg) return 0;  /* a fresh window began: this outcome belongs to none */
+  uint32_t *slot = &b->cw_ring[at_add_rlx(&b->cw_seq, 1) % b->cfg.count_window];
+  uint32_t old = at_load32_acq(slot);
+  do {
+    if ((old & CW_VALID) && (int32_t)(((old >> 4) - era28) << 4) > 0) return 0;  /* newer era */
+  } while (!at_cas32_acqrel(slot, &old, nv));
+  if ((old & CW_VALID) && old >> 4 == era28) {
+    uint64_t after = cw_apply(b, era, -1, old);
+    if (after) agg = after;
+  }
+  return agg;
+}
+
+/* Calls in a count window's aggregate, clamped to N (see cw_record). */
+static uint32_t cw_calls(const fz_breaker *b, uint64_t agg) {
+  uint32_t calls = (uint32_t)(agg >> 22 & 0x7ff);
+  return calls > b->cfg.count_window ? b->cfg.count_window : calls;
 }
 
 /* Whether the counts of a window meet a trip rule. */
@@ -615,7 +695,7 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
   if (b->flags & F_CW) {
     uint64_t agg = cw_record(b, fail, slow);
     if (!agg) return 0;
-    calls = agg >> 22 & 0x7ff, f = agg >> 11 & 0x7ff, s = agg & 0x7ff;
+    calls = cw_calls(b, agg), f = agg >> 11 & 0x7ff, s = agg & 0x7ff;
   } else {
     if (!fail && !slow && !(b->flags & F_RATE)) return 0;
     /* Only the sums a rule needs. A success can only complete a rate rule, which needs
@@ -633,13 +713,6 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
   return rules_trip(c, calls, f, s) ? trip(b, sw, t) : 0;
 }
 
-/* Before a probe's slot is given back, its start time is marked as belonging to no
- * probe of this generation: the next claimer sets the busy bit before it stores its
- * own start, and probe_timed_out must not judge it by the old one meanwhile. */
-static void forget_start(fz_breaker *b, uint32_t g32, unsigned slot) {
-  at_store_rel(&b->probe_start[slot], (uint64_t)((g32 ^ 1) & 0xffff) << 48);
-}
-
 /* The outcome of the probe in `slot` of half-open generation sw. A slow probe counts
  * as failed when a slow-call rate rule is set. */
 static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int slow) {
@@ -650,7 +723,6 @@ static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int
   if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
   else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
   if (fail || (slow && b->cfg.slow_rate > 0)) return reopen(b, sw, t);
-  if ((uint32_t)(ho >> 32) == g32 && (ho & 1u << slot)) forget_start(b, g32, slot);
   for (;;) {
     if ((uint32_t)(ho >> 32) != g32 || !(ho & 1u << slot)) return 0;
     uint64_t succ = (ho >> 16 & 0xffff) + 1;
@@ -665,7 +737,6 @@ static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int
 static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot) {
   uint64_t ho = at_load_acq(&b->ho);
   uint32_t g32 = (uint32_t)gen;
-  if ((uint32_t)(ho >> 32) == g32 && (ho & 1u << slot)) forget_start(b, g32, slot);
   while ((uint32_t)(ho >> 32) == g32 && (ho & 1u << slot))
     if (at_cas_acqrel(&b->ho, &ho, ho & ~(UINT64_C(1) << slot))) return;
 }
@@ -738,9 +809,10 @@ int fz_state(fz_breaker *b) {
 
 double fz_retry_after(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw), t = now_ns();
+  /* acquire: pairs with the release at the end of stamp_open */
   if (sw_state(sw) != FZ_OPEN || at_load_acq(&b->until_gen) != sw_gen(sw)) return 0;
   uint64_t until = at_load_rlx(&b->until);
-  return until > t ? (double)(until - t) * 1e-9 : 0;
+  return until > t ? (double)(until - t) / 1e9 : 0;
 }
 
 /* Totals: folded counts plus every live word, retried while a recycle is under way. */
@@ -761,17 +833,21 @@ static void read_totals(fz_breaker *b, fz_stats *out) {
   }
 }
 
-int fz_stats_read(fz_breaker *b, fz_stats *out) {
+/* The snapshot of fz_stats_read and fz_stats_peek. With `settle`, due transitions are
+ * made (and the code of one returned); without, the state they would give is reported. */
+static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   uint64_t t = now_ns();
   uint64_t sw = at_load_acq(&b->sw);
-  int made = settle(b, &sw, t);
+  int made = settle_due ? settle(b, &sw, t) : 0;
   uint32_t e = (uint32_t)epoch_at(b, t);
   memset(out, 0, sizeof *out);
   out->state = sw_state(sw);
   out->generation = sw_gen(sw);
+  if (!settle_due && out->state == FZ_OPEN && open_due(b, sw, t)) out->state = FZ_HALF_OPEN;
+  else if (!settle_due && out->state == FZ_HALF_OPEN && probe_timed_out(b, sw, t)) out->state = FZ_OPEN;
   if (b->flags & F_CW) {
     uint64_t agg = at_load_acq(&b->cw_agg);
-    out->calls = (uint32_t)(agg >> 22 & 0x7ff);
+    out->calls = cw_calls(b, agg);
     out->failures = (uint32_t)(agg >> 11 & 0x7ff);
     out->slow = (uint32_t)(agg & 0x7ff);
   } else {
@@ -790,14 +866,15 @@ int fz_stats_read(fz_breaker *b, fz_stats *out) {
   return made;
 }
 
+int fz_stats_read(fz_breaker *b, fz_stats *out) { return stats_fill(b, out, 1); }
+
+void fz_stats_peek(fz_breaker *b, fz_stats *out) { stats_fill(b, out, 0); }
+
 /* ---------------------------------------------------------------- manual states */
 
 static int move_to(fz_breaker *b, int to) {
   uint64_t sw = at_load_acq(&b->sw);
-  if (to == FZ_CLOSED) {
-    fresh_window(b);
-    at_store_rlx(&b->cur_open_ns, b->open_for_ns);
-  }
+  if (to == FZ_CLOSED) fresh_window(b);
   while (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) {}
   return trans_code(sw_state(sw), to);
 }

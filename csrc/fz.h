@@ -100,6 +100,7 @@ int fz_done(fz_breaker *b, double ticket, int outcome, double elapsed);
 int fz_state(fz_breaker *b);
 double fz_retry_after(fz_breaker *b);
 int fz_stats_read(fz_breaker *b, fz_stats *out);
+void fz_stats_peek(fz_breaker *b, fz_stats *out);
 int fz_reset(fz_breaker *b);
 int fz_force_open(fz_breaker *b);
 int fz_disable(fz_breaker *b);
@@ -175,6 +176,11 @@ double fz_clock_now(void);
  *   does) and returns the transition code. Window counts are read without a lock:
  *   under concurrent calls they are a recent value, not an atomic snapshot; totals
  *   never go down.
+ *
+ * fz_stats_peek(b, out): the same snapshot, but a pure read: a transition due by time
+ *   alone is reported in out->state as the state it would give (half_open, or open
+ *   after a probe timeout) without being made. For observers that own no listener
+ *   (metrics), so that every transition is still made, and reported, by a call.
  *
  * fz_reset(b), fz_force_open(b), fz_disable(b): move to closed (fresh window, backoff
  *   reset), forced_open or disabled from any state; each bumps the generation, so

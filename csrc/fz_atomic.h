@@ -41,6 +41,9 @@ static inline uint32_t at_load32_rlx(const uint32_t *p) { return __atomic_load_n
 static inline uint32_t at_load32_acq(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void at_store32_rel(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 static inline uint32_t at_xchg32_acqrel(uint32_t *p, uint32_t v) { return __atomic_exchange_n(p, v, __ATOMIC_ACQ_REL); }
+static inline int at_cas32_acqrel(uint32_t *p, uint32_t *expected, uint32_t desired) {
+  return __atomic_compare_exchange_n(p, expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
 static inline uint32_t at_add32_rlx(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
 #endif /* FZ_ATOMIC_H */

@@ -257,29 +257,43 @@ static void set_number(lua_State *L, const char *field, double v) {
   lua_setfield(L, 2, field);
 }
 
+/* Fills the table at index 2 with the numbers of s. */
+static void push_stats(lua_State *L, const fz_stats *s) {
+  lua_pushinteger(L, s->state);
+  lua_setfield(L, 2, "state");
+  set_uint(L, "calls", s->calls);
+  set_uint(L, "failures", s->failures);
+  set_uint(L, "slow", s->slow);
+  set_uint(L, "rejections", s->rejections);
+  set_number(L, "failure_rate", s->failure_rate);
+  set_number(L, "slow_rate", s->slow_rate);
+  set_number(L, "retry_after", s->retry_after);
+  set_uint(L, "successes_total", s->successes_total);
+  set_uint(L, "failures_total", s->failures_total);
+  set_uint(L, "slow_total", s->slow_total);
+  set_uint(L, "rejections_total", s->rejections_total);
+  set_uint(L, "opens_total", s->opens_total);
+}
+
 /* stats(h, t): fills t with the numbers of fz_stats; returns the transition code. */
 static int l_stats(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
   fz_stats s;
-  int made;
   luaL_checktype(L, 2, LUA_TTABLE);
-  made = fz_stats_read(b, &s);
-  lua_pushinteger(L, s.state);
-  lua_setfield(L, 2, "state");
-  set_uint(L, "calls", s.calls);
-  set_uint(L, "failures", s.failures);
-  set_uint(L, "slow", s.slow);
-  set_uint(L, "rejections", s.rejections);
-  set_number(L, "failure_rate", s.failure_rate);
-  set_number(L, "slow_rate", s.slow_rate);
-  set_number(L, "retry_after", s.retry_after);
-  set_uint(L, "successes_total", s.successes_total);
-  set_uint(L, "failures_total", s.failures_total);
-  set_uint(L, "slow_total", s.slow_total);
-  set_uint(L, "rejections_total", s.rejections_total);
-  set_uint(L, "opens_total", s.opens_total);
+  int made = fz_stats_read(b, &s);
+  push_stats(L, &s);
   lua_pushinteger(L, made);
   return 1;
+}
+
+/* peek(h, t): as stats, without making any transition; returns nothing. */
+static int l_peek(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  fz_stats s;
+  luaL_checktype(L, 2, LUA_TTABLE);
+  fz_stats_peek(b, &s);
+  push_stats(L, &s);
+  return 0;
 }
 
 static int l_init_shared(lua_State *L) {
@@ -318,7 +332,7 @@ static const luaL_Reg FUNCS[] = {
   { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
   { "enter", l_enter }, { "done", l_done }, { "state", l_state },
   { "retry_after", l_retry_after }, { "reset", l_reset }, { "force_open", l_force_open },
-  { "disable", l_disable }, { "stats", l_stats }, { "init_shared", l_init_shared },
+  { "disable", l_disable }, { "stats", l_stats }, { "peek", l_peek }, { "init_shared", l_init_shared },
   { "is_shared", l_is_shared }, { "capacity", l_capacity },
   { "clock_manual", l_clock_manual }, { "clock_auto", l_clock_auto },
   { "clock_now", l_clock_now }, { NULL, NULL }

@@ -399,6 +399,19 @@ describe("fuse #" .. BACKEND, function()
       assert.equal(2, sample_for(parse(fuse.metrics()).fuse_state, b.name).value)
     end)
 
+    it("makes no transition itself: the next call makes it and its listener hears it", function()
+      local events = {}
+      local f, b = fuse.wrap(function() return "up" end, { name = uname("peek"), fails = 1,
+        open_for = 5, on_state_change = function(_, from, to) events[#events + 1] = from .. ">" .. to end })
+      b:report(assert(b:allow()), false)
+      assert.same({ "closed>open" }, events)
+      now = now + 6
+      assert.equal(2, sample_for(parse(fuse.metrics()).fuse_state, b.name).value)
+      assert.same({ "closed>open" }, events)          -- the scrape made nothing
+      assert.equal("up", f())                          -- the probe, made by this call
+      assert.same({ "closed>open", "open>half_open", "half_open>closed" }, events)
+    end)
+
     it("is accepted by `promtool check metrics`", function()
       local which = io.popen("command -v promtool 2>/dev/null")
       local found = which:read("*a")

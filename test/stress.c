@@ -190,11 +190,61 @@ static void part_transitions(void) {
   fz_clock_auto();
 }
 
+/*
+ * Part 3: the count window under two threads. With count_window = 2 and fails = 2 the
+ * circuit may open only when two failures are adjacent in call order. The main thread
+ * reports a failure, then waits until the other thread has recorded 3 successes after
+ * it: no two failures are ever adjacent, so any open is wrong (it caught counts that
+ * went below zero when an outcome was removed from the aggregate before it was added).
+ */
+static int stop_succ;
+static uint64_t succ_done;
+
+static void *cw_success_worker(void *arg) {
+  (void)arg;
+  while (!__atomic_load_n(&stop_succ, __ATOMIC_ACQUIRE)) {
+    double t = fz_enter(B);
+    if (t < 0) continue;
+    fz_done(B, t, FZ_SUCCESS, -1);
+    __atomic_add_fetch(&succ_done, 1, __ATOMIC_SEQ_CST);
+  }
+  return NULL;
+}
+
+static void part_count_window(void) {
+  fz_config c = config();
+  c.fails = 2, c.count_window = 2, c.min_calls = 2, c.open_for = 1000, c.max_open_for = 1000;
+  B = fz_breaker_new(&c, NULL);
+  pthread_t th;
+  pthread_create(&th, NULL, cw_success_worker, NULL);
+  long failures = 0, wrong = 0, rounds = iters / 10;
+  for (long k = 0; k < rounds; k++) {
+    double t = fz_enter(B);
+    if (t < 0) continue;
+    int code = fz_done(B, t, FZ_FAILURE, -1);
+    failures++;
+    uint64_t base = __atomic_load_n(&succ_done, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&succ_done, __ATOMIC_SEQ_CST) < base + 3 && (fz_state(B) & 255) == FZ_CLOSED) {}
+    fz_stats st;
+    fz_stats_read(B, &st);
+    if (code || st.state != FZ_CLOSED || st.calls > 2 || st.failures > 1) {
+      if (wrong++ < 3) diag("open after failure %ld: code %d, calls %u, failures %u", failures, code, st.calls, st.failures);
+      fz_reset(B);
+    }
+  }
+  __atomic_store_n(&stop_succ, 1, __ATOMIC_RELEASE);
+  pthread_join(th, NULL);
+  ok(failures > rounds / 2, "count window: %ld failures reported between successes", failures);
+  is_int(wrong, 0, "count window: never opened, never more than N calls or 1 failure in it");
+  fz_breaker_free(B);
+}
+
 int main(void) {
   const char *env = getenv("STRESS_ITERS");
   if (env && atol(env) > 0) iters = atol(env);
   diag("%d threads x %ld calls", THREADS, iters);
   part_counting();
   part_transitions();
+  part_count_window();
   return done_testing();
 }

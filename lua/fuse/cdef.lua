@@ -74,6 +74,7 @@ int fz_done(fz_breaker *b, double ticket, int outcome, double elapsed);
 int fz_state(fz_breaker *b);
 double fz_retry_after(fz_breaker *b);
 int fz_stats_read(fz_breaker *b, fz_stats *out);
+void fz_stats_peek(fz_breaker *b, fz_stats *out);
 int fz_reset(fz_breaker *b);
 int fz_force_open(fz_breaker *b);
 int fz_disable(fz_breaker *b);

@@ -88,9 +88,7 @@ function _M.reset(h) return C.fz_reset(h) end
 function _M.force_open(h) return C.fz_force_open(h) end
 function _M.disable(h) return C.fz_disable(h) end
 
--- Fills `t` with the numbers of fz_stats; returns the transition code.
-function _M.stats(h, t)
-  local made = C.fz_stats_read(h, stats_buf)
+local function fill(t)
   local s = stats_buf
   t.state, t.calls, t.failures, t.slow = s.state, s.calls, s.failures, s.slow
   t.rejections, t.failure_rate, t.slow_rate = s.rejections, s.failure_rate, s.slow_rate
@@ -98,7 +96,19 @@ function _M.stats(h, t)
   t.successes_total, t.failures_total = tonumber(s.successes_total), tonumber(s.failures_total)
   t.slow_total, t.rejections_total = tonumber(s.slow_total), tonumber(s.rejections_total)
   t.opens_total = tonumber(s.opens_total)
+end
+
+-- Fills `t` with the numbers of fz_stats; returns the transition code.
+function _M.stats(h, t)
+  local made = C.fz_stats_read(h, stats_buf)
+  fill(t)
   return made
+end
+
+-- As stats, without making any transition (the state reported is the one it would give).
+function _M.peek(h, t)
+  C.fz_stats_peek(h, stats_buf)
+  fill(t)
 end
 
 function _M.init_shared(capacity) return C.fz_registry_init_shared(capacity) end
