@@ -19,11 +19,12 @@
  * generation it was issued in; an outcome whose generation is not the current one is
  * stale and ignored.
  *
- * Memory ordering. The state word is read with acquire and swapped with acq_rel; what
- * a transition's winner publishes after the swap (the open period's end `until`) is
- * stamped with the generation it belongs to (`until_gen`, release) and read with
- * acquire, so a reader either sees the stamp of its generation and the matching `until`,
- * or no stamp and treats the period as not over yet. Window counters are tagged words
+ * Memory ordering. The state word is read with acquire and swapped with acq_rel. What
+ * an open state needs (the end of its period, `until`, stamped with its generation in
+ * `until_gen`) and what a probe needs (its start) is published BEFORE the swap or claim
+ * that makes it visible, so a reader that acquires the new state also sees it, and a
+ * process killed at any instruction leaves nothing that wedges the circuit (a stamp left
+ * half-written reads as "due"). Window counters are tagged words
  * (bucket epoch << 32 | count) bumped with relaxed fetch-and-add: they need atomicity,
  * not ordering, except where a failure decides a trip: failures are added and summed
  * with seq_cst, so of two concurrent failures at least the later one sees both. When a
