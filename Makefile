@@ -67,8 +67,8 @@ NAMED_TESTS := test_core stress lstates
 EXTRA_TESTS := $(filter-out $(NAMED_TESTS),$(basename $(notdir $(wildcard test/*.c))))
 TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 
-# $(call need,FILE,WHO): stop with a clear message when FILE does not exist yet.
-need = @test -e $(1) || { echo "make: $(1) does not exist yet ($(2))" >&2; exit 1; }
+# $(call need,FILE): stop with a clear message when FILE does not exist.
+need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
 .PHONY: all deps cdef check-cdef test check asan tsan bench demo demo-nginx lint rock \
         clean help
@@ -119,7 +119,7 @@ build/5.4/obj/fz_lua.o: csrc/fz_lua.c
 
 # A test or bench source that is missing: say so instead of "no rule to make target".
 test/%.c bench/%.c:
-	@echo "make: $@ does not exist yet (it is written by the lead or another helper)" >&2
+	@echo "make: $@ does not exist" >&2
 	@exit 1
 
 # ---- packages ----------------------------------------------------------------------
@@ -234,7 +234,7 @@ build/bench_threads: bench/threads.c build/libfzcore.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
 
 bench: all
-	$(call need,bench/bench.lua,the bench helper writes it)
+	$(call need,bench/bench.lua)
 	$(LUA_ENV) $(LUAJIT) bench/bench.lua
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
@@ -242,12 +242,12 @@ bench: all
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	$(call need,examples/demo.lua,another helper writes it)
+	$(call need,examples/demo.lua)
 	$(LUA_ENV) $(LUAJIT) examples/demo.lua
 
 demo-nginx: deps
 	@$(MAKE) --no-print-directory all
-	$(call need,examples/nginx/demo.sh,the nginx helper writes it)
+	$(call need,examples/nginx/demo.sh)
 	bash examples/nginx/demo.sh
 
 LINT_DIRS = $(wildcard lua spec bench examples)
