@@ -63,7 +63,7 @@ CORE_OBJS := $(CORE_SRCS:csrc/%.c=build/obj/%.o)
 LIB_OBJS   = $(filter-out %/fz_lua.o,$(1))
 
 # C tests beyond the three named ones (test/*.c): built like test_core, run as suites.
-NAMED_TESTS := test_core stress lstates
+NAMED_TESTS := test_core stress lstates faults
 EXTRA_TESTS := $(filter-out $(NAMED_TESTS),$(basename $(notdir $(wildcard test/*.c))))
 TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 
@@ -158,6 +158,12 @@ build/test_core build/stress $(EXTRA_TESTS:%=build/%): build/%: test/%.c test/ta
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
+# faults kills processes at the core's fault points: its own build of the core.
+build/faults: test/faults.c test/tap.h csrc/fz.c csrc/fz.h csrc/fz_atomic.h csrc/fz_errors.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -DFZ_FAULTS -o $@ test/faults.c csrc/fz.c \
+	  $(LDFLAGS) $(LDLIBS)
+
 # lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.
 build/lstates: test/lstates.c test/tap.h
 	@mkdir -p $(@D)
@@ -171,6 +177,7 @@ check: all build/5.4/fuse/core.so $(TEST_BINS)
 	@$(RUNTAP) test_core build/test_core
 	@$(RUNTAP) stress build/stress
 	@$(RUNTAP) lstates env $(LUA_ENV) build/lstates
+	@$(RUNTAP) faults build/faults
 	@$(foreach t,$(EXTRA_TESTS),$(RUNTAP) $(t) build/$(t);)
 	@$(RUNTAP) check-cdef sh tools/checkcdef.sh --tap
 	@$(RUNTAP) busted $(BUSTED_RUN) $(BUSTED_ARGS) -o TAP spec/

@@ -49,6 +49,19 @@
 #include <time.h>
 #include <unistd.h>
 
+/*
+ * Fault points for test/faults.c, which builds this file with -DFZ_FAULTS and kills a
+ * forked process at one of them, to show that no instruction is a bad place to die.
+ * In every other build they are nothing.
+ */
+#ifdef FZ_FAULTS
+extern void (*fz_fault_hook)(const char *where);
+void (*fz_fault_hook)(const char *where);
+#define FAULT(where) do { if (fz_fault_hook) fz_fault_hook(where); } while (0)
+#else
+#define FAULT(where) ((void)0)
+#endif
+
 #define LINE 64
 #define MS48 ((UINT64_C(1) << 48) - 1)
 #define SPAN 10                 /* buckets a time window spans */
@@ -426,14 +439,19 @@ static int16_t gen16_ahead(uint64_t stamp, uint32_t gen) {
  * A small seqlock: until_gen goes from an older generation to gen | STAMPING, then
  * `until` is written, then until_gen = gen (release). The first caller to stamp a
  * generation wins; a caller whose view is late (an older gen) never writes over a newer
- * stamp. A process killed while stamping leaves STAMPING behind, which open_due reads
- * as "due": the circuit then admits a probe early rather than stay open for ever.
+ * stamp; a caller that finds the same generation half-stamped (its stamper may have
+ * died) finishes the stamp itself. If the circuit is open with a stamp left
+ * half-written, open_due reads it as "due": a probe is admitted early rather than the
+ * circuit staying open for ever.
  */
 static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
   uint64_t cur = at_load_acq(&b->until_gen);
-  do {
-    if ((cur & ~STAMPING) >= gen) return;
-  } while (!at_cas_acqrel(&b->until_gen, &cur, gen | STAMPING));
+  for (;;) {
+    if ((cur & ~STAMPING) > gen || cur == gen) return;  /* newer, or this gen is stamped */
+    if (cur == (gen | STAMPING)) break;  /* another stamper of gen, alive or dead: finish */
+    if (at_cas_acqrel(&b->until_gen, &cur, gen | STAMPING)) break;
+  }
+  FAULT("stamping");
   at_store_rlx(&b->until, end_ns);
   at_store_rel(&b->until_gen, gen);  /* release: pairs with the acquire in open_due */
 }
@@ -443,6 +461,7 @@ static int trip(fz_breaker *b, uint64_t sw, uint64_t t) {
   stamp_open(b, sw_gen(sw) + 1, t + jittered(b, b->open_for_ns));
   /* acq_rel: the stamp above happens-before any reader that sees this open state */
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
+  FAULT("tripped");
   at_store_rlx(&b->cur_open_ns, b->open_for_ns);  /* a new run of open periods */
   at_add_rlx(&b->opens_total, 1);
   return trans_code(FZ_CLOSED, FZ_OPEN);
@@ -555,9 +574,11 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
     }
     slot = (unsigned)__builtin_ctz(~busy);
     stamp_probe(b, slot, g32, t);
+    FAULT("probe-stamped");
     uint64_t want = (uint64_t)g32 << 32 | (uint64_t)succ << 16 | busy | 1u << slot;
     if (at_cas_acqrel(&b->ho, &ho, want)) break;  /* acq_rel: publishes the stamp too */
   }
+  FAULT("probe-claimed");
   /* A probe failed (or the circuit closed) between our read of the state and the claim:
    * give the slot back, so that no call of an older half-open runs once it is over. */
   uint64_t now_sw = at_load_acq(&b->sw);
@@ -738,6 +759,7 @@ static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int
 static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot) {
   uint64_t ho = at_load_acq(&b->ho);
   uint32_t g32 = (uint32_t)gen;
+  FAULT("probe-releasing");
   while ((uint32_t)(ho >> 32) == g32 && (ho & 1u << slot))
     if (at_cas_acqrel(&b->ho, &ho, ho & ~(UINT64_C(1) << slot))) return;
 }

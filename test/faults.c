@@ -1,0 +1,119 @@
+/*
+ * faults.c -- a process killed at the worst instruction never wedges a shared breaker.
+ *
+ * Built with the core compiled with -DFZ_FAULTS, whose fault points call fz_fault_hook.
+ * For each point, a forked child (sharing the registry, as nginx workers do) sets the
+ * hook to die there with _exit, drives the breaker to the point, and dies; the parent
+ * then checks that the circuit recovers with real time (open_for and probe_timeout of
+ * 0.1 s): a probe is admitted, or the dead probe times out and re-opens.
+ */
+#include "../csrc/fz.h"
+#include "tap.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern void (*fz_fault_hook)(const char *where);
+
+static const char *g_target;
+
+static void die_at_target(const char *where) {
+  if (strcmp(where, g_target) == 0) _exit(42);
+}
+
+static void sleep_s(double s) {
+  struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+  nanosleep(&ts, NULL);
+}
+
+static fz_breaker *breaker(const char *name) {
+  fz_config c;
+  memset(&c, 0, sizeof c);
+  c.window = 60, c.open_for = 0.1, c.max_open_for = 0.1, c.probe_timeout = 0.1;
+  c.backoff = 1, c.fails = 1, c.min_calls = 10, c.probes = 1;
+  int st;
+  return fz_registry_open(name, strlen(name), &c, &st);
+}
+
+static int kind_of(double t) { return t > 0 ? (int)((uint64_t)t >> 1 & 3) : 0; }
+static int state(fz_breaker *b) { return fz_state(b) & 255; }
+
+/* Runs `action` in a child that dies at `where`; returns 1 when it died there. */
+static int die_in_child(const char *where, void (*action)(fz_breaker *), fz_breaker *b) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    g_target = where;
+    fz_fault_hook = die_at_target;
+    action(b);
+    _exit(0);  /* did not reach the point */
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 42;
+}
+
+static void fail_once(fz_breaker *b) { fz_done(b, fz_enter(b), FZ_FAILURE, -1); }
+static void take_probe(fz_breaker *b) { fz_enter(b); }
+static void ignore_probe(fz_breaker *b) {
+  double t = fz_enter(b);
+  fz_done(b, t, FZ_IGNORE, -1);
+}
+
+/* After open_for, the next call is a probe and its success closes the circuit. */
+static int recovers(fz_breaker *b, double wait) {
+  sleep_s(wait);
+  double t = fz_enter(b);
+  if (kind_of(t) != 2) return 0;
+  fz_done(b, t, FZ_SUCCESS, -1);
+  return state(b) == FZ_CLOSED;
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (fz_registry_init_shared(16) != FZ_OK) {
+    printf("Bail out! no shared registry\n");
+    return 1;
+  }
+
+  fz_breaker *b = breaker("tripped");
+  ok(die_in_child("tripped", fail_once, b), "a process died right after the swap that opened the circuit");
+  is_int(state(b), FZ_OPEN, "the circuit is open");
+  ok(recovers(b, 0.15), "after open_for a probe is admitted and closes it (the open period was stamped first)");
+
+  b = breaker("stamping");
+  ok(die_in_child("stamping", fail_once, b), "a process died while stamping the open period, before the swap");
+  is_int(state(b), FZ_CLOSED, "the circuit is still closed");
+  fail_once(b);
+  double t = fz_enter(b);
+  ok(t < 0, "the next trip finishes the half-written stamp: the circuit stays open for open_for");
+  ok(recovers(b, 0.15), "and then recovers");
+
+  b = breaker("probe-stamped");
+  fail_once(b);
+  sleep_s(0.15);
+  ok(die_in_child("probe-stamped", take_probe, b), "a process died after stamping a probe, before claiming its slot");
+  ok(recovers(b, 0), "the slot was never taken: the next call is the probe");
+
+  b = breaker("probe-claimed");
+  fail_once(b);
+  sleep_s(0.15);
+  ok(die_in_child("probe-claimed", take_probe, b), "a process died holding the only probe slot");
+  t = fz_enter(b);
+  ok(t < 0 && (int)(-t - 1) / 4 == FZ_HALF_OPEN, "before probe_timeout the slot is still taken");
+  sleep_s(0.15);
+  is_int(state(b), FZ_OPEN, "after probe_timeout the dead probe counts as failed: open again");
+  ok(recovers(b, 0.15), "and after open_for a new probe closes it");
+
+  b = breaker("probe-releasing");
+  fail_once(b);
+  sleep_s(0.15);
+  ok(die_in_child("probe-releasing", ignore_probe, b), "a process died while giving its probe slot back");
+  sleep_s(0.15);
+  is_int(state(b), FZ_OPEN, "after probe_timeout the slot is free again: open");
+  ok(recovers(b, 0.15), "and after open_for a new probe closes it");
+  return done_testing();
+}
