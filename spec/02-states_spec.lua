@@ -1,21 +1,13 @@
 -- The state machine: closed -> open -> half_open -> closed/open, the manual states,
 -- generations (stale outcomes) and retry_after. Time comes from a fake clock.
 local fuse = require "fuse"
-local BACKEND = jit and "ffi" or "capi"  -- the backend fuse runs on here: specs assert it
+local support = require "spec.support"
+local BACKEND = support.BACKEND
 
 local EPS = 1e-6
 
 describe("fuse #" .. BACKEND, function()
-  local now
-
-  before_each(function()
-    now = 1000
-    fuse.clock(function() return now end)
-  end)
-
-  after_each(function()
-    fuse.clock()
-  end)
+  local clock = support.fake_clock(1000)
 
   -- a guarded function that fails by the default rule, and one that succeeds;
   -- both count how often they ran
@@ -39,14 +31,12 @@ describe("fuse #" .. BACKEND, function()
   -- an anonymous breaker in half_open with no probe admitted yet
   local function half_opened(opts)
     local b = opened(opts)
-    now = now + (opts.open_for or opts.window or 10) + 0.01
+    clock.now = clock.now + (opts.open_for or opts.window or 10) + 0.01
     assert.equal("half_open", b:state())
     return b
   end
 
-  it("runs on the " .. BACKEND .. " backend", function()
-    assert.equal(BACKEND, fuse._backend)
-  end)
+  support.it_runs_on_backend()
 
   describe("closed -> open", function()
     it("opens exactly at the fails-th failure inside the window", function()
@@ -77,8 +67,8 @@ describe("fuse #" .. BACKEND, function()
 
     it("failures spread over the window add up", function()
       local b = fuse.new { fails = 3, window = 10 }
-      fail(b); now = now + 3
-      fail(b); now = now + 3
+      fail(b); clock:advance(3)
+      fail(b); clock:advance(3)
       assert.equal("closed", b:state())
       fail(b)
       assert.equal("open", b:state())
@@ -118,20 +108,20 @@ describe("fuse #" .. BACKEND, function()
       local label = ("window %s, phase %s"):format(window, phase)
 
       it("a failure still counts just before `window` seconds (" .. label .. ")", function()
-        now = 1000 + phase * window
+        clock.now = 1000 + phase * window
         local b = fuse.new { fails = 2, window = window }
         fail(b)
-        now = now + window * 0.999
+        clock:advance(window * 0.999)
         assert.equal(1, b:stats().failures)
         fail(b)
         assert.equal("open", b:state())
       end)
 
       it("a failure no longer counts after `window * 1.1` seconds (" .. label .. ")", function()
-        now = 1000 + phase * window
+        clock.now = 1000 + phase * window
         local b = fuse.new { fails = 2, window = window }
         fail(b)
-        now = now + window * 1.1 + window * 0.001
+        clock.now = clock.now + window * 1.1 + window * 0.001
         assert.equal(0, b:stats().failures)
         fail(b)
         assert.equal("closed", b:state())
@@ -142,12 +132,12 @@ describe("fuse #" .. BACKEND, function()
     for _, start in ipairs { 0, 1000, 123456.789, 2e9 } do
       for _, window in ipairs { 0.01, 0.3, 1, 3, 4, 7, 20, 3600 } do
         it(("fails = 2 trips with window %s at clock %s"):format(window, start), function()
-          now = start
+          clock.now = start
           local b = fuse.new { fails = 2, window = window }
           fail(b)
           assert.equal(1, b:stats().failures)
           assert.equal("closed", b:state())
-          now = now + window / 2
+          clock:advance(window / 2)
           fail(b)
           assert.equal("open", b:state())
         end)
@@ -157,13 +147,13 @@ describe("fuse #" .. BACKEND, function()
     it("slides: old failures drop out one by one", function()
       local b = fuse.new { fails = 3, window = 10 }
       fail(b)             -- t = 0
-      now = now + 6
+      clock:advance(6)
       fail(b)             -- t = 6
-      now = now + 6
+      clock:advance(6)
       fail(b)             -- t = 12: the one at 0 is older than 11
       assert.equal("closed", b:state())
       assert.equal(2, b:stats().failures)
-      now = now + 1
+      clock:advance(1)
       fail(b)             -- t = 13: 6, 12, 13
       assert.equal("open", b:state())
     end)
@@ -171,7 +161,7 @@ describe("fuse #" .. BACKEND, function()
     it("survives a far jump of the clock", function()
       local b = fuse.new { fails = 2, window = 10 }
       fail(b)
-      now = now + 1e7
+      clock:advance(1e7)
       fail(b)
       assert.equal("closed", b:state())
       assert.equal(1, b:stats().failures)
@@ -205,10 +195,10 @@ describe("fuse #" .. BACKEND, function()
 
     it("stays open until open_for has elapsed, then shows half_open without a call", function()
       local b = opened { fails = 1, window = 10, open_for = 5 }
-      now = now + 4.99
+      clock:advance(4.99)
       assert.equal("open", b:state())
       assert.equal("open", b:stats().state)
-      now = now + 0.02
+      clock:advance(0.02)
       assert.equal("half_open", b:state())
       assert.equal("half_open", b:stats().state)
       assert.equal(0, b:stats().retry_after)
@@ -216,7 +206,7 @@ describe("fuse #" .. BACKEND, function()
 
     it("stats() alone shows the due transition", function()
       local b = opened { fails = 1, open_for = 5 }
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal("half_open", b:stats().state)
     end)
 
@@ -224,15 +214,15 @@ describe("fuse #" .. BACKEND, function()
       local b = opened { fails = 1, window = 4 }
       local _, rej = b:call(working)
       assert.near(4, rej.retry_after, EPS)
-      now = now + 3.99
+      clock:advance(3.99)
       assert.equal("open", b:state())
-      now = now + 0.02
+      clock:advance(0.02)
       assert.equal("half_open", b:state())
     end)
 
     it("admits the next call as a probe once open_for has elapsed (lazily)", function()
       local b = opened { fails = 1, open_for = 5 }
-      now = now + 5.01
+      clock:advance(5.01)
       ran = 0
       assert.equal("ok", (b:call(working)))
       assert.equal(1, ran)
@@ -353,16 +343,16 @@ describe("fuse #" .. BACKEND, function()
       local b = half_opened { fails = 1, open_for = 5, probe_timeout = 2, probes = 1 }
       local t = b:allow()
       assert.is_number(t)
-      now = now + 1.99
+      clock:advance(1.99)
       assert.equal("half_open", b:state())
-      now = now + 0.02
+      clock:advance(0.02)
       assert.equal("open", b:state())
       assert.equal(2, b:stats().opens_total)
       -- the late report changes nothing
       b:report(t, true)
       assert.equal("open", b:state())
       -- after open_for the slot is free again
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal("half_open", b:state())
       local t2 = b:allow()
       assert.is_number(t2)
@@ -373,7 +363,7 @@ describe("fuse #" .. BACKEND, function()
     it("a probe past probe_timeout re-opens the circuit (seen by the next call)", function()
       local b = half_opened { fails = 1, open_for = 5, probe_timeout = 2, probes = 1 }
       local t = b:allow()
-      now = now + 2.01
+      clock:advance(2.01)
       ran = 0
       local r, rej = b:call(working)
       assert.is_nil(r)
@@ -387,9 +377,9 @@ describe("fuse #" .. BACKEND, function()
     it("probe_timeout defaults to window", function()
       local b = half_opened { fails = 1, window = 3, open_for = 1 }
       b:allow()
-      now = now + 2.99
+      clock:advance(2.99)
       assert.equal("half_open", b:state())
-      now = now + 0.02
+      clock:advance(0.02)
       assert.equal("open", b:state())
     end)
   end)
@@ -412,7 +402,7 @@ describe("fuse #" .. BACKEND, function()
       local b = fuse.new { fails = 1, window = 10, open_for = 5, probes = 1 }
       local t = b:allow()
       fail(b)
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal("half_open", b:state())
       b:report(t, true)
       assert.equal("half_open", b:state())
@@ -451,11 +441,11 @@ describe("fuse #" .. BACKEND, function()
   describe("closing", function()
     it("starts a fresh window: failures from before the open do not count", function()
       local b = fuse.new { fails = 3, window = 10, open_for = 5 }
-      fail(b); now = now + 1
-      fail(b); now = now + 1
+      fail(b); clock:advance(1)
+      fail(b); clock:advance(1)
       fail(b)
       assert.equal("open", b:state())
-      now = now + 5.01
+      clock:advance(5.01)
       b:call(working)
       assert.equal("closed", b:state())
       local s = b:stats()
@@ -484,16 +474,16 @@ describe("fuse #" .. BACKEND, function()
       local function retry() return (select(2, b:allow())).retry_after end
       assert.near(5, retry(), EPS)
       for _, expected in ipairs { 10, 15, 15 } do
-        now = now + b:stats().retry_after + 0.01
+        clock.now = clock.now + b:stats().retry_after + 0.01
         assert.equal("half_open", b:state())
         b:call(failing)
         assert.equal("open", b:state())
         assert.near(expected, retry(), EPS)
-        now = now + expected - 0.02
+        clock.now = clock.now + expected - 0.02
         assert.equal("open", b:state())
-        now = now + 0.01  -- retry_after left: 0.01
+        clock:advance(0.01)  -- retry_after left: 0.01
       end
-      now = now + 0.02
+      clock:advance(0.02)
       b:call(working)
       assert.equal("closed", b:state())
       fail(b)
@@ -503,7 +493,7 @@ describe("fuse #" .. BACKEND, function()
     it("a probe timeout counts as a failed probe", function()
       local b = half_opened { fails = 1, open_for = 5, backoff = 2, probe_timeout = 1 }
       b:allow()
-      now = now + 1.01
+      clock:advance(1.01)
       assert.equal("open", b:state())
       local ra = b:stats().retry_after
       assert.is_true(ra > 9 and ra <= 10 + EPS, "retry_after " .. ra)
@@ -564,7 +554,7 @@ describe("fuse #" .. BACKEND, function()
         assert.equal("forced_open", b:state())
         ran = 0
         for _, dt in ipairs { 0, 5.01, 100, 1e6 } do
-          now = now + dt
+          clock:advance(dt)
           local r, rej = b:call(working)
           assert.is_nil(r)
           assert.is_true(fuse.is_rejection(rej))
@@ -589,7 +579,7 @@ describe("fuse #" .. BACKEND, function()
           local r1, r2 = b:call(failing)
           assert.is_nil(r1)
           assert.equal("boom", r2)
-          if i % 10 == 0 then now = now + 1000 end
+          if i % 10 == 0 then clock:advance(1000) end
         end
         for _ = 1, 10 do
           local t = b:allow()
@@ -615,11 +605,11 @@ describe("fuse #" .. BACKEND, function()
       local _, rej = b:call(working)
       assert.near(5, rej.retry_after, EPS)
       assert.near(5, b:stats().retry_after, EPS)
-      now = now + 2
+      clock:advance(2)
       _, rej = b:call(working)
       assert.near(3, rej.retry_after, EPS)
       assert.near(3, b:stats().retry_after, EPS)
-      now = now + 2.5
+      clock:advance(2.5)
       _, rej = b:allow()
       assert.near(0.5, rej.retry_after, EPS)
     end)
@@ -628,7 +618,7 @@ describe("fuse #" .. BACKEND, function()
       local b = fuse.new { fails = 1, open_for = 5 }
       assert.equal(0, b:stats().retry_after)
       fail(b)
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal("half_open", b:stats().state)
       assert.equal(0, b:stats().retry_after)
       b:force_open()

@@ -1,7 +1,8 @@
 -- What a guarded call does: results and errors pass through unchanged, fallbacks,
 -- rejections as values, coroutines, on_state_change, is_failure and the default rule.
 local fuse = require "fuse"
-local BACKEND = jit and "ffi" or "capi"  -- the backend fuse runs on here: specs assert it
+local support = require "spec.support"
+local BACKEND = support.BACKEND
 
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
 
@@ -34,27 +35,12 @@ local FORMS = {
 }
 local FORM_NAMES = { "fuse.wrap", "b:wrap", "b:call" }
 
-local name_seq = 0
-local function unique(prefix)
-  name_seq = name_seq + 1
-  return ("s03-%s-%d"):format(prefix, name_seq)
-end
+local unique = support.unique_names("s03")
 
 describe("fuse #" .. BACKEND, function()
-  local now
+  local clock = support.fake_clock(1000)
 
-  before_each(function()
-    now = 1000
-    fuse.clock(function() return now end)
-  end)
-
-  after_each(function()
-    fuse.clock()
-  end)
-
-  it("runs on the " .. BACKEND .. " backend", function()
-    assert.equal(BACKEND, fuse._backend)
-  end)
+  support.it_runs_on_backend()
 
   for _, form in ipairs(FORM_NAMES) do
     local guard = FORMS[form]
@@ -603,7 +589,7 @@ describe("fuse #" .. BACKEND, function()
       assert.equal("fuse: circuit '" .. name .. "' is open", tostring(rej))
       b:reset()
       b:call(function() return nil, "x" end)
-      now = now + 5.01
+      clock:advance(5.01)
       assert.is_number((b:allow()))
       _, rej = b:allow()
       assert.equal("half_open", rej.state)
@@ -637,7 +623,7 @@ describe("fuse #" .. BACKEND, function()
       fa(); fb()  -- rejections: no transition
       assert.equal(1, #log_a)
       assert.equal(0, #log_b)
-      now = now + 5.01
+      clock:advance(5.01)
       mode = "ok"
       assert.equal("ok", (fb()))  -- open -> half_open -> closed, both made by fb
       assert.equal(2, #log_b)
@@ -662,7 +648,7 @@ describe("fuse #" .. BACKEND, function()
         on_state_change = function(_, from, to) log[#log + 1] = from .. ">" .. to end,
       })
       f()
-      now = now + 5.01
+      clock:advance(5.01)
       f()
       assert.same({ "closed>open", "open>half_open", "half_open>open" }, log)
     end)
@@ -672,7 +658,7 @@ describe("fuse #" .. BACKEND, function()
       local b = fuse.new { fails = 1, open_for = 5,
         on_state_change = function(_, from, to) log[#log + 1] = from .. ">" .. to end }
       b:call(function() return nil, "x" end)
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal("half_open", b:state())
       assert.equal("half_open", b:state())
       assert.equal("half_open", b:stats().state)
@@ -687,10 +673,10 @@ describe("fuse #" .. BACKEND, function()
       b:reset()
       log = {}
       b:call(function() return nil, "x" end)
-      now = now + 5.01
+      clock:advance(5.01)
       local t = b:allow()
       assert.is_number(t)
-      now = now + 2.01
+      clock:advance(2.01)
       local r, rej = f()
       assert.is_nil(r)
       assert.equal("open", rej.state)
@@ -733,7 +719,7 @@ describe("fuse #" .. BACKEND, function()
       local b = fuse.new { fails = 1, open_for = 5, probes = 1,
         on_state_change = function(_, _, to) if to == "half_open" then error({}) end end }
       b:call(function() return nil, "x" end)
-      now = now + 5.01
+      clock:advance(5.01)
       local ok, t = pcall(b.allow, b)
       fuse.report_error = saved
       assert.is_true(ok)

@@ -2,14 +2,10 @@
 -- breakers are independent and freed with their wrapper, bad options raise at the
 -- caller's line.
 local fuse = require "fuse"
-local BACKEND = jit and "ffi" or "capi"  -- the backend fuse runs on here: specs assert it
+local support = require "spec.support"
+local BACKEND = support.BACKEND
 
--- the registry lives as long as the process: every test takes names of its own
-local name_seq = 0
-local function unique(prefix)
-  name_seq = name_seq + 1
-  return ("s04-%s-%d"):format(prefix, name_seq)
-end
+local unique = support.unique_names("s04")
 
 local function failing() return nil, "boom" end
 
@@ -60,20 +56,9 @@ local function assert_at_line(err, line)
 end
 
 describe("fuse #" .. BACKEND, function()
-  local now
+  support.fake_clock(1000)
 
-  before_each(function()
-    now = 1000
-    fuse.clock(function() return now end)
-  end)
-
-  after_each(function()
-    fuse.clock()
-  end)
-
-  it("runs on the " .. BACKEND .. " backend", function()
-    assert.equal(BACKEND, fuse._backend)
-  end)
+  support.it_runs_on_backend()
 
   it("has a VERSION string", function()
     assert.is_string(fuse.VERSION)

@@ -1,6 +1,7 @@
 -- The hot path stays compiled: loops of guarded calls record traces and never abort.
 -- Trace events come from jit.attach(cb, "trace"); aborts are printed with their reason.
 local fuse = require "fuse"
+local support = require "spec.support"
 
 -- the trace callback runs at odd moments: it uses no globals of the spec environment
 local type, tostring, pcall, format = type, tostring, pcall, string.format
@@ -123,7 +124,7 @@ local function failing() return nil, "boom" end
 
 -- Only the ffi backend (LuaJIT) has a JIT: the run of another backend lists these specs
 -- as pending instead of leaving them out.
-local BACKEND = jit and "ffi" or "capi"
+local BACKEND = support.BACKEND
 if BACKEND ~= "ffi" then
   describe("fuse #" .. BACKEND, function()
     pending("the JIT specs need LuaJIT (the ffi backend); this run is on " .. BACKEND)
@@ -132,20 +133,9 @@ if BACKEND ~= "ffi" then
 end
 
 describe("fuse #ffi", function()
-  local now
+  support.fake_clock(1000)
 
-  before_each(function()
-    now = 1000
-    fuse.clock(function() return now end)
-  end)
-
-  after_each(function()
-    fuse.clock()
-  end)
-
-  it("runs on the ffi backend", function()
-    assert.equal("ffi", fuse._backend)
-  end)
+  support.it_runs_on_backend()  -- "ffi": the other backends return above
 
   if not has_jit then
     pending("not running under LuaJIT: no JIT to check")

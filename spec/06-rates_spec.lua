@@ -5,36 +5,15 @@
 -- calls. So the success that brings the window to min_calls opens the circuit when the
 -- failure rate is then >= failure_rate.
 local fuse = require "fuse"
-local BACKEND = jit and "ffi" or "capi"  -- the backend fuse runs on here: specs assert it
+local support = require "spec.support"
+local BACKEND = support.BACKEND
 
 describe("fuse #" .. BACKEND, function()
-  local now = 1000
+  local clock = support.fake_clock(1000, 1000)
 
-  before_each(function()
-    now = now + 1000          -- only ever forward: the clock stays monotonic
-    fuse.clock(function() return now end)
-  end)
+  local succeed, fail = support.succeed, support.fail
 
-  after_each(function()
-    fuse.clock()
-  end)
-
-  -- one admitted call through the two-step form
-  local function outcome(b, ok, seconds)
-    local ticket, rej = b:allow()
-    assert.is_number(ticket, "call rejected: " .. tostring(rej))
-    b:report(ticket, ok, seconds)
-  end
-  local function succeed(b, n, seconds)
-    for _ = 1, n or 1 do outcome(b, true, seconds) end
-  end
-  local function fail(b, n, seconds)
-    for _ = 1, n or 1 do outcome(b, false, seconds) end
-  end
-
-  it("runs on the " .. BACKEND .. " backend", function()
-    assert.equal(BACKEND, fuse._backend)
-  end)
+  support.it_runs_on_backend()
 
   describe("failure_rate", function()
     it("opens when the rate equals failure_rate exactly", function()
@@ -137,7 +116,7 @@ describe("fuse #" .. BACKEND, function()
     it("lets calls and failures expire with the time window", function()
       local b = fuse.new{ failure_rate = 0.5, min_calls = 4, window = 10 }
       fail(b, 3)
-      now = now + 12                            -- past window * 1.1
+      clock:advance(12)                         -- past window * 1.1
       succeed(b)                                -- 0 / 1 now, not 3 / 4
       assert.equal("closed", b:state())
       assert.equal(1, b:stats().calls)
@@ -145,7 +124,7 @@ describe("fuse #" .. BACKEND, function()
 
       local b2 = fuse.new{ failure_rate = 0.5, min_calls = 4, window = 10 }
       fail(b2, 3)
-      now = now + 9.9                           -- still inside the window
+      clock:advance(9.9)                        -- still inside the window
       succeed(b2)                               -- 3 / 4
       assert.equal("open", b2:state())
     end)
@@ -156,7 +135,7 @@ describe("fuse #" .. BACKEND, function()
       local b = fuse.new{ fails = 2, window = 10 }
       fail(b)
       local ticket = assert(b:allow())
-      now = now + 30                            -- the whole window has rolled over
+      clock:advance(30)                         -- the whole window has rolled over
       assert.equal(0, b:stats().failures)
       b:report(ticket, false)
       local s = b:stats()
@@ -172,7 +151,7 @@ describe("fuse #" .. BACKEND, function()
       succeed(b, 2)
       fail(b)
       local ticket = assert(b:allow())
-      now = now + 30
+      clock:advance(30)
       b:report(ticket, false)
       local s = b:stats()
       assert.equal("closed", s.state)           -- 1 call < min_calls
@@ -204,22 +183,22 @@ describe("fuse #" .. BACKEND, function()
       -- durations and origins exact in binary, so the fake clock adds no rounding:
       -- only the library's own conversions could make 1 s read as 0.999...
       for _, d in ipairs{ 1, 2, 0.25 } do
-        local f, b = fuse.wrap(function() now = now + d end, { slow = d })
+        local f, b = fuse.wrap(function() clock:advance(d) end, { slow = d })
         local missed = {}
         for k = 10, 30 do                       -- 2^k - 1: where s * 1e9 * 1e-9 rounds down
           local origin = 2 ^ k - 1
-          if origin > now then
-            now = origin
+          if origin > clock.now then
+            clock.now = origin
             local before = b:stats().slow_total
             f()
             if b:stats().slow_total ~= before + 1 then missed[#missed + 1] = origin end
           end
         end
         for _ = 1, 1000 do
-          now = now + 1.25
+          clock:advance(1.25)
           local before = b:stats().slow_total
           f()
-          if b:stats().slow_total ~= before + 1 then missed[#missed + 1] = now - d end
+          if b:stats().slow_total ~= before + 1 then missed[#missed + 1] = clock.now - d end
         end
         assert.same({}, missed, "slow = " .. d .. ": calls of exactly " .. d .. " s not slow")
       end
@@ -250,7 +229,7 @@ describe("fuse #" .. BACKEND, function()
 
     it("measures a wrapped call with the clock: time advanced inside fn makes it slow", function()
       local f, b = fuse.wrap(function(d)
-        now = now + d
+        clock:advance(d)
         return "r", d, nil
       end, { slow = 1, slow_rate = 0.5, min_calls = 4 })
       assert.same({ "r", 0 }, { f(0) })
@@ -290,13 +269,13 @@ describe("fuse #" .. BACKEND, function()
       assert.near(2 / 3, s.slow_rate, 1e-12)
       assert.equal("closed", s.state)
 
-      local f, b2 = fuse.wrap(function() now = now + 1 end, { slow = 1 })
+      local f, b2 = fuse.wrap(function() clock:advance(1) end, { slow = 1 })
       f()
       f()
       assert.equal(2, b2:stats().slow)
       assert.equal(2, b2:stats().slow_total)
 
-      now = now + 100                           -- the window rolls over; the total stays
+      clock:advance(100)                        -- the window rolls over; the total stays
       s = b:stats()
       assert.equal(0, s.slow)
       assert.equal(0, s.calls)
@@ -306,7 +285,7 @@ describe("fuse #" .. BACKEND, function()
     it("counts a slow probe in slow_total", function()
       local b = fuse.new{ fails = 1, slow = 1, open_for = 5 }
       fail(b)
-      now = now + 5.01
+      clock:advance(5.01)
       succeed(b, 1, 3)                          -- a slow probe: closes (no slow_rate)
       local s = b:stats()
       assert.equal("closed", s.state)
@@ -356,7 +335,7 @@ describe("fuse #" .. BACKEND, function()
       for _, jump in ipairs{ 0.012, 100, 4294967.296, 4294967.296 * 2 } do
         local b = fuse.new{ fails = 2, window = 0.01 }
         fail(b)
-        now = now + jump
+        clock:advance(jump)
         assert.equal(0, b:stats().failures, "after a jump of " .. jump .. " s")
         fail(b)
         assert.equal("closed", b:state(), "after a jump of " .. jump .. " s")

@@ -1,34 +1,14 @@
 -- count_window = N: the window is the last N calls, whatever time they took.
 local fuse = require "fuse"
-local BACKEND = jit and "ffi" or "capi"  -- the backend fuse runs on here: specs assert it
+local support = require "spec.support"
+local BACKEND = support.BACKEND
 
 describe("fuse #" .. BACKEND, function()
-  local now = 1000
+  local clock = support.fake_clock(1000, 1000)
 
-  before_each(function()
-    now = now + 1000
-    fuse.clock(function() return now end)
-  end)
+  local outcome, succeed, fail = support.outcome, support.succeed, support.fail
 
-  after_each(function()
-    fuse.clock()
-  end)
-
-  local function outcome(b, ok, seconds)
-    local ticket, rej = b:allow()
-    assert.is_number(ticket, "call rejected: " .. tostring(rej))
-    b:report(ticket, ok, seconds)
-  end
-  local function succeed(b, n)
-    for _ = 1, n or 1 do outcome(b, true) end
-  end
-  local function fail(b, n)
-    for _ = 1, n or 1 do outcome(b, false) end
-  end
-
-  it("runs on the " .. BACKEND .. " backend", function()
-    assert.equal(BACKEND, fuse._backend)
-  end)
+  support.it_runs_on_backend()
 
   describe("fails rule", function()
     it("counts only the failures among the last N calls", function()
@@ -137,7 +117,7 @@ describe("fuse #" .. BACKEND, function()
     it("does not expire outcomes in a count window (fails rule)", function()
       local b = fuse.new{ count_window = 5, fails = 3, window = 1 }
       fail(b, 2)
-      now = now + 100000
+      clock:advance(100000)
       local s = b:stats()
       assert.equal(2, s.calls)
       assert.equal(2, s.failures)
@@ -149,7 +129,7 @@ describe("fuse #" .. BACKEND, function()
       local b = fuse.new{ count_window = 4, failure_rate = 0.5, min_calls = 4 }
       fail(b, 2)
       succeed(b)
-      now = now + 100000
+      clock:advance(100000)
       succeed(b)                                -- [F F S S] 0.5
       assert.equal("open", b:state())
     end)
@@ -160,7 +140,7 @@ describe("fuse #" .. BACKEND, function()
       local b = fuse.new{ count_window = 5, fails = 3, open_for = 10 }
       fail(b, 3)
       assert.equal("open", b:state())
-      now = now + 10.5
+      clock:advance(10.5)
       assert.equal("half_open", b:state())
       succeed(b)                                -- the probe closes it
       assert.equal("closed", b:state())
@@ -178,7 +158,7 @@ describe("fuse #" .. BACKEND, function()
       succeed(b, 2)
       fail(b, 2)                                -- [S S F F]
       assert.equal("open", b:state())
-      now = now + 6
+      clock:advance(6)
       succeed(b)                                -- probe
       assert.equal("closed", b:state())
       assert.equal(0, b:stats().calls)

@@ -1,42 +1,28 @@
 -- backoff, max_open_for and jitter: how long each open period lasts.
 local fuse = require "fuse"
-local BACKEND = jit and "ffi" or "capi"  -- the backend fuse runs on here: specs assert it
+local support = require "spec.support"
+local BACKEND = support.BACKEND
 
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
 
 describe("fuse #" .. BACKEND, function()
-  local now = 1000
+  local clock = support.fake_clock(1000, 100000)
 
-  before_each(function()
-    now = now + 100000
-    fuse.clock(function() return now end)
-  end)
-
-  after_each(function()
-    fuse.clock()
-  end)
-
-  local function outcome(b, ok)
-    local ticket, rej = b:allow()
-    assert.is_number(ticket, "call rejected: " .. tostring(rej))
-    b:report(ticket, ok)
-  end
+  local outcome = support.outcome
 
   -- The circuit is open now; check it stays open until just before `period` seconds
   -- from now and admits probes just after, leaving the clock at that point.
   local function expect_open_for(b, period)
     assert.equal("open", b:state())
     assert.near(period, b:stats().retry_after, 1e-6)
-    local start = now
-    now = start + period - 0.01
+    local start = clock.now
+    clock.now = start + period - 0.01
     assert.equal("open", b:state())
-    now = start + period + 0.01
+    clock.now = start + period + 0.01
     assert.equal("half_open", b:state())
   end
 
-  it("runs on the " .. BACKEND .. " backend", function()
-    assert.equal(BACKEND, fuse._backend)
-  end)
+  support.it_runs_on_backend()
 
   describe("backoff", function()
     it("multiplies the open period on each failed probe, up to max_open_for", function()
@@ -103,14 +89,14 @@ describe("fuse #" .. BACKEND, function()
       expect_open_for(b, 10)
       local probe = b:allow()
       assert.is_number(probe)
-      now = now + 1.001                         -- the probe is overdue
+      clock:advance(1.001)                      -- the probe is overdue
       assert.equal("open", b:state())
       -- 20 s from when the timeout was due or was seen (1 ms apart)
       local ra = b:stats().retry_after
       assert.is_true(ra > 19.9 and ra <= 20 + 1e-6, "retry_after " .. ra)
       b:report(probe, true)                     -- late: ignored, does not close
       assert.equal("open", b:state())
-      now = now + 20.01
+      clock:advance(20.01)
       assert.equal("half_open", b:state())
     end)
 
@@ -118,11 +104,11 @@ describe("fuse #" .. BACKEND, function()
       for _, jump in ipairs{ 3600, 86400 * 20, 86400 * 25, 86400 * 30, 86400 * 45 } do
         local b = fuse.new{ fails = 1, open_for = 10, probe_timeout = 1 }
         outcome(b, false)
-        now = now + 10.01
+        clock:advance(10.01)
         assert.is_number((b:allow()))             -- the probe never reports
-        now = now + jump
+        clock:advance(jump)
         assert.equal("open", b:state(), "probe still holds the circuit after " .. jump .. " s")
-        now = now + 10.01
+        clock:advance(10.01)
         assert.is_number((b:allow()), "no probe admitted after " .. jump .. " s")
       end
     end)
@@ -152,7 +138,7 @@ describe("fuse #" .. BACKEND, function()
 
     it("shortens each open period by at most j, and not always by the same", function()
       local n, open_for, j = 300, 10, 0.5
-      local t0 = now
+      local t0 = clock.now
       local list = trip_many(n, { fails = 1, open_for = open_for, jitter = j })
       local seen, distinct, periods = {}, 0, {}
       for i, b in ipairs(list) do
@@ -168,7 +154,7 @@ describe("fuse #" .. BACKEND, function()
       local sorted = { unpack(periods) }
       table.sort(sorted)
       local median = sorted[n / 2]
-      now = t0 + median
+      clock.now = t0 + median
       for i, b in ipairs(list) do
         if periods[i] < median - 1e-3 then
           assert.equal("half_open", b:state())
@@ -176,7 +162,7 @@ describe("fuse #" .. BACKEND, function()
           assert.equal("open", b:state())
         end
       end
-      now = t0 + open_for + 0.001
+      clock.now = t0 + open_for + 0.001
       for _, b in ipairs(list) do
         assert.equal("half_open", b:state())
       end
@@ -184,13 +170,13 @@ describe("fuse #" .. BACKEND, function()
 
     it("never makes a period shorter than open_for*(1-j) (state view)", function()
       local n, j = 200, 0.9
-      local t0 = now
+      local t0 = clock.now
       local list = trip_many(n, { fails = 1, open_for = 10, jitter = j })
-      now = t0 + 10 * (1 - j) - 0.001
+      clock.now = t0 + 10 * (1 - j) - 0.001
       for _, b in ipairs(list) do
         assert.equal("open", b:state())
       end
-      now = t0 + 10.001
+      clock.now = t0 + 10.001
       for _, b in ipairs(list) do
         assert.equal("half_open", b:state())
       end
@@ -199,7 +185,7 @@ describe("fuse #" .. BACKEND, function()
     it("applies to backed-off periods too", function()
       local n, j = 100, 0.5
       local list = trip_many(n, { fails = 1, open_for = 10, backoff = 2, jitter = j })
-      now = now + 10.001
+      clock:advance(10.001)
       local seen, distinct = {}, 0
       for _, b in ipairs(list) do
         outcome(b, false)                       -- failed probe: 20 s, jittered

@@ -1,30 +1,13 @@
 -- is_failure, on_state_change, and outcomes of an earlier generation.
 local fuse = require "fuse"
-local BACKEND = jit and "ffi" or "capi"  -- the backend fuse runs on here: specs assert it
+local support = require "spec.support"
+local BACKEND = support.BACKEND
 
 describe("fuse #" .. BACKEND, function()
-  local now = 1000
+  local clock = support.fake_clock(1000, 1000)
 
-  before_each(function()
-    now = now + 1000
-    fuse.clock(function() return now end)
-  end)
-
-  after_each(function()
-    fuse.clock()
-  end)
-
-  local uid = 0
-  local function uname(prefix)
-    uid = uid + 1
-    return ("spec09-%s-%d-%d"):format(prefix, uid, os.time())
-  end
-
-  local function outcome(b, ok, seconds)
-    local ticket, rej = b:allow()
-    assert.is_number(ticket, "call rejected: " .. tostring(rej))
-    b:report(ticket, ok, seconds)
-  end
+  local uname = support.unique_names("spec09")
+  local outcome = support.outcome
 
   local function recorder()
     local events = {}
@@ -39,9 +22,7 @@ describe("fuse #" .. BACKEND, function()
     return { s.calls, s.failures, s.calls_total, s.successes_total, s.failures_total }
   end
 
-  it("runs on the " .. BACKEND .. " backend", function()
-    assert.equal(BACKEND, fuse._backend)
-  end)
+  support.it_runs_on_backend()
 
   describe("is_failure", function()
     it("receives (true, ...) with every result of a call that returned", function()
@@ -175,7 +156,7 @@ describe("fuse #" .. BACKEND, function()
     it("nil on a probe frees the probe slot without a transition", function()
       local b = fuse.new{ fails = 1, open_for = 5, probes = 1 }
       outcome(b, false)
-      now = now + 5.01
+      clock:advance(5.01)
       outcome(b, nil)
       assert.equal("half_open", b:state())
       local t = b:allow()
@@ -207,7 +188,7 @@ describe("fuse #" .. BACKEND, function()
       assert.same({ { name = name, from = "closed", to = "open" } }, events)
       pcall(f, false)                           -- rejected: no transition
       assert.equal(1, #events)
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal("up", f(true))               -- open -> half_open -> closed
       assert.same({
         { name = name, from = "closed", to = "open" },
@@ -240,7 +221,7 @@ describe("fuse #" .. BACKEND, function()
       f1()                                      -- second failure of the shared state
       assert.same({ { name = name, from = "closed", to = "open" } }, ev1)
       assert.same({}, ev2)
-      now = now + 10.01                         -- open_for defaults to window = 10
+      clock:advance(10.01)                      -- open_for defaults to window = 10
       assert.equal("ok", f2(true))
       assert.same({
         { name = name, from = "open", to = "half_open" },
@@ -253,11 +234,11 @@ describe("fuse #" .. BACKEND, function()
       local events, listener = recorder()
       local b = fuse.new{ fails = 1, open_for = 5, probe_timeout = 1, on_state_change = listener }
       outcome(b, false)
-      now = now + 5.01
+      clock:advance(5.01)
       local probe = b:allow()
       assert.is_number(probe)
       assert.equal(2, #events)                  -- closed -> open, open -> half_open
-      now = now + 1.5
+      clock:advance(1.5)
       local t, rej = b:allow()
       assert.is_nil(t)
       assert.is_true(fuse.is_rejection(rej))
@@ -300,7 +281,7 @@ describe("fuse #" .. BACKEND, function()
       assert.equal(1, raised)
       assert.equal("open", b:state())
 
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal(3, select("#", f("ok")))      -- open -> half_open -> closed, results intact
       assert.equal(3, raised)
       assert.equal("closed", b:state())
@@ -326,7 +307,7 @@ describe("fuse #" .. BACKEND, function()
       }
       local t = b:allow()
       assert.has_no.errors(function() b:report(t, false) end)
-      now = now + 5.01
+      clock:advance(5.01)
       assert.has_no.errors(function() assert.equal("half_open", b:state()) end)
       assert.has_no.errors(function() b:force_open() end)
       assert.has_no.errors(function() b:reset() end)
@@ -343,7 +324,7 @@ describe("fuse #" .. BACKEND, function()
       outcome(b, false)
       outcome(b, false)
       assert.equal("open", b:state())
-      now = now + 5.01
+      clock:advance(5.01)
       outcome(b, true)                          -- probe closes it
       assert.equal("closed", b:state())
       for i = 1, 5 do b:report(late[i], false) end
@@ -388,7 +369,7 @@ describe("fuse #" .. BACKEND, function()
       local b = fuse.new{ fails = 1, open_for = 5, probes = 1 }
       local early_ok, early_bad = b:allow(), b:allow()
       outcome(b, false)
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal("half_open", b:state())
       b:report(early_ok, true)                  -- must not close the circuit
       assert.equal("half_open", b:state())
@@ -403,12 +384,12 @@ describe("fuse #" .. BACKEND, function()
     it("never count as a probe: a timed-out probe finishing in a later half-open", function()
       local b = fuse.new{ fails = 1, open_for = 5, probes = 1, probe_timeout = 1 }
       outcome(b, false)
-      now = now + 5.01
+      clock:advance(5.01)
       local old_probe = b:allow()
       assert.is_number(old_probe)
-      now = now + 1.5                           -- timed out: open again
+      clock:advance(1.5)                        -- timed out: open again
       assert.equal("open", b:state())
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal("half_open", b:state())
       local probe = b:allow()
       assert.is_number(probe)

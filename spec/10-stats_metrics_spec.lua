@@ -1,30 +1,13 @@
 -- b:stats() through a scripted scenario, and fuse.metrics() (Prometheus text format).
 local fuse = require "fuse"
-local BACKEND = jit and "ffi" or "capi"  -- the backend fuse runs on here: specs assert it
+local support = require "spec.support"
+local BACKEND = support.BACKEND
 
 describe("fuse #" .. BACKEND, function()
-  local now = 1000
+  local clock = support.fake_clock(1000, 1000)
 
-  before_each(function()
-    now = now + 1000
-    fuse.clock(function() return now end)
-  end)
-
-  after_each(function()
-    fuse.clock()
-  end)
-
-  local uid = 0
-  local function uname(prefix)
-    uid = uid + 1
-    return ("spec10-%s-%d-%d"):format(prefix, uid, os.time())
-  end
-
-  local function outcome(b, ok, seconds)
-    local ticket, rej = b:allow()
-    assert.is_number(ticket, "call rejected: " .. tostring(rej))
-    b:report(ticket, ok, seconds)
-  end
+  local uname = support.unique_names("spec10")
+  local outcome = support.outcome
 
   local function reject(b)
     local ticket, rej = b:allow()
@@ -66,9 +49,7 @@ describe("fuse #" .. BACKEND, function()
     end
   end
 
-  it("runs on the " .. BACKEND .. " backend", function()
-    assert.equal(BACKEND, fuse._backend)
-  end)
+  support.it_runs_on_backend()
 
   describe("b:stats()", function()
     it("starts at zero, with rates 0 over an empty window", function()
@@ -83,7 +64,7 @@ describe("fuse #" .. BACKEND, function()
 
     it("follows a scripted scenario", function()
       local b = fuse.new{ name = uname("scenario"), fails = 3, window = 10, slow = 1 }
-      local t0 = now
+      local t0 = clock.now
       outcome(b, true, 0.5)
       outcome(b, true, 2)                       -- slow
       outcome(b, false, 0.1)
@@ -95,7 +76,7 @@ describe("fuse #" .. BACKEND, function()
         rejections_total = 0, opens_total = 0,
       })
 
-      now = t0 + 1
+      clock.now = t0 + 1
       outcome(b, false)
       outcome(b, false)                         -- third failure: opens (open_for = 10)
       s = snapshot(b, s)
@@ -110,7 +91,7 @@ describe("fuse #" .. BACKEND, function()
       s = snapshot(b, s)
       expect(s, { rejections = 2, rejections_total = 2 })
 
-      now = t0 + 5                              -- retry_after goes down with the clock
+      clock.now = t0 + 5                        -- retry_after goes down with the clock
       s = snapshot(b, s)
       expect(s, { state = "open", retry_after = 6 })
       rej = reject(b)
@@ -119,11 +100,11 @@ describe("fuse #" .. BACKEND, function()
       s = snapshot(b, s)
       expect(s, { rejections = 3, rejections_total = 3 })
 
-      now = t0 + 10.5
+      clock.now = t0 + 10.5
       s = snapshot(b, s)
       expect(s, { state = "open", retry_after = 0.5 })
 
-      now = t0 + 11.5                           -- due: half_open shows without a call
+      clock.now = t0 + 11.5                     -- due: half_open shows without a call
       s = snapshot(b, s)
       expect(s, { state = "half_open", retry_after = 0, opens_total = 1 })
 
@@ -140,7 +121,7 @@ describe("fuse #" .. BACKEND, function()
       s = snapshot(b, s)
       expect(s, { calls = 1, slow = 1, slow_rate = 1, slow_total = 2, calls_total = 7 })
 
-      now = now + 100                           -- the window rolls over
+      clock:advance(100)                        -- the window rolls over
       s = snapshot(b, s)
       expect(s, {
         state = "closed", calls = 0, failures = 0, slow = 0, rejections = 0,
@@ -165,7 +146,7 @@ describe("fuse #" .. BACKEND, function()
     it("counts half-open rejections (no free probe slot) and opens_total per open", function()
       local b = fuse.new{ fails = 1, open_for = 5, probes = 1 }
       outcome(b, false)
-      now = now + 5.01
+      clock:advance(5.01)
       local probe = b:allow()
       assert.is_number(probe)
       local rej = reject(b)
@@ -180,7 +161,7 @@ describe("fuse #" .. BACKEND, function()
     it("counts successes in the window after the breaker sat idle (no rate rule)", function()
       local b = fuse.new{ fails = 5, window = 10 }
       outcome(b, false)
-      now = now + 30                            -- the failure expires
+      clock:advance(30)                         -- the failure expires
       outcome(b, true)
       outcome(b, true)
       outcome(b, true)
@@ -292,7 +273,7 @@ describe("fuse #" .. BACKEND, function()
     local named, weird, anon
     setup(function()
       -- breakers created once for the whole block (names are process-wide)
-      fuse.clock(function() return now end)
+      fuse.clock(function() return clock.now end)
       named = fuse.new{ name = uname("metrics"), fails = 2 }
       weird = fuse.get(WEIRD) or fuse.new{ name = WEIRD, fails = 2 }
       anon = fuse.new{ fails = 2 }
@@ -395,7 +376,7 @@ describe("fuse #" .. BACKEND, function()
       local b = fuse.new{ name = uname("due"), fails = 1, open_for = 5 }
       outcome(b, false)
       assert.equal(1, sample_for(parse(fuse.metrics()).fuse_state, b.name).value)
-      now = now + 5.01
+      clock:advance(5.01)
       assert.equal(2, sample_for(parse(fuse.metrics()).fuse_state, b.name).value)
     end)
 
@@ -405,7 +386,7 @@ describe("fuse #" .. BACKEND, function()
         open_for = 5, on_state_change = function(_, from, to) events[#events + 1] = from .. ">" .. to end })
       b:report(assert(b:allow()), false)
       assert.same({ "closed>open" }, events)
-      now = now + 6
+      clock:advance(6)
       assert.equal(2, sample_for(parse(fuse.metrics()).fuse_state, b.name).value)
       assert.same({ "closed>open" }, events)          -- the scrape made nothing
       assert.equal("up", f())                          -- the probe, made by this call

@@ -2,7 +2,8 @@
 -- the Lua heap where it was (DESIGN.md, "Hot path"). One allocation of 16 bytes a call
 -- would show as 3 MB over 200000 calls; the bound below allows trace bookkeeping only.
 local fuse = require "fuse"
-local BACKEND = jit and "ffi" or "capi"  -- the backend fuse runs on here: specs assert it
+local support = require "spec.support"
+local BACKEND = support.BACKEND
 
 local CALLS = 200000
 local BOUND_KB = 64
@@ -20,9 +21,7 @@ local function growth(fn)
 end
 
 describe("fuse #" .. BACKEND, function()
-  it("runs on the " .. BACKEND .. " backend", function()
-    assert.equal(BACKEND, fuse._backend)
-  end)
+  support.it_runs_on_backend()
 
   local function add(a, b) return a + b end
 

@@ -1,0 +1,76 @@
+-- What the specs share: the backend this run is on and the test that asserts it, a fake
+-- clock, unique registry names, and one admitted call through the two-step form.
+--
+--   local support = require "spec.support"
+--
+-- resolves through "./?.lua" on package.path (LuaJIT, Lua 5.1 and 5.4 all have it), as
+-- busted runs from the repository root. Declarations (it, before_each) go to the describe
+-- block that calls the function, through busted's API.
+local busted = require "busted"
+local assert = require "luassert"
+local fuse = require "fuse"
+
+local support = {}
+
+-- the backend fuse runs on here: every spec asserts it
+support.BACKEND = jit and "ffi" or "capi"
+
+-- Declares the test that the run is on support.BACKEND.
+function support.it_runs_on_backend()
+  local backend = support.BACKEND
+  busted.it("runs on the " .. backend .. " backend", function()
+    assert.equal(backend, fuse._backend)
+  end)
+end
+
+-- Installs a fake clock for every test of the calling describe block and returns it:
+-- fuse reads clock.now, which tests read and set directly or move with clock:advance(s).
+-- Each test starts at `start`; with `step`, each test starts `step` seconds after where
+-- the previous one left the clock instead, so that the clock only ever goes forward.
+-- After each test fuse is back on the real clock.
+function support.fake_clock(start, step)
+  local clock = { now = start }
+
+  function clock:advance(seconds)
+    self.now = self.now + seconds
+  end
+
+  busted.before_each(function()
+    if step then clock.now = clock.now + step else clock.now = start end
+    fuse.clock(function() return clock.now end)
+  end)
+
+  busted.after_each(function()
+    fuse.clock()
+  end)
+
+  return clock
+end
+
+-- Returns a function that makes registry names ("TAG-PREFIX-N") no other call returns:
+-- the registry lives as long as the process, so every test takes names of its own.
+function support.unique_names(tag)
+  local seq = 0
+  return function(prefix)
+    seq = seq + 1
+    return ("%s-%s-%d"):format(tag, prefix, seq)
+  end
+end
+
+-- one admitted call through the two-step form
+function support.outcome(b, ok, seconds)
+  local ticket, rej = b:allow()
+  assert.is_number(ticket, "call rejected: " .. tostring(rej))
+  b:report(ticket, ok, seconds)
+end
+
+-- n (default 1) admitted calls that succeed / fail, each taking `seconds` when given
+function support.succeed(b, n, seconds)
+  for _ = 1, n or 1 do support.outcome(b, true, seconds) end
+end
+
+function support.fail(b, n, seconds)
+  for _ = 1, n or 1 do support.outcome(b, false, seconds) end
+end
+
+return support
