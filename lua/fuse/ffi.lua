@@ -119,5 +119,4 @@ function _M.clock_manual(s) C.fz_clock_manual(s) end
 function _M.clock_auto() C.fz_clock_auto() end
 function _M.clock_now() return C.fz_clock_now() end
 
-_M.C = C
 return _M
