@@ -71,7 +71,7 @@ TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
 .PHONY: all deps cdef check-cdef test check asan tsan bench demo demo-nginx lint rock \
-        clean help
+        dist clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
 
@@ -86,6 +86,8 @@ help:
 	@echo "make asan|tsan  the C tests under ASan+UBSan / the stress test under TSan"
 	@echo "make cdef       regenerate lua/fuse/cdef.lua from csrc/fz.h"
 	@echo "make check-cdef fail if lua/fuse/cdef.lua is stale or core.so exports differ"
+	@echo "make dist       build/$(ROCKSPEC:.rockspec=.src.rock): a source rock of the working"
+	@echo "                tree, which luarocks installs offline (test/dist.t.sh tries it)"
 	@echo "make bench | demo | demo-nginx | lint | rock | clean"
 
 # ---- the shared object -------------------------------------------------------------
@@ -281,6 +283,10 @@ rock:
 	cd build/rock-src && $(LUAROCKS) make --tree $(ROCKTREE) $(ROCKSPEC)
 	@eval "$$($(LUAROCKS) --tree $(ROCKTREE) path)" && cd / && \
 	  ROCKTREE=$(ROCKTREE) $(LUAJIT) -e '$(ROCK_CHECK)'
+
+# A source rock of the working tree (tools/mkdist says why not `luarocks pack`).
+dist:
+	@sh tools/mkdist $(ROCKSPEC) build
 
 clean:
 	rm -rf build lua/fuse/cdef.lua.tmp
