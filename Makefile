@@ -37,7 +37,7 @@ TSAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 STRESS_ITERS=$(
 # A sanitizer report in a suite's stderr fails the target even if the exit status hid it.
 SAN_REPORT := ERROR: (Address|Leak)Sanitizer|runtime error:|WARNING: ThreadSanitizer
 
-# Lua against the tree, as in notes/API.md (absolute, so a test may chdir).
+# Lua against the tree (absolute, so a test may chdir).
 LUA_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
            LUA_CPATH="$(CURDIR)/build/?.so;;"
 # busted runs under LuaJIT by running its script with luajit: `busted --lua=luajit`
@@ -51,7 +51,8 @@ BUSTED_ARGS_54 := $(BUSTED_LPATH) --cpath="$(CURDIR)/build/5.4/?.so"
 
 DEB_PKGS := build-essential pkg-config luajit2 libluajit2-5.1-dev lua5.1 liblua5.1-0-dev \
             lua5.4 liblua5.4-dev lua-busted luarocks lua-check nginx libnginx-mod-http-lua \
-            lua-resty-core lua-resty-lrucache wrk prometheus curl
+            lua-resty-core lua-resty-lrucache lua-cjson wrk prometheus curl apache2-utils \
+            procps zip
 
 ROCKSPEC := fuse-0.1.0-1.rockspec
 LOGDIR   := build/test-logs
@@ -134,11 +135,12 @@ deps:
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" -ne 0 ]; then \
 	  echo "make deps: missing Debian packages:$$missing" >&2; \
-	  echo "make deps: install them as root, e.g.: sudo apt-get install -y$$missing" >&2; \
+	  echo "make deps: install them as root:" >&2; \
+	  echo "  apt-get install -y --no-install-recommends$$missing" >&2; \
 	  exit 1; fi; \
 	echo "make deps: installing$$missing"; \
 	apt-get update && DEBIAN_FRONTEND=noninteractive \
-	  apt-get -o DPkg::Lock::Timeout=600 install -y $(DEB_PKGS)
+	  apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends $(DEB_PKGS)
 
 # ---- the FFI declarations ----------------------------------------------------------
 

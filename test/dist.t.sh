@@ -94,6 +94,8 @@ tree_lua() {
   LUA_PATH=$lp LUA_CPATH=$lc TREE=$TREE BACKEND=$3 "$2" -e "$CHECK"
 }
 for row in "2 5.1 $LUAJIT ffi" "3 5.4 $LUA54 capi"; do
+  # shellcheck disable=SC2086  # split the row into its fields
+  # shellcheck disable=SC2086  # the row splits into its fields
   set -- $row
   if out=$(tree_lua "$2" "$3" "$4" 2>&1); then ok "${TESTS[$1]}"; diag "$out"
   else nok "${TESTS[$1]}"; diag "$out"; fi

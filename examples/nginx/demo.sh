@@ -5,7 +5,8 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-NGINX=${NGINX:-nginx}
+# nginx: on PATH, or in /usr/sbin (not on Debian's PATH for users other than root)
+NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
 SO=$ROOT/build/fuse/core.so
 
 die() { echo "demo-nginx: $*" >&2; exit 1; }
@@ -77,7 +78,11 @@ all_workers() {
   echo "  $line"
 }
 
-WORKERS=$(ps -o pid= --ppid "$MASTER" 2>/dev/null | tr -d ' ' | tr '\n' ' ')
+workers() { # the master's children: ps (Debian: procps), or /proc without it
+  if command -v ps >/dev/null; then ps -o pid= --ppid "$MASTER" | tr -d ' '
+  else grep -l "^PPid:[[:space:]]*$MASTER\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3; fi
+}
+WORKERS=$(workers | sort -n | tr '\n' ' ')
 say "nginx master $MASTER, workers: $WORKERS"
 echo "   front http://127.0.0.1:$PORT   fake upstream http://127.0.0.1:$UP"
 echo "   breaker 'upstream': fails=3 window=10 open_for=1 probes=1, created in init_by_lua"
