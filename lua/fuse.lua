@@ -41,22 +41,38 @@ local enter, done, clock_now = B.enter, B.done, B.clock_now
 
 local fake  -- the test clock installed by fuse.clock(fn), or nil
 
+-- The message for a clock reading s that is not seconds within range, or nil.
+local function bad_clock(s)
+  if type(s) ~= "number" or not (s > -4.5e9 and s < 4.5e9) then
+    return "fuse: the clock function must return seconds as a number within 4.5e9 of 0, got "
+      .. tostring(s)
+  end
+end
+
 local function sync()
   local s = fake()
-  if type(s) ~= "number" or not (s > -4.5e9 and s < 4.5e9) then
-    error("fuse: the clock function must return seconds as a number within 4.5e9 of 0, got "
-      .. tostring(s), 0)
-  end
+  local msg = bad_clock(s)
+  if msg then error(msg, 0) end
   B.clock_manual(s)
 end
 
--- fuse.clock(fn): read time (seconds) from fn, for tests; fuse.clock() restores.
+-- fuse.clock(fn): read time (seconds) from fn, for tests; fuse.clock() restores. fn is
+-- called, and its reading checked, before it is installed: a clock that raises or
+-- answers a bad value leaves the clock as it was.
 function _M.clock(fn)
   if fn ~= nil and type(fn) ~= "function" then
     error("fuse: fuse.clock needs a function or nothing, got " .. type(fn), 2)
   end
+  if not fn then
+    fake = nil
+    B.clock_auto()
+    return
+  end
+  local s = fn()
+  local msg = bad_clock(s)
+  if msg then error(msg, 2) end
   fake = fn
-  if fn then sync() else B.clock_auto() end
+  B.clock_manual(s)
 end
 
 local function now()
@@ -66,10 +82,21 @@ end
 
 ---------------------------------------------------------------------------- listeners
 
--- Where an error raised by an on_state_change listener is reported. Replaceable.
-function _M.report_error(msg)
+-- The default reporter: nginx's error log, else stderr.
+local function default_report(msg)
   local ngx = rawget(_G, "ngx")
   if ngx and ngx.log then ngx.log(ngx.ERR, msg) else io.stderr:write(msg, "\n") end
+end
+
+-- Where an error raised by an on_state_change listener is reported. Replaceable.
+_M.report_error = default_report
+
+-- Reports msg through fuse.report_error; when that is not callable or raises, through
+-- the default reporter, saying why. Never raises: a listener never breaks a call.
+local function report(msg)
+  local ok, err = pcall(_M.report_error, msg)
+  if ok then return end
+  pcall(default_report, msg .. " (fuse.report_error failed: " .. tostring(err) .. ")")
 end
 
 local function fire(listener, name, code)
@@ -77,7 +104,7 @@ local function fire(listener, name, code)
   local from, to = STATES[floor((code - 64) / 8)], STATES[(code - 64) % 8]
   local ok, err = pcall(listener, name, from, to)
   if not ok then
-    _M.report_error("fuse: on_state_change of breaker '" .. (name or "anonymous") .. "' ("
+    report("fuse: on_state_change of breaker '" .. (name or "anonymous") .. "' ("
       .. from .. " -> " .. to .. ") failed: " .. tostring(err))
   end
 end
