@@ -327,6 +327,32 @@ static int l_clock_now(lua_State *L) {
   return 1;
 }
 
+/* bounds() -> { { name=, lo=, hi=, lo_open=, hi_open=, integer=, zero_off= }, ... }:
+ * the core's option bounds (fz_config_bound), in fz_config order. */
+static int l_bounds(lua_State *L) {
+  const fz_bound *b;
+  lua_newtable(L);
+  for (int i = 0; (b = fz_config_bound(i)) != NULL; i++) {
+    lua_createtable(L, 0, 7);
+    lua_pushstring(L, b->name);
+    lua_setfield(L, -2, "name");
+    lua_pushnumber(L, b->lo);
+    lua_setfield(L, -2, "lo");
+    lua_pushnumber(L, b->hi);
+    lua_setfield(L, -2, "hi");
+    lua_pushboolean(L, b->lo_open);
+    lua_setfield(L, -2, "lo_open");
+    lua_pushboolean(L, b->hi_open);
+    lua_setfield(L, -2, "hi_open");
+    lua_pushboolean(L, b->integer);
+    lua_setfield(L, -2, "integer");
+    lua_pushboolean(L, b->zero_off);
+    lua_setfield(L, -2, "zero_off");
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
 static const luaL_Reg FUNCS[] = {
   { "strerror", l_strerror }, { "new", l_new }, { "open", l_open }, { "find", l_find },
   { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
@@ -335,7 +361,7 @@ static const luaL_Reg FUNCS[] = {
   { "disable", l_disable }, { "stats", l_stats }, { "peek", l_peek }, { "init_shared", l_init_shared },
   { "is_shared", l_is_shared }, { "capacity", l_capacity },
   { "clock_manual", l_clock_manual }, { "clock_auto", l_clock_auto },
-  { "clock_now", l_clock_now }, { NULL, NULL }
+  { "clock_now", l_clock_now }, { "bounds", l_bounds }, { NULL, NULL }
 };
 
 int luaopen_fuse_core(lua_State *L) {
