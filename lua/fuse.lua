@@ -22,6 +22,7 @@ end
 
 local error, pcall, select, setmetatable, tostring, type = error, pcall, select, setmetatable, tostring, type
 local floor = math.floor
+local byte = string.byte
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
 
@@ -402,8 +403,57 @@ end
 
 ---------------------------------------------------------------------------- metrics
 
+-- The length of the valid UTF-8 sequence (RFC 3629: no overlong forms, no surrogates,
+-- nothing above U+10FFFF) that starts at byte i of s, or nil.
+local function utf8_at(s, i)
+  local c = byte(s, i)
+  if c < 0x80 then return 1 end
+  local n, lo, hi = nil, 0x80, 0xBF
+  if c >= 0xC2 and c <= 0xDF then n = 2
+  elseif c >= 0xE0 and c <= 0xEF then
+    n = 3
+    if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+  elseif c >= 0xF0 and c <= 0xF4 then
+    n = 4
+    if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+  else return nil end
+  local c2 = byte(s, i + 1)
+  if not c2 or c2 < lo or c2 > hi then return nil end
+  for k = 2, n - 1 do
+    local ck = byte(s, i + k)
+    if not ck or ck < 0x80 or ck > 0xBF then return nil end
+  end
+  return n
+end
+
+-- The value of the `name` label for a breaker name (Prometheus label values must be
+-- UTF-8): the name itself when it is UTF-8 without a backslash, as names nearly always
+-- are; otherwise the name with each backslash doubled and each byte that is not part of
+-- a UTF-8 character written \xHH. A value with a backslash thus always reads back to
+-- one name, and two names never share a value.
+local function name_value(s)
+  if not s:find("[\\\128-\255]") then return s end
+  local out, i, n, plain = {}, 1, #s, true
+  while i <= n do
+    local len = utf8_at(s, i)
+    if not len then
+      out[#out + 1] = ("\\x%02X"):format(byte(s, i))
+      plain = false
+      i = i + 1
+    else
+      local piece = s:sub(i, i + len - 1)
+      if piece == "\\" then piece, plain = "\\\\", false end
+      out[#out + 1] = piece
+      i = i + len
+    end
+  end
+  if plain then return s end
+  return concat(out)
+end
+
+-- A label value as the text format writes it: \, \" and \n escaped.
 local function label(s)
-  return (s:gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+  return (name_value(s):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
 end
 
 local METRICS = {
