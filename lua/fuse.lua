@@ -408,7 +408,8 @@ end
 local function utf8_at(s, i)
   local c = byte(s, i)
   if c < 0x80 then return 1 end
-  local n, lo, hi = nil, 0x80, 0xBF
+  local n
+  local lo, hi = 0x80, 0xBF
   if c >= 0xC2 and c <= 0xDF then n = 2
   elseif c >= 0xE0 and c <= 0xEF then
     n = 3
