@@ -27,10 +27,9 @@ keep = nil
 for _ = 1, 3 do collectgarbage() end
 
 -- finalized once just before the state closes, and never finalized before it
-local once = {}
-for i = 1, 50 do once[i] = fuse.wrap(function() return 1 end, { fails = 1 }) end
-once = nil
+for _ = 1, 50 do fuse.wrap(function() return 1 end, { fails = 1 }) end
 collectgarbage()
-KEEP = {}
-for i = 1, 30 do KEEP[i] = fuse.new{ fails = 1 } end
+local alive = {}
+for i = 1, 30 do alive[i] = fuse.new{ fails = 1 } end
+rawset(_G, "ALIVE_AT_CLOSE", alive)
 print("done")
