@@ -342,18 +342,47 @@ static double rejection(int state, int made) { return -(double)(1 + state * 4 + 
 
 /* ---------------------------------------------------------------- config */
 
-static int in(double v, double lo, double hi) { return isfinite(v) && v >= lo && v <= hi; }
+/*
+ * The one table of option bounds, in fz_config order. fz_config_check checks against
+ * it, and the Lua facade reads it (fz_config_bound) for its checks and messages, so a
+ * value the facade accepts is never refused here. Fields: name, lo, hi, lo_open,
+ * hi_open, integer, zero_off (0 is valid too: the rule is off).
+ */
+static const fz_bound BOUNDS[] = {
+  { "window", 0.01, 86400, 0, 0, 0, 0 },
+  { "open_for", 0.001, 86400, 0, 0, 0, 0 },
+  { "max_open_for", 0.001, 86400.0 * 32, 0, 0, 0, 0 },
+  { "slow", 0, 86400, 1, 0, 0, 1 },
+  { "probe_timeout", 0.001, 86400, 0, 0, 0, 0 },
+  { "failure_rate", 0, 1, 1, 0, 0, 1 },
+  { "slow_rate", 0, 1, 1, 0, 0, 1 },
+  { "backoff", 1, 100, 0, 0, 0, 0 },
+  { "jitter", 0, 1, 0, 1, 0, 0 },
+  { "fails", 1, FZ_MAX_FAILS, 0, 0, 1, 1 },
+  { "count_window", 1, FZ_MAX_COUNT_WINDOW, 0, 0, 1, 1 },
+  { "min_calls", 1, FZ_MAX_MIN_CALLS, 0, 0, 1, 0 },
+  { "probes", 1, FZ_MAX_PROBES, 0, 0, 1, 0 },
+};
+enum { NBOUNDS = sizeof BOUNDS / sizeof BOUNDS[0] };
+
+const fz_bound *fz_config_bound(int i) { return i >= 0 && i < NBOUNDS ? &BOUNDS[i] : NULL; }
+
+static int in_bound(const fz_bound *b, double v) {
+  if (v == 0 && b->zero_off) return 1;
+  if (!isfinite(v) || (b->integer && v != floor(v))) return 0;
+  return (b->lo_open ? v > b->lo : v >= b->lo) && (b->hi_open ? v < b->hi : v <= b->hi);
+}
 
 int fz_config_check(const fz_config *c) {
   if (!c) return FZ_EINVAL;
-  int ok = in(c->window, 0.01, 86400) && in(c->open_for, 0.001, 86400) &&
-           in(c->max_open_for, c->open_for, 2764800) && in(c->probe_timeout, 0.001, 86400) &&
-           (c->slow == 0 || in(c->slow, 1e-9, 86400)) &&
-           (c->failure_rate == 0 || in(c->failure_rate, 1e-9, 1)) &&
-           (c->slow_rate == 0 || in(c->slow_rate, 1e-9, 1)) && in(c->backoff, 1, 100) &&
-           in(c->jitter, 0, 0.999999999) && c->fails <= FZ_MAX_FAILS &&
-           c->count_window <= FZ_MAX_COUNT_WINDOW && c->min_calls <= FZ_MAX_MIN_CALLS &&
-           c->probes >= 1 && c->probes <= FZ_MAX_PROBES &&
+  const double v[] = { c->window, c->open_for, c->max_open_for, c->slow, c->probe_timeout,
+                       c->failure_rate, c->slow_rate, c->backoff, c->jitter, c->fails,
+                       c->count_window, c->min_calls, c->probes };
+  _Static_assert(sizeof v / sizeof v[0] == NBOUNDS, "one bound per fz_config field");
+  for (int i = 0; i < NBOUNDS; i++)
+    if (!in_bound(&BOUNDS[i], v[i])) return FZ_EINVAL;
+  /* Rules that tie two options together (the facade checks them first, by name). */
+  int ok = c->max_open_for >= c->open_for &&
            (c->fails || c->failure_rate > 0 || c->slow_rate > 0) &&
            (c->count_window == 0 || (c->fails <= c->count_window &&
                                      (c->min_calls <= c->count_window ||

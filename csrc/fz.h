@@ -81,12 +81,23 @@ typedef struct fz_stats {
   uint64_t generation;
 } fz_stats;
 
+/* The bounds of one numeric option of fz_config (see fz_config_bound). */
+typedef struct fz_bound {
+  const char *name;   /* the option's name, as the Lua facade spells it */
+  double lo, hi;      /* lo <= v <= hi */
+  int32_t lo_open;    /* 1: lo itself is excluded (lo < v) */
+  int32_t hi_open;    /* 1: hi itself is excluded (v < hi) */
+  int32_t integer;    /* 1: only integral values */
+  int32_t zero_off;   /* 1: 0 is valid too, and turns the rule off */
+} fz_bound;
+
 typedef struct fz_breaker fz_breaker;
 
 int fz_abi_version(void);
 const char *fz_strerror(int code);
 
 int fz_config_check(const fz_config *c);
+const fz_bound *fz_config_bound(int i);
 uint32_t fz_config_diff(const fz_config *a, const fz_config *b);
 
 fz_breaker *fz_breaker_new(const fz_config *c, int *err);
@@ -129,8 +140,17 @@ double fz_clock_now(void);
  * fz_strerror(code): a static, lowercase message for any FZ_E* code; "unknown error"
  *   for anything else. Never NULL.
  *
- * fz_config_check(c): FZ_OK when every field is inside its documented bound (README,
- *   "Options"), FZ_EINVAL otherwise. NaN and infinities are FZ_EINVAL.
+ * fz_config_check(c): FZ_OK when every field is inside its bound (fz_config_bound;
+ *   README, "Options") and the rules between fields hold, FZ_EINVAL otherwise. NaN and
+ *   infinities are FZ_EINVAL.
+ *
+ * fz_config_bound(i): the bounds of the i-th field of fz_config (0 <= i < 13, in
+ *   declaration order), or NULL for any other i. One static table, read-only, safe from
+ *   any thread: fz_config_check checks against it, and the Lua facade reads it for its
+ *   own checks and messages, so that the two never disagree. Beside these bounds,
+ *   fz_config_check requires max_open_for >= open_for, at least one trip rule (fails,
+ *   failure_rate or slow_rate), and with count_window, fails <= count_window and (with a
+ *   rate rule) min_calls <= count_window.
  *
  * fz_config_diff(a, b): the FZ_CFG_* bits of the options whose values differ.
  *

@@ -12,6 +12,14 @@
  * own nothing (the registry lives as long as the process), and two handles of one
  * registry breaker may be different userdata.
  *
+ * Lua 5.2+ finalizes a handle in the same cycle as the objects that still reach it
+ * (their own finalizers may call through it, in any order) and lets a finalizer
+ * resurrect it. So there the first __gc only marks the handle for finalization again,
+ * and the breaker is freed by the second, in a later cycle in which the handle is
+ * unreachable once more. During lua_close a handle cannot be marked again: the reaper,
+ * a userdata in the Lua registry made before any handle (so finalized after every
+ * handle), frees what is left then.
+ *
  * Numbers: C doubles (tickets, seconds, rates) are pushed as lua_Number; C integer
  * types (states, counts, codes) as lua_Integer, so that Lua 5.3+ prints them as
  * LuaJIT does ("3", not "3.0"). Integral arguments accept any number with an integral
@@ -41,8 +49,16 @@ EXPORT int luaopen_fuse_core(lua_State *L);
 
 typedef struct handle {
   fz_breaker *b;
-  int owned;  /* 1: an anonymous breaker that __gc frees */
+  int owned;  /* 1: an anonymous breaker that __gc frees; 2: finalized once (5.2+) */
+  struct handle *prev, *next;  /* while owned == 2: in the reaper's list */
 } handle;
+
+#define REAPER_KEY "fuse.core.reaper"
+
+/* The handles finalized once (owned == 2), whose breakers are not freed yet. */
+typedef struct reaper {
+  handle *first;
+} reaper;
 
 /* The fz_config field names, in fz_config order; the first NDOUBLES are doubles. */
 static const char *const CFG_FIELDS[] = {
@@ -78,6 +94,7 @@ static void push_handle(lua_State *L, fz_breaker *b, int owned) {
   handle *h = lua_newuserdata(L, sizeof *h);
   h->b = b;
   h->owned = owned;
+  h->prev = h->next = NULL;
   luaL_getmetatable(L, HANDLE_MT);
   lua_setmetatable(L, -2);
 }
@@ -94,12 +111,80 @@ static fz_breaker *check_breaker(lua_State *L, int arg) {
   return h->b;
 }
 
+#if LUA_VERSION_NUM >= 502
+static reaper *get_reaper(lua_State *L) {
+  reaper *r;
+  lua_getfield(L, LUA_REGISTRYINDEX, REAPER_KEY);
+  r = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return r;
+}
+
+static void unlink_handle(reaper *r, handle *h) {
+  if (h->prev) h->prev->next = h->next;
+  else if (r && r->first == h) r->first = h->next;
+  if (h->next) h->next->prev = h->prev;
+  h->prev = h->next = NULL;
+}
+#endif
+
 static int handle_gc(lua_State *L) {
   handle *h = luaL_checkudata(L, 1, HANDLE_MT);
-  if (h->owned) fz_breaker_free(h->b);
+  if (!h->owned) return 0;  /* a registry breaker: nothing to free */
+#if LUA_VERSION_NUM >= 502
+  if (h->owned == 1) {      /* first __gc: keep the breaker, mark the handle again */
+    reaper *r = get_reaper(L);
+    h->owned = 2;
+    if (r) {
+      h->next = r->first;
+      if (r->first) r->first->prev = h;
+      r->first = h;
+    }
+    lua_getmetatable(L, 1);
+    lua_setmetatable(L, 1);
+    return 0;
+  }
+  unlink_handle(get_reaper(L), h);
+#endif
+  fz_breaker_free(h->b);
   h->b = NULL;
+  h->owned = 0;
   return 0;
 }
+
+#if LUA_VERSION_NUM >= 502
+/* lua_close: frees the breakers of the handles finalized once, which cannot be marked
+ * for finalization again while the state closes. */
+static int reaper_gc(lua_State *L) {
+  reaper *r = lua_touserdata(L, 1);
+  while (r->first) {
+    handle *h = r->first;
+    unlink_handle(r, h);
+    fz_breaker_free(h->b);
+    h->b = NULL;
+    h->owned = 0;
+  }
+  return 0;
+}
+
+/* The reaper, once per Lua state, before any handle. */
+static void make_reaper(lua_State *L) {
+  reaper *r;
+  lua_getfield(L, LUA_REGISTRYINDEX, REAPER_KEY);
+  if (!lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 1);
+  r = lua_newuserdata(L, sizeof *r);
+  r->first = NULL;
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, reaper_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, REAPER_KEY);
+}
+#endif
 
 /* ---------------------------------------------------------------- configs */
 
@@ -327,6 +412,32 @@ static int l_clock_now(lua_State *L) {
   return 1;
 }
 
+/* bounds() -> { { name=, lo=, hi=, lo_open=, hi_open=, integer=, zero_off= }, ... }:
+ * the core's option bounds (fz_config_bound), in fz_config order. */
+static int l_bounds(lua_State *L) {
+  const fz_bound *b;
+  lua_newtable(L);
+  for (int i = 0; (b = fz_config_bound(i)) != NULL; i++) {
+    lua_createtable(L, 0, 7);
+    lua_pushstring(L, b->name);
+    lua_setfield(L, -2, "name");
+    lua_pushnumber(L, b->lo);
+    lua_setfield(L, -2, "lo");
+    lua_pushnumber(L, b->hi);
+    lua_setfield(L, -2, "hi");
+    lua_pushboolean(L, b->lo_open);
+    lua_setfield(L, -2, "lo_open");
+    lua_pushboolean(L, b->hi_open);
+    lua_setfield(L, -2, "hi_open");
+    lua_pushboolean(L, b->integer);
+    lua_setfield(L, -2, "integer");
+    lua_pushboolean(L, b->zero_off);
+    lua_setfield(L, -2, "zero_off");
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
 static const luaL_Reg FUNCS[] = {
   { "strerror", l_strerror }, { "new", l_new }, { "open", l_open }, { "find", l_find },
   { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
@@ -335,10 +446,13 @@ static const luaL_Reg FUNCS[] = {
   { "disable", l_disable }, { "stats", l_stats }, { "peek", l_peek }, { "init_shared", l_init_shared },
   { "is_shared", l_is_shared }, { "capacity", l_capacity },
   { "clock_manual", l_clock_manual }, { "clock_auto", l_clock_auto },
-  { "clock_now", l_clock_now }, { NULL, NULL }
+  { "clock_now", l_clock_now }, { "bounds", l_bounds }, { NULL, NULL }
 };
 
 int luaopen_fuse_core(lua_State *L) {
+#if LUA_VERSION_NUM >= 502
+  make_reaper(L);
+#endif
   if (luaL_newmetatable(L, HANDLE_MT)) {
     lua_pushcfunction(L, handle_gc);
     lua_setfield(L, -2, "__gc");

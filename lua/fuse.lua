@@ -22,6 +22,7 @@ end
 
 local error, pcall, select, setmetatable, tostring, type = error, pcall, select, setmetatable, tostring, type
 local floor = math.floor
+local byte = string.byte
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
 
@@ -41,22 +42,38 @@ local enter, done, clock_now = B.enter, B.done, B.clock_now
 
 local fake  -- the test clock installed by fuse.clock(fn), or nil
 
+-- The message for a clock reading s that is not seconds within range, or nil.
+local function bad_clock(s)
+  if type(s) ~= "number" or not (s > -4.5e9 and s < 4.5e9) then
+    return "fuse: the clock function must return seconds as a number within 4.5e9 of 0, got "
+      .. tostring(s)
+  end
+end
+
 local function sync()
   local s = fake()
-  if type(s) ~= "number" or not (s > -4.5e9 and s < 4.5e9) then
-    error("fuse: the clock function must return seconds as a number within 4.5e9 of 0, got "
-      .. tostring(s), 0)
-  end
+  local msg = bad_clock(s)
+  if msg then error(msg, 0) end
   B.clock_manual(s)
 end
 
--- fuse.clock(fn): read time (seconds) from fn, for tests; fuse.clock() restores.
+-- fuse.clock(fn): read time (seconds) from fn, for tests; fuse.clock() restores. fn is
+-- called, and its reading checked, before it is installed: a clock that raises or
+-- answers a bad value leaves the clock as it was.
 function _M.clock(fn)
   if fn ~= nil and type(fn) ~= "function" then
     error("fuse: fuse.clock needs a function or nothing, got " .. type(fn), 2)
   end
+  if not fn then
+    fake = nil
+    B.clock_auto()
+    return
+  end
+  local s = fn()
+  local msg = bad_clock(s)
+  if msg then error(msg, 2) end
   fake = fn
-  if fn then sync() else B.clock_auto() end
+  B.clock_manual(s)
 end
 
 local function now()
@@ -66,10 +83,21 @@ end
 
 ---------------------------------------------------------------------------- listeners
 
--- Where an error raised by an on_state_change listener is reported. Replaceable.
-function _M.report_error(msg)
+-- The default reporter: nginx's error log, else stderr.
+local function default_report(msg)
   local ngx = rawget(_G, "ngx")
   if ngx and ngx.log then ngx.log(ngx.ERR, msg) else io.stderr:write(msg, "\n") end
+end
+
+-- Where an error raised by an on_state_change listener is reported. Replaceable.
+_M.report_error = default_report
+
+-- Reports msg through fuse.report_error; when that is not callable or raises, through
+-- the default reporter, saying why. Never raises: a listener never breaks a call.
+local function report(msg)
+  local ok, err = pcall(_M.report_error, msg)
+  if ok then return end
+  pcall(default_report, msg .. " (fuse.report_error failed: " .. tostring(err) .. ")")
 end
 
 local function fire(listener, name, code)
@@ -77,7 +105,7 @@ local function fire(listener, name, code)
   local from, to = STATES[floor((code - 64) / 8)], STATES[(code - 64) % 8]
   local ok, err = pcall(listener, name, from, to)
   if not ok then
-    _M.report_error("fuse: on_state_change of breaker '" .. (name or "anonymous") .. "' ("
+    report("fuse: on_state_change of breaker '" .. (name or "anonymous") .. "' ("
       .. from .. " -> " .. to .. ") failed: " .. tostring(err))
   end
 end
@@ -375,8 +403,58 @@ end
 
 ---------------------------------------------------------------------------- metrics
 
+-- The length of the valid UTF-8 sequence (RFC 3629: no overlong forms, no surrogates,
+-- nothing above U+10FFFF) that starts at byte i of s, or nil.
+local function utf8_at(s, i)
+  local c = byte(s, i)
+  if c < 0x80 then return 1 end
+  local n
+  local lo, hi = 0x80, 0xBF
+  if c >= 0xC2 and c <= 0xDF then n = 2
+  elseif c >= 0xE0 and c <= 0xEF then
+    n = 3
+    if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+  elseif c >= 0xF0 and c <= 0xF4 then
+    n = 4
+    if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+  else return nil end
+  local c2 = byte(s, i + 1)
+  if not c2 or c2 < lo or c2 > hi then return nil end
+  for k = 2, n - 1 do
+    local ck = byte(s, i + k)
+    if not ck or ck < 0x80 or ck > 0xBF then return nil end
+  end
+  return n
+end
+
+-- The value of the `name` label for a breaker name (Prometheus label values must be
+-- UTF-8): the name itself when it is UTF-8 without a backslash, as names nearly always
+-- are; otherwise the name with each backslash doubled and each byte that is not part of
+-- a UTF-8 character written \xHH. A value with a backslash thus always reads back to
+-- one name, and two names never share a value.
+local function name_value(s)
+  if not s:find("[\\\128-\255]") then return s end
+  local out, i, n, plain = {}, 1, #s, true
+  while i <= n do
+    local len = utf8_at(s, i)
+    if not len then
+      out[#out + 1] = ("\\x%02X"):format(byte(s, i))
+      plain = false
+      i = i + 1
+    else
+      local piece = s:sub(i, i + len - 1)
+      if piece == "\\" then piece, plain = "\\\\", false end
+      out[#out + 1] = piece
+      i = i + len
+    end
+  end
+  if plain then return s end
+  return concat(out)
+end
+
+-- A label value as the text format writes it: \, \" and \n escaped.
 local function label(s)
-  return (s:gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+  return (name_value(s):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
 end
 
 local METRICS = {

@@ -1,5 +1,6 @@
--- Option validation (lua/fuse/options.lua). Pure Lua: no backend is loaded; the tag
--- (the backend of this interpreter) puts these tests in every backend's run.
+-- Option validation (lua/fuse/options.lua). Only the core's bound table is read through
+-- the backend; the tag (the backend of this interpreter) puts these tests in every
+-- backend's run.
 
 local options = require "fuse.options"
 

@@ -310,6 +310,13 @@ describe("fuse #" .. BACKEND, function()
       for _, smp in ipairs(state.samples) do
         local name = label_value(smp.labels, "name")
         assert.is_string(name, "sample without a name label: " .. smp.labels)
+        -- a name with a backslash has it doubled (and bytes not UTF-8 as \xHH)
+        if name:find("\\", 1, true) then
+          name = name:gsub("\\(.)(%x?%x?)", function(c, hex)
+            if c == "x" then return string.char(tonumber(hex, 16)) end
+            return c .. hex
+          end)
+        end
         in_metrics[name] = true
       end
       local listed = {}
@@ -322,7 +329,8 @@ describe("fuse #" .. BACKEND, function()
     it("escapes a name holding a double quote, a backslash and a newline", function()
       assert.equal(WEIRD, weird.name)
       local text = fuse.metrics()
-      assert.is_truthy(text:find('name="a\\"b\\\\c\\nd"', 1, true), text)
+      -- the label value is a"b\\c<newline>d: a backslash in a name is doubled
+      assert.is_truthy(text:find('name="a\\"b\\\\\\\\c\\nd"', 1, true), text)
       for line in text:gmatch("[^\n]+") do
         assert.is_falsy(line == "d" or line:match('^d"'), "raw newline in a label: " .. line)
       end

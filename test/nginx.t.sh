@@ -6,7 +6,14 @@
 # read everything), talks to it over 127.0.0.1 on free ports, stops it by its pid.
 # Needs nginx with the Lua module (Debian: libnginx-mod-http-lua). Talks HTTP with curl
 # (>= 7.84, for %header) or, without it, with bash's /dev/tcp (NGINX_T_CLIENT=bash forces
-# that); promtool is used when installed. Runs in about 6 s; a watchdog stops it after 90 s.
+# that); promtool is used when installed. Runs in about 10 s on an idle machine; a watchdog stops it after 300 s.
+#
+# Nothing here depends on how fast the machine is: the breakers run on a test clock that
+# only this script moves (app.test_clock, installed in init_by_lua, moved with
+# /__control?advance=S), every wait polls for its condition with a generous bound, and
+# ports are checked free (no socket bound, nothing answering) and every answer is
+# checked to come from this nginx's own workers (another nginx on the machine with
+# `reuseport` on the same port would share it), else nginx restarts on other ports.
 # KEEP=1 keeps the temp prefix (logs, rendered config) for a look afterwards.
 set -u
 
@@ -62,10 +69,10 @@ cleanup() {
   if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
-trap 'echo "Bail out! interrupted (a signal, or the 90 s watchdog)"; exit 1' INT TERM HUP
+trap 'echo "Bail out! interrupted (a signal, or the 300 s watchdog)"; exit 1' INT TERM HUP
 # The watchdog holds none of our output streams, so a caller reading them never waits on it.
 ( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep 90 & sp=$!; wait "$sp" && kill -TERM $$
+  sleep 300 & sp=$!; wait "$sp" && kill -TERM $$
 ) </dev/null >/dev/null 2>&1 &
 WATCHDOG=$!
 
@@ -75,8 +82,11 @@ cp "$SO_SRC" "$T/build/fuse/core.so"
 cp "$ROOT/examples/nginx/app.lua" "$P/app.lua"
 chmod -R a+rX "$T"        # workers run as nobody: they read lua/, build/ and app.lua
 
-port_free() { # nothing answers on 127.0.0.1:$1 (connection refused)
-  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+port_free() { # no socket bound to port $1 (any address, any state), nothing answers there
+  local hex
+  hex=$(printf ':%04X ' "$1")
+  ! cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '{ print $2 " " }' | grep -q "$hex" &&
+    ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 pick_port() {
   local p
@@ -87,35 +97,53 @@ pick_port() {
   return 1
 }
 
+# The example's config on ports PORT and UP, with the test clock installed in
+# init_by_lua (before the fork, so every worker inherits it).
+render_conf() {
+  sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
+    -e 's/^\([[:space:]]*\)require("app").setup()/\1fuse.clock(require("app").test_clock)\n&/' \
+    "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
+  chmod a+r "$P/nginx.conf"
+  grep -q 'fuse.clock(require("app").test_clock)' "$P/nginx.conf" ||
+    bail "cannot install the test clock: no require(\"app\").setup() line in nginx.conf"
+}
+
+# Starts nginx on free ports; retries on other ports when a bind fails.
 start_nginx() {
-  for _ in 1 2 3; do
+  for _ in 1 2 3 4 5; do
     PORT=$(pick_port) || bail "no free port"
     UP=$((PORT + 1))
-    sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
-      "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
-    chmod a+r "$P/nginx.conf"
+    render_conf
     : > "$P/logs/error.log"
     if "$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1; then
       return 0
     fi
-    grep -q "Address already in use" "$T/start.out" "$P/logs/error.log" || break
+    grep -qE "Address already in use|bind\(\)" "$T/start.out" "$P/logs/error.log" || break
+    diag "port $PORT or $UP was taken meanwhile: trying others"
   done
   diag "nginx did not start:" "$(cat "$T/start.out")" "$(tail -n 20 "$P/logs/error.log")"
   return 1
+}
+
+stop_nginx() { # by the master's pid: graceful, then KILL after 5 s
+  local pid=$1
+  kill -QUIT "$pid" 2>/dev/null
+  for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null
 }
 
 # hget PORT PATH BODYFILE: one GET on a fresh connection, the body into BODYFILE;
 # prints "STATUS PID", PID from the X-Worker-Pid header.
 if [ "$CLIENT" = curl ]; then
   hget() {
-    curl -s -m 5 -H 'Connection: close' -o "$3" -w '%{http_code} %header{x-worker-pid}' \
+    curl -s -m 60 -H 'Connection: close' -o "$3" -w '%{http_code} %header{x-worker-pid}' \
       "http://127.0.0.1:$1$2"
   }
 else
   hget() {
     local code pid
     # shellcheck disable=SC2016  # $0 and $1 expand in the inner bash
-    timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0" || exit 1
+    timeout 60 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0" || exit 1
       printf "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" "$1" >&3
       cat <&3' "$1" "$2" > "$3.raw" 2>/dev/null
     code=$(head -n 1 "$3.raw" | cut -d' ' -f2)
@@ -126,12 +154,29 @@ else
 fi
 
 # req PATH -> sets CODE, WPID, BODY (one request on a fresh connection)
+FOREIGN=""   # worker pids in answers that are not this nginx's workers
+ours() { # ours PID: one of this nginx's workers (or no pid at all: no answer)
+  [ -z "$1" ] || case " $WORKERS " in *" $1 "*) return 0 ;; *) return 1 ;; esac
+}
 req() {
   local out
   out=$(hget "$PORT" "$1" "$T/body")
   CODE=${out%% *}
   WPID=${out#* }
   BODY=$(cat "$T/body" 2>/dev/null)
+  [ -z "${WORKERS:-}" ] || ours "$WPID" || FOREIGN="$FOREIGN $WPID"
+}
+advance() { fake "/__control?advance=$1" > /dev/null; } # moves the test clock
+# wait_for SECONDS COMMAND...: polls COMMAND every 0.1 s until it succeeds (0) or
+# SECONDS have passed (1)
+wait_for() {
+  local limit=$(($1 * 10)) i=0
+  shift
+  until "$@"; do
+    i=$((i + 1))
+    [ "$i" -ge "$limit" ] && return 1
+    sleep 0.1
+  done
 }
 fake() { hget "$UP" "$1" "$T/fake.body" > /dev/null; cat "$T/fake.body"; } # fake upstream
 hits() { fake /__hits | sed -n "s/.* $1=\([0-9]*\).*/\1/p"; } # hits of one mode
@@ -143,7 +188,7 @@ field() {
 par() {
   rm -rf "$T/par"; mkdir -p "$T/par"
   if [ "$CLIENT" = curl ]; then
-    curl -s --no-progress-meter -m 10 --parallel --parallel-immediate --parallel-max "$1" \
+    curl -s --no-progress-meter -m 60 --parallel --parallel-immediate --parallel-max "$1" \
       -H 'Connection: close' -o "$T/par/b#1" -w '%{http_code} %header{x-worker-pid}\n' \
       "http://127.0.0.1:$PORT$2?i=[1-$1]" > "$T/par.out" 2> "$T/par.err"
   else
@@ -157,20 +202,35 @@ par() {
   fi
 }
 
-start_nginx || bail "cannot start nginx"
-MASTER=$(cat "$P/logs/nginx.pid" 2>/dev/null)
-for _ in $(seq 50); do
-  req /state
-  [ "$CODE" = 200 ] && break
-  sleep 0.1
-done
-diag "HTTP client: $CLIENT"
-
 workers() { # the master's children
   if command -v ps >/dev/null; then ps -o pid= --ppid "$MASTER" | tr -d ' '
   else grep -l "^PPid:[[:space:]]*$MASTER\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3; fi
 }
-WORKERS=$(workers | sort -n | tr '\n' ' ')
+four_workers() { WORKERS=$(workers | sort -n | tr '\n' ' '); [ "$(echo "$WORKERS" | wc -w)" -eq 4 ]; }
+answers() { req /state; [ "$CODE" = 200 ]; }
+# 20 answers, every one from this nginx's workers: nobody else listens on PORT
+only_ours() {
+  local i
+  FOREIGN=""
+  for i in $(seq 20); do req /state; done
+  [ -z "$FOREIGN" ]
+}
+
+started=0
+for attempt in 1 2 3; do
+  start_nginx || bail "cannot start nginx"
+  MASTER=$(cat "$P/logs/nginx.pid" 2>/dev/null)
+  WORKERS=""
+  wait_for 30 answers || bail "nginx answers no request on port $PORT"
+  wait_for 10 four_workers
+  if only_ours; then started=1; break; fi
+  diag "attempt $attempt: port $PORT is shared with another server (pids$FOREIGN): other ports"
+  stop_nginx "$MASTER"
+  MASTER=""
+done
+[ "$started" = 1 ] || bail "no port of our own after 3 attempts"
+diag "HTTP client: $CLIENT" "ports $PORT (front) and $UP (fake upstream)"
+
 nw=$(echo "$WORKERS" | wc -w)
 check "nginx started, master $MASTER with 4 workers" [ "$nw" -eq 4 ]
 [ "$nw" -eq 4 ] || diag "workers: $WORKERS"
@@ -220,16 +280,22 @@ check "(a) totals across workers: failures_total 3, rejections_total 9 (exact)" 
 [ "$tot" = 3/9 ] || diag "failures_total/rejections_total: $tot"
 
 # ---------------------------------------------------------------- (c) one probe at a time
-fake '/__control?mode=slow&delay=1.5&status=500&reset=hits' > /dev/null
-sleep 1.2                                   # open_for = 1 s has elapsed: next call probes
+# The fake upstream holds the probe until this script releases it: the state is read
+# while the probe runs. The test clock stands still meanwhile, so the probe cannot time
+# out, and the circuit, re-opened by the probe, stays open for the calls that arrive
+# after it, however late.
+fake '/__control?mode=hold&status=500&reset=hits' > /dev/null
+advance 1.1                                 # open_for = 1 s has elapsed: next call probes
 par 20 /api &
 parpid=$!
-sleep 0.7                                   # the probe is still running upstream
-slow_mid=$(hits slow)
+held() { [ "$(hits hold)" -ge 1 ]; }
+wait_for 30 held                            # the probe is running upstream
+slow_mid=$(hits hold)
 req /state
 st_mid=$(field upstream state "$BODY")
+fake '/__control?release=1' > /dev/null
 wait "$parpid"
-slow_hits=$(hits slow)
+slow_hits=$(hits hold)
 codes=$(cut -d' ' -f1 "$T/par.out" | sort | uniq -c | tr -s ' ' | tr '\n' ';')
 ppids=$(cut -d' ' -f2 "$T/par.out" | sort -u | grep -c .)
 check "(c) 20 concurrent calls in half-open: exactly probes=1 reached the slow upstream" \
@@ -248,7 +314,7 @@ check "(c) the failed probe re-opened the circuit" [ "$st" = open ]
 
 # ---------------------------------------------------------------- (d) recovery, seen by all
 fake '/__control?mode=ok&reset=hits' > /dev/null
-sleep 1.2
+advance 1.1
 req /api
 check "(d) after open_for the probe goes through and succeeds (200)" [ "$CODE" = 200 ]
 [ "$CODE" = 200 ] || diag "code $CODE body $BODY"
@@ -269,12 +335,20 @@ check "(d) upstream hit once (the probe)" [ "$(hits ok)" = 1 ]
 # ---------------------------------------------------------------- (e) two-step form
 fake '/__control?mode=fail&reset=hits' > /dev/null
 seq_codes="" seq_pids=""
+# counted I: the twostep breaker has seen I calls (reported, or rejected)
+counted() {
+  req /state
+  local c r
+  c=$(field twostep calls_total "$BODY") r=$(field twostep rejections_total "$BODY")
+  [ "$((${c:-0} + ${r:-0}))" -ge "$1" ]
+}
 for i in $(seq 10); do
   req /twostep
   seq_codes="$seq_codes$CODE "
   seq_pids="$seq_pids$WPID "
   [ "$i" -eq 10 ] && last_body=$BODY
-  sleep 0.05     # report runs in the log phase, just after the response is sent
+  # report runs in the log phase, just after the response is sent: wait for it
+  wait_for 10 counted "$i" || diag "request $i to /twostep was not counted within 10 s"
 done
 fails_hit=$(hits fail)
 expect="500 500 500 503 503 503 503 503 503 503 "
@@ -306,6 +380,10 @@ elif [ "${CI:-}" = true ]; then
 else
   ok "(f) promtool check metrics # SKIP promtool not installed"
 fi
+
+# ---------------------------------------------------------------- every answer from our nginx
+check "every answer came from this nginx's workers" [ -z "$FOREIGN" ]
+[ -z "$FOREIGN" ] || diag "answers from other processes (another nginx on port $PORT?):$FOREIGN"
 
 # ---------------------------------------------------------------- (g) error log
 errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$P/logs/error.log")

@@ -333,6 +333,12 @@ static void test_tickets_and_config(void) {
   is_int(fz_config_check(&bad), FZ_EINVAL, "no rule at all refused");
   int err = 0;
   ok(fz_breaker_new(&bad, &err) == NULL && err == FZ_EINVAL, "fz_breaker_new refuses bad options");
+  bad = defaults(), bad.jitter = 0.9999999999, bad.failure_rate = 1e-10, bad.slow = 1e-10;
+  bad.slow_rate = 1e-12;
+  is_int(fz_config_check(&bad), FZ_OK, "values inside the facade's bounds accepted (one table)");
+  ok(fz_config_bound(-1) == NULL && fz_config_bound(13) == NULL &&
+     strcmp(fz_config_bound(0)->name, "window") == 0 &&
+     strcmp(fz_config_bound(12)->name, "probes") == 0, "13 bounds, in fz_config order");
   fz_config other = defaults();
   other.fails = 9, other.window = 3;
   is_int((int)fz_config_diff(&c, &other), FZ_CFG_FAILS | FZ_CFG_WINDOW, "diff names fails and window");

@@ -103,6 +103,7 @@ end
 -- ---------------------------------------------------------------- the fake upstream
 -- Its mode lives in the lua_shared_dict `fake`, so every worker answers alike:
 --   mode  ok (200) | fail (500) | slow (sleeps `delay` s, then answers `status`)
+--         | hold (waits until /__control?release=1, at most 60 s, then answers `status`)
 -- and hits_<mode> counts the requests that reached it, for the test to read.
 
 function app.fake_upstream()
@@ -111,6 +112,15 @@ function app.fake_upstream()
   if mode == "fail" then
     ngx.status = 500
     ngx.say("fake upstream: failing on purpose")
+    return
+  end
+  if mode == "hold" then
+    for _ = 1, 1200 do
+      if shared_fake:get("release") then break end
+      ngx.sleep(0.05)
+    end
+    ngx.status = shared_fake:get("status") or 200
+    ngx.say("fake upstream: held answer")
     return
   end
   if mode == "slow" then
@@ -122,21 +132,37 @@ function app.fake_upstream()
   ngx.say("fake upstream: ok")
 end
 
+-- The test clock of test/nginx.t.sh: seconds as the test sets them (/__control?advance=S),
+-- the same in every worker, so that no step of the test depends on how fast a busy
+-- machine answers. The test installs it in init_by_lua, before the fork:
+-- fuse.clock(require("app").test_clock). The demo runs on the real clock.
+function app.test_clock()
+  return shared_fake:get("now") or 1000
+end
+
 -- /__control?mode=ok|fail|slow[&delay=S][&status=N]   /__control?reset=hits
+-- /__control?advance=S moves the test clock S seconds ahead; /__control?release=1 lets
+-- the requests held by mode=hold answer.
 function app.fake_control()
   local args = ngx.req.get_uri_args()
+  if args.release then shared_fake:set("release", true) end
+  local advance = tonumber(args.advance)
+  if advance then
+    shared_fake:set("now", app.test_clock() + advance)
+  end
   if args.reset == "hits" then
-    for _, m in ipairs({ "ok", "fail", "slow" }) do
+    for _, m in ipairs({ "ok", "fail", "slow", "hold" }) do
       shared_fake:set("hits_" .. m, 0)
     end
   end
   local mode = args.mode
   if mode then
-    if mode ~= "ok" and mode ~= "fail" and mode ~= "slow" then
+    if mode ~= "ok" and mode ~= "fail" and mode ~= "slow" and mode ~= "hold" then
       ngx.status = 400
-      ngx.say("mode must be ok, fail or slow")
+      ngx.say("mode must be ok, fail, slow or hold")
       return
     end
+    shared_fake:delete("release")
     shared_fake:set("delay", tonumber(args.delay) or 1)
     shared_fake:set("status", tonumber(args.status) or 200)
     shared_fake:set("mode", mode)
@@ -144,11 +170,11 @@ function app.fake_control()
   app.fake_hits()
 end
 
--- "mode=fail ok=N fail=N slow=N"
+-- "mode=fail ok=N fail=N slow=N hold=N"
 function app.fake_hits()
-  ngx.say(string.format("mode=%s ok=%d fail=%d slow=%d", shared_fake:get("mode") or "ok",
+  ngx.say(string.format("mode=%s ok=%d fail=%d slow=%d hold=%d", shared_fake:get("mode") or "ok",
     shared_fake:get("hits_ok") or 0, shared_fake:get("hits_fail") or 0,
-    shared_fake:get("hits_slow") or 0))
+    shared_fake:get("hits_slow") or 0, shared_fake:get("hits_hold") or 0))
 end
 
 return app

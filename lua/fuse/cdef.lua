@@ -55,12 +55,23 @@ typedef struct fz_stats {
   uint64_t generation;
 } fz_stats;
 
+/* The bounds of one numeric option of fz_config (see fz_config_bound). */
+typedef struct fz_bound {
+  const char *name;   /* the option's name, as the Lua facade spells it */
+  double lo, hi;      /* lo <= v <= hi */
+  int32_t lo_open;    /* 1: lo itself is excluded (lo < v) */
+  int32_t hi_open;    /* 1: hi itself is excluded (v < hi) */
+  int32_t integer;    /* 1: only integral values */
+  int32_t zero_off;   /* 1: 0 is valid too, and turns the rule off */
+} fz_bound;
+
 typedef struct fz_breaker fz_breaker;
 
 int fz_abi_version(void);
 const char *fz_strerror(int code);
 
 int fz_config_check(const fz_config *c);
+const fz_bound *fz_config_bound(int i);
 uint32_t fz_config_diff(const fz_config *a, const fz_config *b);
 
 fz_breaker *fz_breaker_new(const fz_config *c, int *err);

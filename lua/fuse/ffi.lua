@@ -119,4 +119,17 @@ function _M.clock_manual(s) C.fz_clock_manual(s) end
 function _M.clock_auto() C.fz_clock_auto() end
 function _M.clock_now() return C.fz_clock_now() end
 
+-- The core's option bounds (fz_config_bound), in fz_config order.
+function _M.bounds()
+  local list = {}
+  local i = 0
+  while true do
+    local b = C.fz_config_bound(i)
+    if b == nil then return list end
+    i = i + 1
+    list[i] = { name = ffi.string(b.name), lo = b.lo, hi = b.hi, lo_open = b.lo_open ~= 0,
+      hi_open = b.hi_open ~= 0, integer = b.integer ~= 0, zero_off = b.zero_off ~= 0 }
+  end
+end
+
 return _M

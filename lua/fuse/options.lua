@@ -1,14 +1,15 @@
 -- fuse.options: validation and normalization of the options of fuse.wrap/fuse.new and
--- fuse.init. Pure Lua (LuaJIT, PUC Lua 5.1 to 5.4); both backends share it, so every
--- message comes from here.
+-- fuse.init. Lua (LuaJIT, PUC Lua 5.1 to 5.4); both backends share it, so every
+-- message comes from here. The bounds of the numeric options come from the core's
+-- table (fz_config_bound), so the facade and the core never disagree on them.
 --
 -- check(opts, level) and check_init(opts, level) raise with error(msg, level): `level`
 -- counts from the function that calls check, as error() would inside it. The facade's
 -- fuse.new calls check(opts, 3) so that the error points at its caller's line. Every
 -- helper below returns a message instead of raising, so only check itself calls error.
 
-local type, pairs, ipairs, tostring, tonumber, error = type, pairs, ipairs, tostring,
-  tonumber, error
+local type, pairs, ipairs, tostring, tonumber, error, pcall, require, rawget = type, pairs,
+  ipairs, tostring, tonumber, error, pcall, require, rawget
 local floor, huge, abs, max, min = math.floor, math.huge, math.abs, math.max, math.min
 local fmt, byte, sort, concat = string.format, string.byte, table.sort, table.concat
 
@@ -35,28 +36,35 @@ local OFF_WHEN_ZERO = {
   fails = true, count_window = true, failure_rate = true, slow = true, slow_rate = true,
 }
 
-local MAX_SECONDS = 86400            -- one day
-local MAX_OPEN_FOR = MAX_SECONDS * 32
 local NAME_MAX = 127                 -- FZ_NAME_MAX
 local MAX_CAPACITY = 1000000
 
--- Number rules. kind "int": an integer from 1 to hi. kind "range": lo <= v <= hi, with
--- lo_open / hi_open excluding the bound.
-local NUMBERS = {
-  fails         = { kind = "int", hi = 1000000 },         -- FZ_MAX_FAILS
-  count_window  = { kind = "int", hi = 1024 },            -- FZ_MAX_COUNT_WINDOW
-  min_calls     = { kind = "int", hi = 1000000 },         -- FZ_MAX_MIN_CALLS
-  probes        = { kind = "int", hi = 16 },              -- FZ_MAX_PROBES
-  window        = { kind = "range", lo = 0.01, hi = MAX_SECONDS },
-  failure_rate  = { kind = "range", lo = 0, lo_open = true, hi = 1 },
-  slow          = { kind = "range", lo = 0, lo_open = true, hi = MAX_SECONDS },
-  slow_rate     = { kind = "range", lo = 0, lo_open = true, hi = 1 },
-  open_for      = { kind = "range", lo = 0.001, hi = MAX_SECONDS },
-  backoff       = { kind = "range", lo = 1, hi = 100 },
-  max_open_for  = { kind = "range", lo = 0.001, hi = MAX_OPEN_FOR },
-  jitter        = { kind = "range", lo = 0, hi = 1, hi_open = true },
-  probe_timeout = { kind = "range", lo = 0.001, hi = MAX_SECONDS },
-}
+-- The core's option bounds (fz_config_bound in csrc/fz.h), read through the backend
+-- fuse runs on (the same choice as fuse.lua makes): the one table both check against.
+local function core_bounds()
+  if rawget(_G, "jit") and pcall(require, "ffi") then return require("fuse.ffi").bounds() end
+  return require("fuse.core").bounds()
+end
+
+-- Number rules by option, made from the core's bounds on first use. kind "int": an
+-- integer from lo to hi. kind "range": lo <= v <= hi, with lo_open / hi_open excluding
+-- the bound. (zero_off is the core's: the facade passes 0 only for a rule not given.)
+local NUMBERS
+
+local function numbers()
+  if NUMBERS then return NUMBERS end
+  local t = {}
+  for _, b in ipairs(core_bounds()) do
+    t[b.name] = { kind = b.integer and "int" or "range", lo = b.lo, hi = b.hi,
+      lo_open = b.lo_open, hi_open = b.hi_open }
+  end
+  for _, name in ipairs(CFG_FIELDS) do
+    if not t[name] then error("fuse: the core has no bound for option '" .. name .. "'", 0) end
+  end
+  NUMBERS = t
+  return t
+end
+_M.numbers = numbers
 
 ---------------------------------------------------------------------------------------
 -- Formatting values for messages
@@ -108,13 +116,13 @@ end
 -- Single options
 
 local function check_number(name, v)
-  local rule = NUMBERS[name]
+  local rule = numbers()[name]
   if rule.kind == "int" then
     if type(v) ~= "number" then return bad(name, "a positive integer", v) end
     if v ~= v or v == huge or v == -huge then return bad(name, "a finite number", v) end
-    if v < 1 or v ~= floor(v) then return bad(name, "a positive integer", v) end
+    if v < rule.lo or v ~= floor(v) then return bad(name, "a positive integer", v) end
     if v > rule.hi then
-      return bad(name, "an integer from 1 to " .. fmt_num(rule.hi), v)
+      return bad(name, "an integer from " .. fmt_num(rule.lo) .. " to " .. fmt_num(rule.hi), v)
     end
     return nil
   end
@@ -151,7 +159,7 @@ local function check_function(name, v)
 end
 
 local function check_one(name, v)
-  if NUMBERS[name] then return check_number(name, v) end
+  if numbers()[name] then return check_number(name, v) end
   if name == "name" then return check_name(v) end
   if name == "is_failure" or name == "on_state_change" then
     return check_function(name, v)
