@@ -51,7 +51,7 @@ BUSTED_ARGS_54 := $(BUSTED_LPATH) --cpath="$(CURDIR)/build/5.4/?.so"
 
 DEB_PKGS := build-essential pkg-config luajit2 libluajit2-5.1-dev lua5.1 liblua5.1-0-dev \
             lua5.4 liblua5.4-dev lua-busted luarocks lua-check nginx libnginx-mod-http-lua \
-            lua-resty-core lua-resty-lrucache wrk prometheus curl
+            lua-resty-core lua-resty-lrucache lua-cjson wrk prometheus curl
 
 ROCKSPEC := fuse-0.1.0-1.rockspec
 LOGDIR   := build/test-logs
