@@ -330,4 +330,55 @@ describe("fuse #" .. BACKEND, function()
       assert.equal(3, admin.retry_after(rej))  -- rounded up
     end)
   end)
+
+  describe("the alert rules and the dashboard", function()
+    local function read(file)
+      local f = assert(io.open(file, "rb"))
+      local text = f:read("*a")
+      f:close()
+      return text
+    end
+
+    -- the metric names fuse.metrics() exports (its # TYPE lines)
+    local function exported()
+      local names = {}
+      for name in fuse.metrics():gmatch("# TYPE (%S+)") do names[name] = true end
+      return names
+    end
+
+    -- every fuse_* name in the queries of `exprs`, which must not be empty
+    local function used(exprs)
+      assert.is_true(#exprs > 0)
+      local names = {}
+      for _, e in ipairs(exprs) do
+        for name in e:gmatch("fuse_[%w_]+") do names[#names + 1] = name end
+      end
+      return names
+    end
+
+    it("the rules query only metric names fuse exports", function()
+      local exprs = {}
+      for e in read("examples/prometheus/fuse-alerts.yml"):gmatch("\n%s*expr:%s*([^\n]+)") do
+        exprs[#exprs + 1] = e
+      end
+      local have = exported()
+      local names = used(exprs)
+      assert.same({ "fuse_state", "fuse_opens_total" }, names)
+      for _, n in ipairs(names) do assert.is_true(have[n], n .. " is not exported by fuse.metrics()") end
+    end)
+
+    it("the dashboard is JSON whose panels query only metric names fuse exports", function()
+      local cjson = require "cjson.safe"
+      local dash = assert(cjson.decode(read("examples/grafana/fuse-dashboard.json")))
+      local exprs = {}
+      for _, p in ipairs(dash.panels) do
+        for _, t in ipairs(p.targets) do exprs[#exprs + 1] = t.expr end
+      end
+      exprs[#exprs + 1] = dash.templating.list[1].definition
+      local have = exported()
+      local names = used(exprs)
+      assert.is_true(#names >= 6)
+      for _, n in ipairs(names) do assert.is_true(have[n], n .. " is not exported by fuse.metrics()") end
+    end)
+  end)
 end)
