@@ -76,7 +76,7 @@ pick_port() {
   local p
   for _ in $(seq 100); do
     p=$((20000 + RANDOM % 40000))
-    port_free "$p" && port_free "$((p + 1))" && { echo "$p"; return 0; }
+    port_free "$p" && port_free "$((p + 1))" && port_free "$((p + 2))" && { echo "$p"; return 0; }
   done
   return 1
 }
@@ -86,6 +86,7 @@ start_nginx() {
     PORT=$(pick_port) || bail "no free port"
     UP=$((PORT + 1))
     sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
+      -e "s/127\.0\.0\.1:18082/127.0.0.1:$((PORT + 2))/g" \
       "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
     chmod a+r "$P/nginx.conf"
     : > "$P/logs/error.log"

@@ -39,9 +39,10 @@ chmod -R a+rX "$T"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 for _ in $(seq 100); do
   PORT=$((20000 + RANDOM % 40000)); UP=$((PORT + 1))
-  port_free "$PORT" && port_free "$UP" && break
+  port_free "$PORT" && port_free "$UP" && port_free "$((PORT + 2))" && break
 done
 sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
+  -e "s/127\.0\.0\.1:18082/127.0.0.1:$((PORT + 2))/g" \
   "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
 chmod a+r "$P/nginx.conf"
 
