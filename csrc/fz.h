@@ -230,7 +230,7 @@ double fz_clock_now(void);
  * fz_events_last(): the seq of the newest event recorded (0 when none).
  * fz_events_read(seq, out): copies event seq into *out. Returns 1 when copied, 0 when
  *   it is not complete yet (being written, or not recorded yet), -1 when it was
- *   overwritten (lost to the ring). A copy is validated by the entry's seq (a seqlock; see
+ *   overwritten (lost to the ring) or written over by a stalled older writer. A copy is validated by the entry's seq (a seqlock; see
  *   csrc/fz_events.c for the one stall it does not cover).
  *
  * fz_registry_open(name, len, c, status): the breaker registered under name (1 to

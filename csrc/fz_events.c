@@ -10,12 +10,15 @@
  * entry is slot seq % capacity. The entry's own word `seq` is a seqlock: the writer
  * claims it with a compare-and-swap to seq | BUSY (only from an older seq: a writer
  * whose slot was already taken by a newer event gives up, its event lost to the ring),
- * then writes the fields with relaxed atomic stores, then publishes with a
- * compare-and-swap back to seq (release). A reader loads the entry's seq (acquire),
- * copies the fields, fences (acquire) and loads seq again: the copy is good when both
- * loads read exactly the seq it wanted. The one interleaving this does not cover is a
- * writer stalled between its claim and its last store while `capacity` newer events are
- * recorded: its late stores could then land in a newer entry. Nothing takes a lock.
+ * then writes the fields with release stores, then publishes with a compare-and-swap
+ * back to seq (release). A reader loads the entry's seq (acquire), copies the fields
+ * with acquire loads and loads seq again: the copy is good when both loads of seq read
+ * exactly the seq it wanted (a field written by a later writer carries that writer's
+ * claim with it, so the second load sees the seq changed). One interleaving gets past
+ * that: a writer stalled between its claim and its last store while `capacity` newer
+ * events are recorded lands its late stores in a newer, published entry. So each entry
+ * also holds a hash of its seq and fields, written last: a copy that fails it was mixed
+ * and reads as lost (-1), never as an event. Nothing takes a lock.
  */
 #include "fz.h"
 #include "fz_atomic.h"
@@ -35,6 +38,7 @@ typedef struct entry {
   uint64_t time_ns;            /* concurrent: CLOCK_REALTIME when recorded */
   uint64_t meta;               /* concurrent: pid << 32 | from << 24 | to << 16 | name length */
   uint64_t name[NAME_WORDS];   /* concurrent: the name, NUL-padded */
+  uint64_t check;              /* concurrent: check_of(seq, the fields above) */
 } entry;
 
 typedef struct ring {
@@ -78,6 +82,15 @@ int fz_events_init_shared(void) {
   return rc;
 }
 
+/* A hash of an entry's seq and fields: a copy whose fields came from two writers (see
+ * the design note) or from another seq fails it. */
+static uint64_t check_of(uint64_t seq, uint64_t t, uint64_t meta, const uint64_t *name) {
+  uint64_t h = seq * UINT64_C(0x9e3779b97f4a7c15) ^ t;
+  h = (h ^ h >> 31) * UINT64_C(0xbf58476d1ce4e5b9) ^ meta;
+  for (int i = 0; i < NAME_WORDS; i++) h = (h ^ h >> 29) * UINT64_C(0x94d049bb133111eb) ^ name[i];
+  return h ^ h >> 32;
+}
+
 static uint64_t wall_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -101,13 +114,16 @@ double fz_events_add(const char *name, size_t len, int from, int to) {
   uint64_t seq = at_add_sc(&r->head, 1) + 1;
   entry *e = &r->e[seq % FZ_EVENTS_CAPACITY];
   if (!claim(e, seq)) return (double)seq;  /* already overwritten: lost to the ring */
-  /* release: the claim is visible before any field store (pairs with the reader's
-   * acquire fence: a reader that saw a field of ours sees the seq changed) */
-  __atomic_thread_fence(__ATOMIC_RELEASE);
-  at_store_rlx(&e->time_ns, wall_ns());
-  at_store_rlx(&e->meta, (uint64_t)(uint32_t)getpid() << 32 | (uint64_t)(from & 0xff) << 24 |
-                             (uint64_t)(to & 0xff) << 16 | (uint64_t)len);
-  for (int i = 0; i < NAME_WORDS; i++) at_store_rlx(&e->name[i], words[i]);
+  /* release: each field store carries the claim before it (pairs with the reader's
+   * acquire loads of the fields: a reader that saw a field of ours sees the claim when
+   * it loads seq again, so it drops its copy) */
+  uint64_t t = wall_ns();
+  uint64_t meta = (uint64_t)(uint32_t)getpid() << 32 | (uint64_t)(from & 0xff) << 24 |
+                  (uint64_t)(to & 0xff) << 16 | (uint64_t)len;
+  at_store_rel(&e->time_ns, t);
+  at_store_rel(&e->meta, meta);
+  for (int i = 0; i < NAME_WORDS; i++) at_store_rel(&e->name[i], words[i]);
+  at_store_rel(&e->check, check_of(seq, t, meta, words));
   uint64_t busy = seq | BUSY;
   /* release: publishes the fields (pairs with the reader's first, acquire, load) */
   __atomic_compare_exchange_n(&e->seq, &busy, seq, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
@@ -128,13 +144,16 @@ int fz_events_read(double want, fz_event *out) {
   if ((v1 & ~BUSY) > seq) return -1;
   if (v1 != seq) return 0;
   uint64_t words[NAME_WORDS];
-  uint64_t t = at_load_rlx(&e->time_ns), meta = at_load_rlx(&e->meta);
-  for (int i = 0; i < NAME_WORDS; i++) words[i] = at_load_rlx(&e->name[i]);
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);  /* pairs with the writer's release fence */
+  /* acquire: pairs with the writer's release stores of the fields (see fz_events_add) */
+  uint64_t t = at_load_acq(&e->time_ns), meta = at_load_acq(&e->meta);
+  for (int i = 0; i < NAME_WORDS; i++) words[i] = at_load_acq(&e->name[i]);
+  uint64_t check = at_load_acq(&e->check);
   uint64_t v2 = at_load_rlx(&e->seq);
   if (v2 != seq) return (v2 & ~BUSY) > seq ? -1 : 0;
+  /* published, yet written over by a stalled older writer: this event is lost */
+  if (check != check_of(seq, t, meta, words)) return -1;
   size_t len = meta & 0xffff;
-  if (len > FZ_NAME_MAX) return 0;
+  if (len > FZ_NAME_MAX) return -1;
   out->seq = (double)seq;
   out->time = (double)t / 1e9;
   out->pid = (int32_t)(meta >> 32);

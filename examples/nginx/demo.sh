@@ -109,6 +109,32 @@ printf '   probe  worker %-7s %s  %s\n' "$WPID" "$CODE" "$(head -n 1 "$T/body")"
 echo "   -> the upstream saw $(hits ok) request (the probe); it succeeded and closed the circuit"
 all_workers
 
+ADMIN=$((PORT + 2))
+say "an operator forces 'twostep' open for 3 s, through the admin endpoint"
+echo "   (its own listener, 127.0.0.1:$ADMIN, allow 127.0.0.1; deny all):"
+echo "   curl -d 'name=twostep&action=force_open&seconds=3' http://127.0.0.1:$ADMIN/fuse"
+t0=$(date +%s.%N)
+curl -s -m 5 -d 'name=twostep&action=force_open&seconds=3' "http://127.0.0.1:$ADMIN/fuse" |
+  grep -o '"\(name\|state\|retry_after\)":[^,}]*' | tr '\n' ' ' | sed 's/^/   -> /'
+echo
+for _ in $(seq 12); do
+  out=$(curl -s -m 5 -H 'Connection: close' -o "$T/body" \
+    -w '%{http_code} %header{x-worker-pid} %header{retry-after}' "http://127.0.0.1:$PORT/twostep")
+  read -r code wpid ra <<< "$out"
+  printf '   t=%4.1fs  worker %-7s %s  Retry-After: %-2s %s\n' \
+    "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')" "$wpid" "$code" "${ra:--}" \
+    "$(head -n 1 "$T/body")"
+  [ "$code" = 200 ] && break
+  sleep 0.4
+done
+echo "   -> every worker answered 503 with Retry-After (fuse.reject) until the 3 s were over;"
+echo "      the first call after them found the time up (forced_open -> open, still 503),"
+echo "      the next one was the probe: it went through and closed the circuit"
+sleep 0.6
+echo "   what each worker's fuse.watch logged (error.log, [warn]):"
+grep -F "fuse: breaker twostep" "$P/logs/error.log" | tail -n 16 |
+  sed 's/.*\[warn\] \([0-9]*\)#.*fuse: breaker \(.*\), context.*/     worker \1: \2/'
+
 say "/metrics (excerpt, breaker 'upstream'):"
 get /metrics
 printf '%s\n' "$BODY" | grep 'name="upstream"' | head -n 12 | sed 's/^/   /'
