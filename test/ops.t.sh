@@ -11,7 +11,7 @@
 # delivering a transition to all 4 workers, and fuse_state / FuseCircuitOpen in
 # Prometheus. Stops both by pid. Needs nginx with the Lua module, curl, luajit with
 # lua-cjson and prometheus; without one it skips, except under CI=true, where it fails.
-# About 15 s; a watchdog stops it after 120 s. KEEP=1 keeps the temp prefix.
+# About 20 s; a watchdog stops it after 180 s. KEEP=1 keeps the temp prefix.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,9 +61,9 @@ cleanup() {
   if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
-trap 'echo "Bail out! interrupted (a signal, or the 120 s watchdog)"; exit 1' INT TERM HUP
+trap 'echo "Bail out! interrupted (a signal, or the 180 s watchdog)"; exit 1' INT TERM HUP
 ( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep 120 & sp=$!; wait "$sp" && kill -TERM $$
+  sleep 180 & sp=$!; wait "$sp" && kill -TERM $$
 ) </dev/null >/dev/null 2>&1 &
 WATCHDOG=$!
 
@@ -211,34 +211,35 @@ check "no request with an error changed a breaker" \
 # ---------------------------------------------------------------- timed force-open
 fake '/__control?mode=ok&reset=hits'
 LOGSTART=$(wc -l < "$P/logs/error.log")   # watch checks read the log from here
-SECS=3
+SECS=6   # long enough to reach all 4 workers on a loaded machine
 t0=$(now)
 admin -d "name=twostep&action=force_open&seconds=$SECS"
-check "admin POST force_open seconds=$SECS: 200, forced_open, retry_after in (2, 3]" \
-  [ "$CODE/$(json 'j.state .. "," .. tostring(j.retry_after > 2 and j.retry_after <= 3)')" = "200/forced_open,true" ]
+check "admin POST force_open seconds=$SECS: 200, forced_open, retry_after in ($((SECS - 1)), $SECS]" \
+  [ "$CODE/$(json 'j.state .. "," .. tostring(j.retry_after > '$SECS' - 1 and j.retry_after <= '$SECS')')" = "200/forced_open,true" ]
 seen="" bad=""
 for _ in $(seq 200); do
   [ "$(echo "$seen" | wc -w)" -ge 4 ] && break
-  within 2.5 "$t0" || break
+  within $((SECS - 1)) "$t0" || break
   req "$PORT" /twostep
   case "$CODE $RA $BODY" in
-    "503 "[123]" fuse: circuit 'twostep' is open") ;;
-    *) within 2.5 "$t0" && bad="$bad [$WPID: $CODE RA=$RA $BODY]" ;;
+    "503 "[1-6]" fuse: circuit 'twostep' is open") ;;
+    *) within $((SECS - 1)) "$t0" && bad="$bad [$WPID: $CODE RA=$RA $BODY]" ;;
   esac
   case " $seen " in *" $WPID "*) ;; *) seen="$seen $WPID" ;; esac
 done
-check "every worker (4) rejects during the force-open: fuse.reject's 503, Retry-After 1-3, its text" \
+check "every worker (4) rejects during the force-open: fuse.reject's 503, Retry-After 1-$SECS, its text" \
   [ "$(echo "$seen" | wc -w)" -ge 4 ] && [ -z "$bad" ]
 [ -z "$bad" ] || diag "unexpected:$bad"
+[ "$(echo "$seen" | wc -w)" -ge 4 ] || diag "workers seen rejecting: $seen"
 first200= lifted_at=
-for _ in $(seq 200); do
+for _ in $(seq 400); do
   req "$PORT" /twostep
   if [ "$CODE" = 200 ]; then first200=$(elapsed "$t0"); break; fi
   sleep 0.05
-  within 15 "$t0" || break
+  within 30 "$t0" || break
 done
 diag "first 200 at ${first200:-never} s after the force-open of $SECS s"
-check "lifted on time: the first call let through came after $SECS s (and within 15 s)" \
+check "lifted on time: the first call let through came after $SECS s (and within 30 s)" \
   [ -n "$first200" ] && awk -v t="${first200:-0}" -v s="$SECS" 'BEGIN { exit !(t >= s) }'
 admin
 check "after the probe succeeded, twostep is closed" [ "$(json 'find("twostep").state')" = closed ]
@@ -248,7 +249,7 @@ check "after the probe succeeded, twostep is closed" [ "$(json 'find("twostep").
 watched() { # the pids that logged this transition, one line each
   tail -n "+$((LOGSTART + 1))" "$P/logs/error.log" | grep -F "fuse: breaker twostep: $1" | sed -n 's/.*\[warn\] \([0-9]*\)#.*/\1/p' | sort -n
 }
-for _ in $(seq 50); do
+for _ in $(seq 100); do
   [ "$(watched "forced_open -> open" | sort -u | wc -l)" -ge 4 ] && break
   sleep 0.1
 done
@@ -260,7 +261,7 @@ check "watch: all 4 workers heard the lift forced_open -> open, once each" [ "$p
 # one new transition, timed: the disable below reaches every worker
 t1=$(now)
 admin -d 'name=twostep&action=disable'
-for _ in $(seq 100); do
+for _ in $(seq 200); do
   [ "$(watched "closed -> disabled" | wc -l)" -ge 4 ] && break
   sleep 0.05
 done
