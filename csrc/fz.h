@@ -195,7 +195,7 @@ double fz_clock_now(void);
  *   forced_open ends; 0 in any other state (or when it is due now). A pure read.
  *
  * fz_stats_read(b, out): fills *out as of now (making due transitions as fz_state
- *   does) and returns the transition code. Window counts are read without a lock:
+ *   does) and returns the transition code (or two, packed as fz_state packs them). Window counts are read without a lock:
  *   under concurrent calls they are a recent value, not an atomic snapshot; totals
  *   never go down.
  *
