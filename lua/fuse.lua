@@ -413,7 +413,9 @@ function _M.events(since)
   local list, lost, upto = {}, first - since - 1, first - 1
   for seq = first, last do
     local rc, s, time, name, from, to, pid = B.event_at(seq)
-    if rc == 0 then break end  -- still being written: the next read starts here
+    -- still being written: the next read starts here (an entry whose writer died in
+    -- the middle reads so until the ring overwrites it; then it counts as lost)
+    if rc == 0 then break end
     if rc == 1 then
       list[#list + 1] = { seq = s, time = time, name = name, from = STATES[from], to = STATES[to], pid = pid }
     else
