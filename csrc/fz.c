@@ -118,6 +118,10 @@ struct fz_breaker {
 
   stripe stripes[NSTRIPES];
   char name[FZ_NAME_MAX + 1];
+
+  /* A timed forced_open: its end, stamped with its generation like `until`. */
+  uint64_t forced_until;        /* concurrent: end of the forced_open, ns */
+  uint64_t forced_gen;          /* concurrent: generation forced_until belongs to (| STAMPING) */
 };
 
 /* ---------------------------------------------------------------- errors */
@@ -560,6 +564,11 @@ static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
   return made;
 }
 
+/* The timed forced_open (defined with the manual states). */
+static uint64_t forced_end(fz_breaker *b, uint64_t sw);
+static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t);
+static int both(int first, int second);
+
 /* ---------------------------------------------------------------- admission */
 
 static void count_rejection(fz_breaker *b, uint64_t e) {
@@ -625,11 +634,18 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
 static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
   /* the manual states need no clock: forced_open counts in the bucket of the last read */
   if (sw_state(sw) == FZ_DISABLED) return ticket(sw_gen(sw), 0, KIND_PASS, 0);
-  if (sw_state(sw) == FZ_FORCED_OPEN) {
+  if (sw_state(sw) == FZ_FORCED_OPEN && !forced_end(b, sw)) {
     count_rejection(b, at_load_rlx(&b->cur_epoch));
     return rejection(FZ_FORCED_OPEN, 0);
   }
   uint64_t t = now_ns();
+  if (sw_state(sw) == FZ_FORCED_OPEN) {  /* timed: lifted when its time is up */
+    int lifted = lift_forced(b, &sw, t);
+    if (lifted || sw_state(sw) == FZ_FORCED_OPEN) {
+      count_rejection(b, epoch_at(b, t));
+      return lifted ? rejection(FZ_OPEN, 3) : rejection(FZ_FORCED_OPEN, 0);
+    }
+  }
   int made = settle(b, &sw, t);
   if (made == trans_code(FZ_HALF_OPEN, FZ_OPEN)) {
     /* this call re-opened the circuit: it is rejected, and the rejection says so,
@@ -855,13 +871,16 @@ static int done_slow(fz_breaker *b, double tk, int outcome, double elapsed) {
 
 int fz_state(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw);
+  int lifted = sw_state(sw) == FZ_FORCED_OPEN ? lift_forced(b, &sw, now_ns()) : 0;
   int made = sw_state(sw) == FZ_OPEN || sw_state(sw) == FZ_HALF_OPEN ? settle(b, &sw, now_ns()) : 0;
-  return sw_state(sw) + 256 * made;
+  return sw_state(sw) + 256 * both(lifted, made);
 }
 
 double fz_retry_after(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw), t = now_ns();
   /* acquire: pairs with the release at the end of stamp_open */
+  uint64_t forced = forced_end(b, sw);
+  if (forced) return forced > t ? (double)(forced - t) / 1e9 : 0;
   if (sw_state(sw) != FZ_OPEN || at_load_acq(&b->until_gen) != sw_gen(sw)) return 0;
   uint64_t until = at_load_rlx(&b->until);
   return until > t ? (double)(until - t) / 1e9 : 0;
@@ -890,11 +909,14 @@ static void read_totals(fz_breaker *b, fz_stats *out) {
 static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   uint64_t t = now_ns();
   uint64_t sw = at_load_acq(&b->sw);
-  int made = settle_due ? settle(b, &sw, t) : 0;
+  int lifted = settle_due ? lift_forced(b, &sw, t) : 0;
+  int made = settle_due ? both(lifted, settle(b, &sw, t)) : 0;
   uint32_t e = (uint32_t)epoch_at(b, t);
   memset(out, 0, sizeof *out);
   out->state = sw_state(sw);
   out->generation = sw_gen(sw);
+  uint64_t forced = forced_end(b, sw);
+  if (!settle_due && forced && t >= forced) out->state = FZ_HALF_OPEN;  /* as open and due */
   if (!settle_due && out->state == FZ_OPEN && open_due(b, sw, t)) out->state = FZ_HALF_OPEN;
   else if (!settle_due && out->state == FZ_HALF_OPEN && probe_timed_out(b, sw, t)) out->state = FZ_OPEN;
   if (b->flags & F_CW) {
@@ -929,6 +951,64 @@ static int move_to(fz_breaker *b, int to) {
   if (to == FZ_CLOSED) fresh_window(b);
   while (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) {}
   return trans_code(sw_state(sw), to);
+}
+
+/* ---------------------------------------------------------------- timed forced_open */
+
+/* Publishes the end of the timed forced_open of generation gen BEFORE the swap that
+ * enters it: the same small seqlock as stamp_open, on forced_until/forced_gen (own
+ * fields, so that a trip racing with the force-open never lends it its end). */
+static void stamp_forced(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
+  uint64_t cur = at_load_acq(&b->forced_gen);
+  for (;;) {
+    if ((cur & ~STAMPING) > gen || cur == gen) return;  /* newer, or this gen is stamped */
+    if (cur == (gen | STAMPING)) break;  /* another stamper of gen, alive or dead: finish */
+    if (at_cas_acqrel(&b->forced_gen, &cur, gen | STAMPING)) break;
+  }
+  at_store_rlx(&b->forced_until, end_ns);
+  at_store_rel(&b->forced_gen, gen);  /* release: pairs with the acquire in forced_end */
+}
+
+/* The end (ns) of the forced_open of state word sw when it is timed; 0 when sw is not
+ * a forced_open or one until reset (no complete stamp of its generation). */
+static uint64_t forced_end(fz_breaker *b, uint64_t sw) {
+  /* acquire: pairs with the release at the end of stamp_forced */
+  if (sw_state(sw) != FZ_FORCED_OPEN || at_load_acq(&b->forced_gen) != sw_gen(sw)) return 0;
+  return at_load_rlx(&b->forced_until);
+}
+
+/* Two transition codes made by one caller, in order: first + 128 * second. */
+static int both(int first, int second) { return first && second ? first + 128 * second : first + second; }
+
+/*
+ * A timed forced_open whose time is up at t becomes an open circuit whose period is
+ * over (stamped as ending when the forced_open ended), so that probes decide. Returns
+ * the code of forced_open -> open when this caller made it, else 0; leaves the current
+ * state word in *sw. The open stamp of gen + 1 is safe: no one else stamps it, as only
+ * a trip or a reopen from gen would, and gen is a forced_open.
+ */
+static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t) {
+  uint64_t end = forced_end(b, *sw), want = *sw;
+  if (!end || t < end) return 0;
+  stamp_open(b, sw_gen(want) + 1, end);
+  int made = 0;
+  if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(want) + 1, FZ_OPEN))) {
+    at_store_rlx(&b->cur_open_ns, b->open_for_ns);  /* a new run of open periods */
+    made = trans_code(FZ_FORCED_OPEN, FZ_OPEN);
+  }
+  *sw = at_load_acq(&b->sw);
+  return made;
+}
+
+int fz_force_open_for(fz_breaker *b, double seconds) {
+  if (!(seconds > 0 && seconds <= FZ_MAX_FORCE_OPEN)) return FZ_EINVAL;
+  uint64_t end = now_ns() + (uint64_t)llround(seconds * 1e9);
+  uint64_t sw = at_load_acq(&b->sw);
+  for (;;) {
+    stamp_forced(b, sw_gen(sw) + 1, end);
+    if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_FORCED_OPEN))) break;
+  }
+  return trans_code(sw_state(sw), FZ_FORCED_OPEN);
 }
 
 int fz_reset(fz_breaker *b) { return move_to(b, FZ_CLOSED); }

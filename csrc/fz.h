@@ -93,6 +93,18 @@ typedef struct fz_bound {
 
 typedef struct fz_breaker fz_breaker;
 
+/* Operating it: the bound of a timed forced_open, and the transition events ring. */
+enum { FZ_MAX_FORCE_OPEN = 2764800, FZ_EVENTS_CAPACITY = 1024 };
+
+/* One transition of a named breaker, as fz_events_read copies it out. */
+typedef struct fz_event {
+  double seq;             /* 1, 2, ...: its place in the sequence of every event recorded */
+  double time;            /* seconds since the epoch (CLOCK_REALTIME) when recorded */
+  int32_t pid;            /* the process that recorded it */
+  int32_t from, to;       /* FZ_CLOSED .. FZ_DISABLED */
+  char name[FZ_NAME_MAX + 1];
+} fz_event;
+
 int fz_abi_version(void);
 const char *fz_strerror(int code);
 
@@ -115,6 +127,7 @@ void fz_stats_peek(fz_breaker *b, fz_stats *out);
 int fz_reset(fz_breaker *b);
 int fz_force_open(fz_breaker *b);
 int fz_disable(fz_breaker *b);
+int fz_force_open_for(fz_breaker *b, double seconds);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
 fz_breaker *fz_registry_find(const char *name, size_t len);
@@ -123,6 +136,11 @@ fz_breaker *fz_registry_at(int i);
 int fz_registry_init_shared(uint32_t capacity);
 int fz_registry_is_shared(void);
 uint32_t fz_registry_capacity(void);
+
+int fz_events_init_shared(void);
+double fz_events_add(const char *name, size_t len, int from, int to);
+double fz_events_last(void);
+int fz_events_read(double seq, fz_event *out);
 
 void fz_clock_manual(double seconds);
 void fz_clock_auto(void);
@@ -175,7 +193,9 @@ double fz_clock_now(void);
  *     < 0  rejected. -ticket - 1 = state*4 + made, where state is the state that
  *          rejected the call (FZ_OPEN, FZ_HALF_OPEN with no free probe slot, or
  *          FZ_FORCED_OPEN) and made is 0, 1 when this call made open -> half_open,
- *          or 2 when it made half_open -> open (a probe past probe_timeout).
+ *          or 2 when it made half_open -> open (a probe past probe_timeout), or 3
+ *          when it lifted a timed forced_open whose time was up (forced_open -> open;
+ *          the rejection's state is then FZ_OPEN).
  *   The rejection is counted. The ticket must be given to fz_done exactly once.
  *
  * fz_done(b, ticket, outcome, elapsed): records the outcome (FZ_SUCCESS, FZ_FAILURE,
@@ -187,13 +207,15 @@ double fz_clock_now(void);
  *
  * fz_state(b): the state as of now, making any transition that is due by time alone
  *   (open -> half_open, a probe past its timeout -> open). Returns
- *   state + 256 * transition, transition as in fz_done (0 when none was made).
+ *   state + 256 * transition, transition as in fz_done (0 when none was made). A timed
+ *   forced_open whose time is up may make two: forced_open -> open, then open ->
+ *   half_open; transition is then first + 128 * second (a code >= 128 holds two).
  *
- * fz_retry_after(b): seconds until an open circuit admits probes, 0 in any other state
- *   (or when it is due now). A pure read: makes no transition.
+ * fz_retry_after(b): seconds until an open circuit admits probes, or until a timed
+ *   forced_open ends; 0 in any other state (or when it is due now). A pure read.
  *
  * fz_stats_read(b, out): fills *out as of now (making due transitions as fz_state
- *   does) and returns the transition code. Window counts are read without a lock:
+ *   does) and returns the transition code (or two, packed as fz_state packs them). Window counts are read without a lock:
  *   under concurrent calls they are a recent value, not an atomic snapshot; totals
  *   never go down.
  *
@@ -206,6 +228,30 @@ double fz_clock_now(void);
  *   reset), forced_open or disabled from any state; each bumps the generation, so
  *   calls in flight are ignored when they finish. Return the transition code (a
  *   reset of a closed breaker is still a transition closed -> closed).
+ *
+ * fz_force_open_for(b, seconds): forced_open for `seconds` (0 < seconds <=
+ *   FZ_MAX_FORCE_OPEN, else FZ_EINVAL and nothing changes), then an open circuit whose
+ *   period is over, so that probes decide. The end is stamped with the generation of
+ *   the forced_open (published before the swap, as an open period's end is), so every
+ *   thread and process sharing the breaker sees the same end; the lift is made lazily
+ *   by the first caller that reads the state after it (fz_enter, fz_state,
+ *   fz_stats_read) as the transition forced_open -> open. An fz_enter that makes it is
+ *   rejected with made = 3 (see fz_enter). Of two timed force-opens racing, one's
+ *   duration applies. Returns the transition code, like fz_force_open.
+ *
+ * fz_events_init_shared(): moves the transition events ring into a MAP_SHARED
+ *   anonymous mapping, so that processes forked afterwards (nginx workers) record into
+ *   and read one ring. FZ_OK (also when already shared), FZ_ESHARED when mmap fails.
+ *   Without it the ring is private to the process (mapped on first use).
+ * fz_events_add(name, len, from, to): records a transition; lock-free, safe from any
+ *   thread and process. Returns its seq, or 0 when name is bad or no ring could be
+ *   mapped. The ring keeps the last FZ_EVENTS_CAPACITY events; older ones are
+ *   overwritten.
+ * fz_events_last(): the seq of the newest event recorded (0 when none).
+ * fz_events_read(seq, out): copies event seq into *out. Returns 1 when copied, 0 when
+ *   it is not complete yet (being written, or not recorded yet), -1 when it was
+ *   overwritten (lost to the ring) or written over by a stalled older writer. A copy is validated by the entry's seq (a seqlock; see
+ *   csrc/fz_events.c for the one stall it does not cover).
  *
  * fz_registry_open(name, len, c, status): the breaker registered under name (1 to
  *   FZ_NAME_MAX bytes, no NUL), created with options c when missing. *status is 1 when

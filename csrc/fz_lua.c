@@ -332,6 +332,47 @@ static int l_disable(lua_State *L) {
   return 1;
 }
 
+/* force_open_for(h, seconds) -> the transition code, or FZ_EINVAL */
+static int l_force_open_for(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  lua_pushinteger(L, fz_force_open_for(b, luaL_checknumber(L, 2)));
+  return 1;
+}
+
+static int l_events_init_shared(lua_State *L) {
+  lua_pushinteger(L, fz_events_init_shared());
+  return 1;
+}
+
+/* event(name, from, to) -> seq */
+static int l_event(lua_State *L) {
+  size_t len;
+  const char *name = luaL_checklstring(L, 1, &len);
+  int from = (int)check_int(L, 2, 0, 7), to = (int)check_int(L, 3, 0, 7);
+  lua_pushnumber(L, fz_events_add(name, len, from, to));
+  return 1;
+}
+
+static int l_events_last(lua_State *L) {
+  lua_pushnumber(L, fz_events_last());
+  return 1;
+}
+
+/* event_at(seq) -> 1, seq, time, name, from, to, pid; or 0 (not complete) / -1 (lost) */
+static int l_event_at(lua_State *L) {
+  fz_event e;
+  int rc = fz_events_read(luaL_checknumber(L, 1), &e);
+  lua_pushinteger(L, rc);
+  if (rc != 1) return 1;
+  lua_pushnumber(L, e.seq);
+  lua_pushnumber(L, e.time);
+  lua_pushstring(L, e.name);
+  lua_pushinteger(L, e.from);
+  lua_pushinteger(L, e.to);
+  lua_pushinteger(L, e.pid);
+  return 7;
+}
+
 static void set_uint(lua_State *L, const char *field, uint64_t v) {
   push_uint(L, v);
   lua_setfield(L, 2, field);
@@ -446,7 +487,9 @@ static const luaL_Reg FUNCS[] = {
   { "disable", l_disable }, { "stats", l_stats }, { "peek", l_peek }, { "init_shared", l_init_shared },
   { "is_shared", l_is_shared }, { "capacity", l_capacity },
   { "clock_manual", l_clock_manual }, { "clock_auto", l_clock_auto },
-  { "clock_now", l_clock_now }, { "bounds", l_bounds }, { NULL, NULL }
+  { "clock_now", l_clock_now }, { "bounds", l_bounds }, { "force_open_for", l_force_open_for },
+  { "events_init_shared", l_events_init_shared }, { "event", l_event },
+  { "events_last", l_events_last }, { "event_at", l_event_at }, { NULL, NULL }
 };
 
 int luaopen_fuse_core(lua_State *L) {

@@ -33,6 +33,7 @@ local OPEN, HALF_OPEN = 1, 2
 local SUCCESS, FAILURE, IGNORE = 0, 1, 2
 local OPEN_TO_HALF = 64 + OPEN * 8 + HALF_OPEN
 local HALF_TO_OPEN = 64 + HALF_OPEN * 8 + OPEN
+local FORCED_TO_OPEN = 64 + 3 * 8 + OPEN
 local PLAIN_OPEN_REJECTION = -(1 + OPEN * 4)
 local E_MISMATCH, E_FULL, E_TICKET = -4, -3, -7
 
@@ -101,8 +102,15 @@ local function report(msg)
 end
 
 local function fire(listener, name, code)
-  if listener == nil or code < 64 then return end
-  local from, to = STATES[floor((code - 64) / 8)], STATES[(code - 64) % 8]
+  if code >= 128 then  -- two transitions made by one call (a timed forced_open lifted, ...)
+    fire(listener, name, code % 128)
+    return fire(listener, name, floor(code / 128))
+  end
+  if code < 64 then return end
+  local f, t = floor((code - 64) / 8), (code - 64) % 8
+  if name ~= nil then B.event(name, f, t) end  -- fuse.events: every transition of a named breaker
+  if listener == nil then return end
+  local from, to = STATES[f], STATES[t]
   local ok, err = pcall(listener, name, from, to)
   if not ok then
     report("fuse: on_state_change of breaker '" .. (name or "anonymous") .. "' ("
@@ -136,7 +144,8 @@ local function rejected(br, listener, t)
   local r = -t - 1
   local made = r % 4
   if made == 1 then fire(listener, br.name, OPEN_TO_HALF)
-  elseif made == 2 then fire(listener, br.name, HALF_TO_OPEN) end
+  elseif made == 2 then fire(listener, br.name, HALF_TO_OPEN)
+  elseif made == 3 then fire(listener, br.name, FORCED_TO_OPEN) end
   return br.rejs[floor(r / 4)]
 end
 
@@ -364,7 +373,21 @@ local function manual(method)
 end
 
 Breaker.reset = manual("reset")
-Breaker.force_open = manual("force_open")
+
+-- b:force_open([seconds]): forced_open until reset, or for `seconds`, then probes decide.
+local MAX_FORCE_OPEN = 2764800
+function Breaker:force_open(seconds)
+  if seconds == nil then
+    if fake then sync() end
+    return fire(self.on_state_change, self.name, B.force_open(self._h))
+  end
+  if type(seconds) ~= "number" or not (seconds > 0 and seconds <= MAX_FORCE_OPEN) then
+    error("fuse: force_open's seconds must be a number in (0, " .. MAX_FORCE_OPEN .. "], got "
+      .. tostring(seconds), 2)
+  end
+  if fake then sync() end
+  fire(self.on_state_change, self.name, B.force_open_for(self._h, seconds))
+end
 Breaker.disable = manual("disable")
 
 ---------------------------------------------------------------------------- the registry
@@ -393,6 +416,7 @@ function _M.init(opts)
       .. "workers; in " .. phase .. " each worker would get a registry of its own", 2)
   end
   local rc = B.init_shared(o.capacity)
+  if rc == 0 then rc = B.events_init_shared() end  -- fuse.events: one ring for every worker
   if rc ~= 0 then
     local why = rc == -6 and (B.is_shared() and ("it is already shared with capacity " .. B.capacity())
       or "named breakers exist already: call fuse.init first, in init_by_lua") or B.strerror(rc)
@@ -400,6 +424,40 @@ function _M.init(opts)
   end
   return true
 end
+
+---------------------------------------------------------------------------- events
+
+local EVENTS_CAPACITY = 1024  -- FZ_EVENTS_CAPACITY
+
+-- fuse.events([since]) -> the recorded transitions with seq > since, oldest first;
+-- lost: how many of those the ring no longer holds; upto: the seq to pass next time.
+function _M.events(since)
+  if since ~= nil and (type(since) ~= "number" or not (since >= 0 and since < 2^53)) then
+    error("fuse: fuse.events needs a seq number (>= 0) or nothing, got " .. tostring(since), 2)
+  end
+  since = floor(since or 0)
+  local last = B.events_last()
+  local first = math.max(since + 1, last - EVENTS_CAPACITY + 1)
+  local list, lost, upto = {}, first - since - 1, first - 1
+  for seq = first, last do
+    local rc, s, time, name, from, to, pid = B.event_at(seq)
+    -- still being written: the next read starts here (an entry whose writer died in
+    -- the middle reads so until the ring overwrites it; then it counts as lost)
+    if rc == 0 then break end
+    if rc == 1 then
+      list[#list + 1] = { seq = s, time = time, name = name, from = STATES[from], to = STATES[to], pid = pid }
+    else
+      lost = lost + 1
+    end
+    upto = seq
+  end
+  return list, lost, math.max(upto, since)
+end
+
+-- OpenResty helpers (lua/fuse/admin.lua), loaded on first use.
+function _M.admin(...) return require("fuse.admin").admin(...) end
+function _M.reject(...) return require("fuse.admin").reject(...) end
+function _M.watch(...) return require("fuse.admin").watch(...) end
 
 ---------------------------------------------------------------------------- metrics
 

@@ -92,7 +92,7 @@ pick_port() {
   local p
   for _ in $(seq 100); do
     p=$((20000 + RANDOM % 40000))
-    port_free "$p" && port_free "$((p + 1))" && { echo "$p"; return 0; }
+    port_free "$p" && port_free "$((p + 1))" && port_free "$((p + 2))" && { echo "$p"; return 0; }
   done
   return 1
 }
@@ -101,6 +101,7 @@ pick_port() {
 # init_by_lua (before the fork, so every worker inherits it).
 render_conf() {
   sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
+    -e "s/127\.0\.0\.1:18082/127.0.0.1:$((PORT + 2))/g" \
     -e 's/^\([[:space:]]*\)require("app").setup()/\1fuse.clock(require("app").test_clock)\n&/' \
     "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
   chmod a+r "$P/nginx.conf"

@@ -23,9 +23,10 @@ local UPSTREAM = {
   probe_timeout = 5,    -- a probe that has not answered in 5 s counts as failed
 }
 
+-- Open for 30 s once tripped: long enough for Prometheus (test/ops.t.sh) to see it open.
 local TWOSTEP = {
   name = "twostep",
-  fails = 3, window = 10, open_for = 1, probes = 1, probe_timeout = 5,
+  fails = 3, window = 10, open_for = 30, probes = 1, probe_timeout = 5,
 }
 
 -- The guarded call: a 5xx (or no answer at all) is a failure, reported as nil, err.

@@ -47,10 +47,10 @@ started=0
 for _ in 1 2 3 4 5; do
   for _ in $(seq 100); do
     PORT=$((20000 + RANDOM % 40000)); UP=$((PORT + 1))
-    port_free "$PORT" && port_free "$UP" && break
+    port_free "$PORT" && port_free "$UP" && port_free "$((PORT + 2))" && break
   done
   sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
-    "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
+    -e "s/127\.0\.0\.1:18082/127.0.0.1:$((PORT + 2))/g" "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
   chmod a+r "$P/nginx.conf"
   if "$NGINX" -p "$P/" -c nginx.conf 2> "$T/start.err"; then started=1; break; fi
   grep -qE "Address already in use|bind\(\)" "$T/start.err" "$P/logs/error.log" || break
@@ -121,6 +121,32 @@ get /api
 printf '   probe  worker %-7s %s  %s\n' "$WPID" "$CODE" "$(head -n 1 "$T/body")"
 echo "   -> the upstream saw $(hits ok) request (the probe); it succeeded and closed the circuit"
 all_workers
+
+ADMIN=$((PORT + 2))
+say "an operator forces 'twostep' open for 3 s, through the admin endpoint"
+echo "   (its own listener, 127.0.0.1:$ADMIN, allow 127.0.0.1; deny all):"
+echo "   curl -d 'name=twostep&action=force_open&seconds=3' http://127.0.0.1:$ADMIN/fuse"
+t0=$(date +%s.%N)
+curl -s -m 5 -d 'name=twostep&action=force_open&seconds=3' "http://127.0.0.1:$ADMIN/fuse" |
+  grep -o '"\(name\|state\|retry_after\)":[^,}]*' | tr '\n' ' ' | sed 's/^/   -> /'
+echo
+for _ in $(seq 12); do
+  out=$(curl -s -m 5 -H 'Connection: close' -o "$T/body" \
+    -w '%{http_code} %header{x-worker-pid} %header{retry-after}' "http://127.0.0.1:$PORT/twostep")
+  read -r code wpid ra <<< "$out"
+  printf '   t=%4.1fs  worker %-7s %s  Retry-After: %-2s %s\n' \
+    "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')" "$wpid" "$code" "${ra:--}" \
+    "$(head -n 1 "$T/body")"
+  [ "$code" = 200 ] && break
+  sleep 0.4
+done
+echo "   -> every worker answered 503 with Retry-After (fuse.reject) until the 3 s were over;"
+echo "      the first call after them found the time up (forced_open -> open, still 503),"
+echo "      the next one was the probe: it went through and closed the circuit"
+sleep 0.6
+echo "   what each worker's fuse.watch logged (error.log, [warn]):"
+grep -F "fuse: breaker twostep" "$P/logs/error.log" | tail -n 16 |
+  sed 's/.*\[warn\] \([0-9]*\)#.*fuse: breaker \(.*\), context.*/     worker \1: \2/'
 
 say "/metrics (excerpt, breaker 'upstream'):"
 get /metrics

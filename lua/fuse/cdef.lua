@@ -67,6 +67,18 @@ typedef struct fz_bound {
 
 typedef struct fz_breaker fz_breaker;
 
+/* Operating it: the bound of a timed forced_open, and the transition events ring. */
+enum { FZ_MAX_FORCE_OPEN = 2764800, FZ_EVENTS_CAPACITY = 1024 };
+
+/* One transition of a named breaker, as fz_events_read copies it out. */
+typedef struct fz_event {
+  double seq;             /* 1, 2, ...: its place in the sequence of every event recorded */
+  double time;            /* seconds since the epoch (CLOCK_REALTIME) when recorded */
+  int32_t pid;            /* the process that recorded it */
+  int32_t from, to;       /* FZ_CLOSED .. FZ_DISABLED */
+  char name[FZ_NAME_MAX + 1];
+} fz_event;
+
 int fz_abi_version(void);
 const char *fz_strerror(int code);
 
@@ -89,6 +101,7 @@ void fz_stats_peek(fz_breaker *b, fz_stats *out);
 int fz_reset(fz_breaker *b);
 int fz_force_open(fz_breaker *b);
 int fz_disable(fz_breaker *b);
+int fz_force_open_for(fz_breaker *b, double seconds);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
 fz_breaker *fz_registry_find(const char *name, size_t len);
@@ -97,6 +110,11 @@ fz_breaker *fz_registry_at(int i);
 int fz_registry_init_shared(uint32_t capacity);
 int fz_registry_is_shared(void);
 uint32_t fz_registry_capacity(void);
+
+int fz_events_init_shared(void);
+double fz_events_add(const char *name, size_t len, int from, int to);
+double fz_events_last(void);
+int fz_events_read(double seq, fz_event *out);
 
 void fz_clock_manual(double seconds);
 void fz_clock_auto(void);

@@ -115,6 +115,20 @@ function _M.init_shared(capacity) return C.fz_registry_init_shared(capacity) end
 function _M.is_shared() return C.fz_registry_is_shared() ~= 0 end
 function _M.capacity() return tonumber(C.fz_registry_capacity()) end
 
+function _M.force_open_for(h, seconds) return C.fz_force_open_for(h, seconds) end
+
+-- The transition events ring (as fz_lua.c's functions of the same names).
+local event_buf = ffi.new("fz_event")
+function _M.events_init_shared() return C.fz_events_init_shared() end
+function _M.event(name, from, to) return C.fz_events_add(name, #name, from, to) end
+function _M.events_last() return C.fz_events_last() end
+function _M.event_at(seq)
+  local rc = C.fz_events_read(seq, event_buf)
+  if rc ~= 1 then return rc end
+  local e = event_buf
+  return 1, e.seq, e.time, ffi.string(e.name), e.from, e.to, e.pid
+end
+
 function _M.clock_manual(s) C.fz_clock_manual(s) end
 function _M.clock_auto() C.fz_clock_auto() end
 function _M.clock_now() return C.fz_clock_now() end

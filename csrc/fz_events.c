@@ -1,0 +1,165 @@
+/*
+ * fz_events.c -- the ring of recent transitions of named breakers (fuse.events,
+ * fuse.watch).
+ *
+ * A fixed ring of FZ_EVENTS_CAPACITY entries in one mapping: private to the process,
+ * or (fz_events_init_shared, before nginx forks its workers) MAP_SHARED, so that every
+ * worker records into and reads the same ring. No pointers live in it.
+ *
+ * Memory ordering. A writer takes the next seq with one fetch-and-add on `head`; its
+ * entry is slot seq % capacity. The entry's own word `seq` is a seqlock: the writer
+ * claims it with a compare-and-swap to seq | BUSY (only from an older seq: a writer
+ * whose slot was already taken by a newer event gives up, its event lost to the ring),
+ * then writes the fields with release stores, then publishes with a compare-and-swap
+ * back to seq (release). A reader loads the entry's seq (acquire), copies the fields
+ * with acquire loads and loads seq again: the copy is good when both loads of seq read
+ * exactly the seq it wanted (a field written by a later writer carries that writer's
+ * claim with it, so the second load sees the seq changed). One interleaving gets past
+ * that: a writer stalled between its claim and its last store while `capacity` newer
+ * events are recorded lands its late stores in a newer, published entry. So each entry
+ * also holds a hash of its seq and fields, written last: a copy that fails it was mixed
+ * and reads as lost (-1), never as an event. Nothing takes a lock.
+ */
+#include "fz.h"
+#include "fz_atomic.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LINE 64
+#define BUSY (UINT64_C(1) << 63)
+#define NAME_WORDS ((FZ_NAME_MAX + 1) / 8)
+
+typedef struct entry {
+  uint64_t seq;                /* concurrent: the seq held, | BUSY while written */
+  uint64_t time_ns;            /* concurrent: CLOCK_REALTIME when recorded */
+  uint64_t meta;               /* concurrent: pid << 32 | from << 24 | to << 16 | name length */
+  uint64_t name[NAME_WORDS];   /* concurrent: the name, NUL-padded */
+  uint64_t check;              /* concurrent: check_of(seq, the fields above) */
+} entry;
+
+typedef struct ring {
+  _Alignas(LINE) uint64_t shared;
+  _Alignas(LINE) uint64_t head;  /* concurrent: the seq of the newest event claimed */
+  _Alignas(LINE) entry e[FZ_EVENTS_CAPACITY];
+} ring;
+
+static ring *g_ring;  /* concurrent: set once, or replaced by fz_events_init_shared */
+static pthread_mutex_t g_ring_init = PTHREAD_MUTEX_INITIALIZER;
+
+static ring *ring_map(int shared) {
+  int flags = MAP_ANONYMOUS | (shared ? MAP_SHARED : MAP_PRIVATE);
+  void *p = mmap(NULL, sizeof(ring), PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  ((ring *)p)->shared = (uint64_t)shared;
+  return p;
+}
+
+static ring *ring_get(void) {
+  ring *r = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);  /* pairs with the releases below */
+  if (r) return r;
+  pthread_mutex_lock(&g_ring_init);
+  if (!(r = g_ring)) {
+    r = ring_map(0);
+    __atomic_store_n(&g_ring, r, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&g_ring_init);
+  return r;
+}
+
+int fz_events_init_shared(void) {
+  int rc = FZ_OK;
+  pthread_mutex_lock(&g_ring_init);
+  if (!g_ring || !g_ring->shared) {
+    ring *n = ring_map(1);
+    if (!n) rc = FZ_ESHARED;
+    else __atomic_store_n(&g_ring, n, __ATOMIC_RELEASE);  /* a private one is left mapped */
+  }
+  pthread_mutex_unlock(&g_ring_init);
+  return rc;
+}
+
+/* A hash of an entry's seq and fields: a copy whose fields came from two writers (see
+ * the design note) or from another seq fails it. */
+static uint64_t check_of(uint64_t seq, uint64_t t, uint64_t meta, const uint64_t *name) {
+  uint64_t h = seq * UINT64_C(0x9e3779b97f4a7c15) ^ t;
+  h = (h ^ h >> 31) * UINT64_C(0xbf58476d1ce4e5b9) ^ meta;
+  for (int i = 0; i < NAME_WORDS; i++) h = (h ^ h >> 29) * UINT64_C(0x94d049bb133111eb) ^ name[i];
+  return h ^ h >> 32;
+}
+
+static uint64_t wall_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Claims entry e for seq: 1, or 0 when a newer event holds it already. */
+static int claim(entry *e, uint64_t seq) {
+  uint64_t cur = at_load_rlx(&e->seq);
+  do {
+    if ((cur & ~BUSY) >= seq) return 0;
+  } while (!at_cas_acqrel(&e->seq, &cur, seq | BUSY));
+  return 1;
+}
+
+double fz_events_add(const char *name, size_t len, int from, int to) {
+  ring *r = ring_get();
+  if (!r || !name || len < 1 || len > FZ_NAME_MAX || memchr(name, 0, len)) return 0;
+  uint64_t words[NAME_WORDS] = { 0 };
+  memcpy(words, name, len);
+  uint64_t seq = at_add_sc(&r->head, 1) + 1;
+  entry *e = &r->e[seq % FZ_EVENTS_CAPACITY];
+  if (!claim(e, seq)) return (double)seq;  /* already overwritten: lost to the ring */
+  /* release: each field store carries the claim before it (pairs with the reader's
+   * acquire loads of the fields: a reader that saw a field of ours sees the claim when
+   * it loads seq again, so it drops its copy) */
+  uint64_t t = wall_ns();
+  uint64_t meta = (uint64_t)(uint32_t)getpid() << 32 | (uint64_t)(from & 0xff) << 24 |
+                  (uint64_t)(to & 0xff) << 16 | (uint64_t)len;
+  at_store_rel(&e->time_ns, t);
+  at_store_rel(&e->meta, meta);
+  for (int i = 0; i < NAME_WORDS; i++) at_store_rel(&e->name[i], words[i]);
+  at_store_rel(&e->check, check_of(seq, t, meta, words));
+  uint64_t busy = seq | BUSY;
+  /* release: publishes the fields (pairs with the reader's first, acquire, load) */
+  __atomic_compare_exchange_n(&e->seq, &busy, seq, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+  return (double)seq;
+}
+
+double fz_events_last(void) {
+  ring *r = ring_get();
+  return r ? (double)at_load_sc(&r->head) : 0;
+}
+
+int fz_events_read(double want, fz_event *out) {
+  ring *r = ring_get();
+  if (!r || !(want >= 1 && want < 9007199254740992.0)) return 0;
+  uint64_t seq = (uint64_t)want;
+  entry *e = &r->e[seq % FZ_EVENTS_CAPACITY];
+  uint64_t v1 = at_load_acq(&e->seq);  /* acquire: pairs with the writer's publishing CAS */
+  if ((v1 & ~BUSY) > seq) return -1;
+  if (v1 != seq) return 0;
+  uint64_t words[NAME_WORDS];
+  /* acquire: pairs with the writer's release stores of the fields (see fz_events_add) */
+  uint64_t t = at_load_acq(&e->time_ns), meta = at_load_acq(&e->meta);
+  for (int i = 0; i < NAME_WORDS; i++) words[i] = at_load_acq(&e->name[i]);
+  uint64_t check = at_load_acq(&e->check);
+  uint64_t v2 = at_load_rlx(&e->seq);
+  if (v2 != seq) return (v2 & ~BUSY) > seq ? -1 : 0;
+  /* published, yet written over by a stalled older writer: this event is lost */
+  if (check != check_of(seq, t, meta, words)) return -1;
+  size_t len = meta & 0xffff;
+  if (len > FZ_NAME_MAX) return -1;
+  out->seq = (double)seq;
+  out->time = (double)t / 1e9;
+  out->pid = (int32_t)(meta >> 32);
+  out->from = (int32_t)(meta >> 24 & 0xff);
+  out->to = (int32_t)(meta >> 16 & 0xff);
+  memcpy(out->name, words, len);
+  out->name[len] = 0;
+  return 1;
+}

@@ -1,0 +1,387 @@
+-- Operating it: a timed force-open (fake clock), the transition events ring
+-- (fuse.events, the watch poller and its overrun report) and the admin endpoint's
+-- request handling (fuse.admin's logic, without nginx).
+local fuse = require "fuse"
+local admin = require "fuse.admin"
+local support = require "spec.support"
+local BACKEND = support.BACKEND
+
+local EPS = 1e-6
+
+describe("fuse #" .. BACKEND, function()
+  local clock = support.fake_clock(5000, 100)
+  local uname = support.unique_names("ops-" .. BACKEND)
+
+  -- a listener that keeps "from>to" strings
+  local function recorder()
+    local seen = {}
+    return seen, function(_, from, to) seen[#seen + 1] = from .. ">" .. to end
+  end
+
+  support.it_runs_on_backend()
+
+  describe("b:force_open(seconds)", function()
+    it("rejects for that long, with retry_after counting down, then probes decide", function()
+      local seen, on = recorder()
+      local b = fuse.new { name = uname("timed"), fails = 3, open_for = 10, on_state_change = on }
+      b:force_open(5)
+      assert.same({ "closed>forced_open" }, seen)
+      assert.equal("forced_open", b:state())
+      assert.near(5, b:stats().retry_after, EPS)
+      local ran = false
+      local r, rej = b:call(function() ran = true end)
+      assert.is_nil(r)
+      assert.is_false(ran)
+      assert.equal("forced_open", rej.state)
+      assert.near(5, rej.retry_after, EPS)
+      clock:advance(4.5)
+      assert.near(0.5, rej.retry_after, EPS)
+      assert.equal("forced_open", b:state())
+      clock:advance(0.5)  -- exactly at the end: over
+      assert.equal("half_open", b:state())
+      -- state() made both transitions, reported in order
+      assert.same({ "closed>forced_open", "forced_open>open", "open>half_open" }, seen)
+      assert.equal(0, b:stats().retry_after)
+      support.succeed(b)  -- the probe
+      assert.equal("closed", b:state())
+    end)
+
+    it("the call that finds the time up lifts it (rejected), the next one is the probe", function()
+      local seen, on = recorder()
+      local b = fuse.new { name = uname("lift"), fails = 3, on_state_change = on }
+      b:force_open(2)
+      clock:advance(3)
+      local ran = 0
+      local r, rej = b:call(function() ran = ran + 1 end)
+      assert.is_nil(r)
+      assert.equal(0, ran)
+      assert.equal("open", rej.state)
+      assert.equal(0, rej.retry_after)
+      assert.same({ "closed>forced_open", "forced_open>open" }, seen)
+      assert.equal("ok", b:call(function() ran = ran + 1; return "ok" end))
+      assert.equal(1, ran)
+      assert.same({ "closed>forced_open", "forced_open>open", "open>half_open", "half_open>closed" }, seen)
+    end)
+
+    it("a failed probe after the lift re-opens for open_for", function()
+      local b = fuse.new { name = uname("reopen"), fails = 3, open_for = 7 }
+      b:force_open(1)
+      clock:advance(1)
+      assert.equal("half_open", b:state())
+      support.fail(b)
+      assert.equal("open", b:state())
+      assert.near(7, b:stats().retry_after, EPS)
+    end)
+
+    it("without seconds it stays forced_open until reset, whatever the clock does", function()
+      local b = fuse.new { name = uname("untimed"), fails = 3 }
+      b:force_open(1)
+      b:reset()
+      b:force_open()  -- a later untimed force-open is not lifted by the earlier end
+      clock:advance(1e6)
+      assert.equal("forced_open", b:state())
+      assert.equal(0, b:stats().retry_after)
+      local _, rej = b:call(function() end)
+      assert.equal("forced_open", rej.state)
+      b:reset()
+      assert.equal("closed", b:state())
+    end)
+
+    it("a reset ends a timed force-open early; a second force_open restarts the time", function()
+      local b = fuse.new { name = uname("again"), fails = 3 }
+      b:force_open(10)
+      b:reset()
+      assert.equal("closed", b:state())
+      b:force_open(10)
+      clock:advance(6)
+      b:force_open(10)
+      clock:advance(6)
+      assert.equal("forced_open", b:state())
+      assert.near(4, b:stats().retry_after, EPS)
+    end)
+
+    it("is shared: another object of the same name sees it and its end", function()
+      local name = uname("shared")
+      local a = fuse.new { name = name, fails = 3 }
+      local b2 = fuse.get(name)
+      a:force_open(3)
+      assert.equal("forced_open", b2:state())
+      clock:advance(3)
+      assert.equal("half_open", b2:state())
+      assert.equal("half_open", a:state())
+    end)
+
+    it("metrics show a due timed force-open as half_open without making the transition", function()
+      local seen, on = recorder()
+      local name = uname("peek")
+      local b = fuse.new { name = name, fails = 3, on_state_change = on }
+      b:force_open(1)
+      clock:advance(2)
+      local line = fuse.metrics():match('fuse_state{name="' .. name:gsub("%-", "%%-") .. '"} (%d+)')
+      assert.equal("2", line)
+      assert.same({ "closed>forced_open" }, seen)
+    end)
+
+    it("raises for seconds that are not a number in (0, 2764800]", function()
+      local b = fuse.new { fails = 3 }
+      for _, v in ipairs { 0, -1, 0 / 0, 1 / 0, 2764801, "5", true } do
+        assert.has_error(function() b:force_open(v) end,
+          "fuse: force_open's seconds must be a number in (0, 2764800], got " .. tostring(v))
+      end
+      assert.equal("closed", b:state())
+    end)
+
+    it("works on an anonymous breaker too", function()
+      local b = fuse.new { fails = 3 }
+      b:force_open(0.5)
+      assert.equal("forced_open", b:state())
+      clock:advance(0.5)
+      assert.equal("half_open", b:state())
+    end)
+  end)
+
+  describe("fuse.events", function()
+    it("records every transition of named breakers, oldest first, with seq > since", function()
+      local _, _, since = fuse.events()
+      local name = uname("ev")
+      local b = fuse.new { name = name, fails = 1, open_for = 1 }
+      local function failing() return nil, "boom" end
+      fuse.new { fails = 1 }:call(failing)  -- anonymous: not recorded
+      b:call(failing)                       -- closed -> open
+      clock:advance(1)
+      b:state()                           -- open -> half_open
+      b:force_open(2)                     -- half_open -> forced_open
+      local list, lost, upto = fuse.events(since)
+      assert.equal(0, lost)
+      assert.equal(3, #list)
+      local got = {}
+      for i, e in ipairs(list) do
+        got[i] = e.name .. ":" .. e.from .. ">" .. e.to
+        assert.equal(since + i, e.seq)
+        assert.is_number(e.pid)
+        assert.is_true(e.pid > 0)
+        assert.is_true(math.abs(e.time - os.time()) < 60, "time is wall-clock seconds")
+      end
+      assert.same({ name .. ":closed>open", name .. ":open>half_open", name .. ":half_open>forced_open" }, got)
+      assert.equal(list[3].seq, upto)
+      -- since: only the newer ones
+      local later = fuse.events(list[2].seq)
+      assert.equal(1, #later)
+      assert.equal("forced_open", later[1].to)
+      local none, lost2, upto2 = fuse.events(upto)
+      assert.same({}, none)
+      assert.equal(0, lost2)
+      assert.equal(upto, upto2)
+    end)
+
+    it("records the lift of a timed force-open", function()
+      local _, _, since = fuse.events()
+      local name = uname("evlift")
+      local b = fuse.new { name = name, fails = 1 }
+      b:force_open(1)
+      clock:advance(1)
+      b:state()
+      local got = {}
+      for i, e in ipairs(fuse.events(since)) do got[i] = e.from .. ">" .. e.to end
+      assert.same({ "closed>forced_open", "forced_open>open", "open>half_open" }, got)
+    end)
+
+    it("counts what the ring overwrote as lost, never skipping it silently", function()
+      local _, _, since = fuse.events()
+      local b = fuse.new { name = uname("flood"), fails = 1 }
+      for _ = 1, 600 do b:force_open(); b:reset() end  -- 1200 transitions, ring of 1024
+      local list, lost, upto = fuse.events(since)
+      assert.equal(1024, #list)
+      assert.equal(176, lost)
+      assert.equal(since + 1200, upto)
+      assert.equal(since + 177, list[1].seq)
+    end)
+
+    it("raises for a since that is not a seq", function()
+      assert.has_error(function() fuse.events(-1) end,
+        "fuse: fuse.events needs a seq number (>= 0) or nothing, got -1")
+      assert.has_error(function() fuse.events("x") end,
+        "fuse: fuse.events needs a seq number (>= 0) or nothing, got x")
+    end)
+  end)
+
+  describe("the watch poller", function()
+    it("delivers each new transition once, in order, and reports an overrun", function()
+      local calls = {}
+      local poll = admin.poller(function(name, from, to) calls[#calls + 1] = { name, from, to } end)
+      local name = uname("watch")
+      local b = fuse.new { name = name, fails = 1 }
+      b:force_open()
+      b:reset()
+      poll()
+      assert.same({ { name, "closed", "forced_open" }, { name, "forced_open", "closed" } }, calls)
+      poll()
+      assert.equal(2, #calls)  -- nothing new: nothing delivered again
+      calls = {}
+      for _ = 1, 520 do b:force_open(); b:reset() end  -- 1040 transitions between polls
+      poll()
+      assert.same({ nil, "overrun", 16 }, calls[1])
+      assert.equal(1 + 1024, #calls)
+      assert.same({ name, "closed", "forced_open" }, calls[2])
+    end)
+
+    it("an error in the callback is reported and the next poll goes on", function()
+      local reported = {}
+      local saved = fuse.report_error
+      fuse.report_error = function(msg) reported[#reported + 1] = msg end
+      local n = 0
+      local poll = admin.poller(function() n = n + 1; error("boom") end)
+      local b = fuse.new { name = uname("watcherr"), fails = 1 }
+      b:force_open()
+      poll()
+      b:reset()
+      poll()
+      fuse.report_error = saved
+      assert.equal(2, n)
+      assert.equal(2, #reported)
+      assert.matches("fuse.watch callback failed: .*boom", reported[1])
+    end)
+  end)
+
+  describe("the admin endpoint's requests", function()
+    it("GET lists every named breaker with state, retry_after, window counts and totals", function()
+      local name = uname("adm")
+      local b = fuse.new { name = name, fails = 3 }
+      support.succeed(b, 2)
+      support.fail(b)
+      local status, body = admin.handle("GET")
+      assert.equal(200, status)
+      local mine
+      for _, e in ipairs(body.breakers) do if e.name == name then mine = e end end
+      assert.is_table(mine)
+      assert.equal("closed", mine.state)
+      assert.equal(0, mine.retry_after)
+      assert.equal(3, mine.calls)
+      assert.equal(1, mine.failures)
+      assert.equal(0, mine.rejections)
+      assert.equal(3, mine.calls_total)
+      assert.equal(#fuse.list(), #body.breakers)
+      local json = admin.encode(body)
+      assert.matches('"name":"' .. name:gsub("%-", "%%-") .. '"', json)
+      assert.matches('^{"breakers":%[', json)
+    end)
+
+    it("POST force_open with seconds, reset, disable act and answer the new state", function()
+      local name = uname("adm")
+      local b = fuse.new { name = name, fails = 3 }
+      local status, body = admin.handle("POST", { name = name, action = "force_open", seconds = "30" })
+      assert.equal(200, status)
+      assert.equal("forced_open", body.state)
+      assert.near(30, body.retry_after, EPS)
+      assert.equal("forced_open", b:state())
+      clock:advance(30)
+      assert.equal("half_open", b:state())
+      status, body = admin.handle("POST", { name = name, action = "disable" })
+      assert.equal(200, status)
+      assert.equal("disabled", body.state)
+      status, body = admin.handle("POST", { name = name, action = "force_open" })
+      assert.same({ 200, "forced_open", 0 }, { status, body.state, body.retry_after })
+      status, body = admin.handle("POST", { name = name, action = { "disable", "reset" } })
+      assert.same({ 200, "closed" }, { status, body.state })
+    end)
+
+    it("answers 400 for a bad request and 404 for an unknown name, each with an error", function()
+      local name = uname("adm")
+      local b = fuse.new { name = name, fails = 3 }
+      local BAD = "seconds must be a number in (0, 2764800], got "
+      local cases = {
+        { {}, 400, "missing name" },
+        { { name = "", action = "reset" }, 400, "missing name" },
+        { { name = true, action = "reset" }, 400, "missing name" },
+        { { name = name }, 400, "action must be force_open, reset or disable, got nil" },
+        { { name = name, action = "explode" }, 400, "action must be force_open, reset or disable, got explode" },
+        { { name = name, action = "force_open", seconds = "abc" }, 400, BAD .. "abc" },
+        { { name = name, action = "force_open", seconds = "-5" }, 400, BAD .. "-5" },
+        { { name = name, action = "force_open", seconds = "0" }, 400, BAD .. "0" },
+        { { name = name, action = "force_open", seconds = "0x10" }, 400, BAD .. "0x10" },
+        { { name = name, action = "force_open", seconds = "inf" }, 400, BAD .. "inf" },
+        { { name = name, action = "force_open", seconds = "9999999" }, 400, BAD .. "9999999" },
+        { { name = name, action = "reset", seconds = "5" }, 400, "seconds applies to force_open only" },
+        { { name = uname("nope"), action = "reset" }, 404, nil },
+      }
+      for _, c in ipairs(cases) do
+        local status, body = admin.handle("POST", c[1])
+        assert.equal(c[2], status)
+        assert.is_string(body.error)
+        if c[3] then assert.equal(c[3], body.error) end
+      end
+      local status, body = admin.handle("DELETE")
+      assert.equal(405, status)
+      assert.is_string(body.error)
+      assert.equal("closed", b:state())  -- nothing acted
+      assert.equal('{"error":"missing name"}', admin.encode({ error = "missing name" }))
+    end)
+
+    it("fuse.reject and fuse.watch say they need OpenResty outside nginx", function()
+      if rawget(_G, "ngx") then return end
+      local b = fuse.new { fails = 1 }
+      b:force_open()
+      local _, rej = b:call(function() end)
+      assert.equal(1, admin.retry_after(rej))  -- untimed: at least 1
+      assert.has_error(function() fuse.reject(rej) end,
+        "fuse: fuse.reject needs OpenResty (the nginx Lua module)")
+      assert.has_error(function() fuse.reject("x") end, "fuse: fuse.reject needs a rejection, got x")
+      assert.has_error(function() fuse.watch(function() end) end,
+        "fuse: fuse.watch needs OpenResty (the nginx Lua module)")
+      b:force_open(2.2)
+      _, rej = b:call(function() end)
+      assert.equal(3, admin.retry_after(rej))  -- rounded up
+    end)
+  end)
+
+  describe("the alert rules and the dashboard", function()
+    local function read(file)
+      local f = assert(io.open(file, "rb"))
+      local text = f:read("*a")
+      f:close()
+      return text
+    end
+
+    -- the metric names fuse.metrics() exports (its # TYPE lines)
+    local function exported()
+      local names = {}
+      for name in fuse.metrics():gmatch("# TYPE (%S+)") do names[name] = true end
+      return names
+    end
+
+    -- every fuse_* name in the queries of `exprs`, which must not be empty
+    local function used(exprs)
+      assert.is_true(#exprs > 0)
+      local names = {}
+      for _, e in ipairs(exprs) do
+        for name in e:gmatch("fuse_[%w_]+") do names[#names + 1] = name end
+      end
+      return names
+    end
+
+    it("the rules query only metric names fuse exports", function()
+      local exprs = {}
+      for e in read("examples/prometheus/fuse-alerts.yml"):gmatch("\n%s*expr:%s*([^\n]+)") do
+        exprs[#exprs + 1] = e
+      end
+      local have = exported()
+      local names = used(exprs)
+      assert.same({ "fuse_state", "fuse_opens_total" }, names)
+      for _, n in ipairs(names) do assert.is_true(have[n], n .. " is not exported by fuse.metrics()") end
+    end)
+
+    it("the dashboard is JSON whose panels query only metric names fuse exports", function()
+      local cjson = require "cjson.safe"
+      local dash = assert(cjson.decode(read("examples/grafana/fuse-dashboard.json")))
+      local exprs = {}
+      for _, p in ipairs(dash.panels) do
+        for _, t in ipairs(p.targets) do exprs[#exprs + 1] = t.expr end
+      end
+      exprs[#exprs + 1] = dash.templating.list[1].definition
+      local have = exported()
+      local names = used(exprs)
+      assert.is_true(#names >= 6)
+      for _, n in ipairs(names) do assert.is_true(have[n], n .. " is not exported by fuse.metrics()") end
+    end)
+  end)
+end)

@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# test/ops.t.sh -- operating fuse under a real nginx with 4 workers and a real Prometheus
+# (prints TAP).
+#
+# Starts examples/nginx/nginx.conf in a temp prefix (as test/nginx.t.sh does), with
+# README's admin listener and watch blocks put in place of the example's (between the
+# "# -- begin/end" markers), on free loopback ports; then a Prometheus (1 s scrape and
+# evaluation, examples/prometheus/fuse-alerts.yml loaded) scraping the admin listener's
+# /metrics, with temp storage. Checks the admin endpoint and its errors, a timed
+# force-open seen by every worker (fuse.reject, Retry-After) and lifted on time, watch
+# delivering a transition to all 4 workers, and fuse_state / FuseCircuitOpen in
+# Prometheus. Stops both by pid. Needs nginx with the Lua module, curl, luajit with
+# lua-cjson and prometheus; without one it skips, except under CI=true, where it fails.
+# About 20 s; a watchdog stops it after 180 s. KEEP=1 keeps the temp prefix.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+NGINX=${NGINX:-nginx}
+PROMETHEUS=${PROMETHEUS:-prometheus}
+LUAJIT=${LUAJIT:-luajit}
+SO_SRC=$ROOT/build/fuse/core.so
+
+n=0 failed=0
+ok()   { n=$((n + 1)); echo "ok $n - $1"; }
+nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
+diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
+check() { local d=$1; shift; if "$@"; then ok "$d"; else nok "$d"; fi; }
+bail() { echo "Bail out! $*"; exit 1; }
+missing() {
+  if [ "${CI:-}" = true ]; then echo "1..1"; echo "not ok 1 - $* (CI)"; exit 1; fi
+  echo "1..0 # SKIP $*"; exit 0
+}
+
+echo "TAP version 13"
+PATH=$PATH:/usr/sbin:/sbin
+command -v "$NGINX" >/dev/null || missing "nginx is not installed"
+[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] || missing "the nginx Lua module is not installed"
+command -v curl >/dev/null || missing "curl is not installed"
+command -v "$PROMETHEUS" >/dev/null || missing "prometheus is not installed"
+"$LUAJIT" -e 'require "cjson"' 2>/dev/null || missing "luajit with lua-cjson is not installed"
+[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
+
+# ---------------------------------------------------------------- setup
+T=$(mktemp -d /tmp/fuse-ops-test.XXXXXX) || bail "mktemp failed"
+P=$T/examples/nginx
+MASTER= PROM=
+alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+stop_pid() { # stop_pid PID SIGNAL: signal, wait up to 5 s, then KILL
+  local pid=$1
+  [ -n "$pid" ] && alive "$pid" || return 0
+  kill "-$2" "$pid" 2>/dev/null
+  for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null
+}
+cleanup() {
+  stop_pid "${PROM:-}" TERM
+  local pid=${MASTER:-}
+  [ -z "$pid" ] && [ -r "$P/logs/nginx.pid" ] && pid=$(cat "$P/logs/nginx.pid")
+  stop_pid "$pid" QUIT
+  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
+  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+trap 'echo "Bail out! interrupted (a signal, or the 180 s watchdog)"; exit 1' INT TERM HUP
+( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+  sleep 180 & sp=$!; wait "$sp" && kill -TERM $$
+) </dev/null >/dev/null 2>&1 &
+WATCHDOG=$!
+
+mkdir -p "$P/logs" "$P/temp" "$T/build/fuse" "$T/prom"
+cp -R "$ROOT/lua" "$T/lua"
+cp "$SO_SRC" "$T/build/fuse/core.so"
+cp "$ROOT/examples/nginx/app.lua" "$P/app.lua"
+chmod -R a+rX "$T"
+
+# README's blocks, as printed (the admin listener on port 9145 in README)
+"$ROOT/tools/readme-block" admin-listener > "$T/admin.block" || bail "README has no admin-listener block"
+"$ROOT/tools/readme-block" watch > "$T/watch.block" || bail "README has no watch block"
+"$ROOT/tools/readme-block" admin-curl > "$T/curl.block" || bail "README has no admin-curl block"
+"$ROOT/tools/readme-block" reject > "$T/reject.block" || bail "README has no reject block"
+
+# put FILE in place of the lines between "# -- begin NAME" and "# -- end NAME"
+splice() { # splice NAME FILE < conf > conf
+  awk -v name="$1" -v file="$2" '
+    $0 ~ "# -- begin " name "$" { print; while ((getline l < file) > 0) print l; skip = 1; next }
+    $0 ~ "# -- end " name "$" { skip = 0 }
+    !skip' 
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+pick_port() { # a base port p with p .. p+3 free
+  local p
+  for _ in $(seq 100); do
+    p=$((20000 + RANDOM % 40000))
+    port_free "$p" && port_free "$((p + 1))" && port_free "$((p + 2))" && port_free "$((p + 3))" &&
+      { echo "$p"; return 0; }
+  done
+  return 1
+}
+
+start_nginx() {
+  for _ in 1 2 3; do
+    PORT=$(pick_port) || bail "no free port"
+    UP=$((PORT + 1)) ADMIN=$((PORT + 2)) PPORT=$((PORT + 3))
+    splice admin "$T/admin.block" < "$ROOT/examples/nginx/nginx.conf" | splice watch "$T/watch.block" |
+      sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
+          -e "s/127\.0\.0\.1:9145/127.0.0.1:$ADMIN/g" > "$P/nginx.conf"
+    chmod a+r "$P/nginx.conf"
+    : > "$P/logs/error.log"
+    if "$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1; then return 0; fi
+    grep -q "Address already in use" "$T/start.out" "$P/logs/error.log" || break
+  done
+  diag "nginx did not start:" "$(cat "$T/start.out")" "$(tail -n 20 "$P/logs/error.log")"
+  return 1
+}
+
+# req PORT PATH [curl args...] -> CODE, WPID, RA (Retry-After), BODY
+req() {
+  local port=$1 path=$2 out; shift 2
+  out=$(curl -s -m 5 -H 'Connection: close' -o "$T/body" \
+    -w '%{http_code} %header{x-worker-pid} %header{retry-after}' "$@" "http://127.0.0.1:$port$path")
+  read -r CODE WPID RA <<< "$out"
+  BODY=$(cat "$T/body" 2>/dev/null)
+}
+admin() { req "$ADMIN" /fuse "$@"; }
+fake() { curl -s -m 5 "http://127.0.0.1:$UP$1" > /dev/null; }
+# json EXPR: evaluates the Lua expression EXPR over `j`, BODY decoded as JSON
+json() {
+  printf '%s' "$BODY" | EXPR=$1 "$LUAJIT" -e '
+    local cjson = require "cjson.safe"
+    local j = cjson.decode(io.read("*a"))
+    local function find(name)
+      for _, b in ipairs(j and j.breakers or {}) do if b.name == name then return b end end
+    end
+    local ok, v = pcall(assert(loadstring("local j, find = ...; return " .. os.getenv("EXPR"))), j, find)
+    print(ok and tostring(v) or "error: " .. tostring(v))'
+}
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+within() { awk -v a="$2" -v b="$(now)" -v l="$1" 'BEGIN { exit !(b - a < l) }'; } # within SECS SINCE
+
+start_nginx || bail "cannot start nginx"
+MASTER=$(cat "$P/logs/nginx.pid" 2>/dev/null)
+for _ in $(seq 50); do admin; [ "$CODE" = 200 ] && break; sleep 0.1; done
+WORKERS=$(ps -o pid= --ppid "$MASTER" | tr -d ' ' | sort -n | tr '\n' ' ')
+check "nginx started with README's admin listener and watch blocks, 4 workers" \
+  [ "$(echo "$WORKERS" | wc -w)" -eq 4 ]
+
+# Prometheus, started now so that it is up when the checks below need it.
+cp "$ROOT/examples/prometheus/fuse-alerts.yml" "$T/prom/"
+cat > "$T/prom/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - fuse-alerts.yml
+scrape_configs:
+  - job_name: fuse
+    static_configs:
+      - targets: ["127.0.0.1:$ADMIN"]
+EOF
+"$PROMETHEUS" --config.file="$T/prom/prometheus.yml" --storage.tsdb.path="$T/prom/data" \
+  --web.listen-address="127.0.0.1:$PPORT" > "$T/prom/prometheus.log" 2>&1 &
+PROM=$!
+
+# ---------------------------------------------------------------- README's blocks
+ok=1
+while IFS= read -r line; do
+  [ -z "$line" ] && continue
+  grep -qF -- "$(echo "$line" | sed 's/^ *//')" "$ROOT/examples/nginx/nginx.conf" || { ok=0; diag "not in the example: $line"; }
+done < "$T/reject.block"
+check "README's fuse.reject lines are the example's /twostep access phase, which runs below" [ $ok = 1 ]
+out=$(sed "s/127\.0\.0\.1:9145/127.0.0.1:$ADMIN/g" "$T/curl.block" | bash 2>&1)
+case $out in
+  *'"breakers":['*'"state":"forced_open"'*'"state":"closed"'*) ok "README's admin curl commands run: list, force_open, reset" ;;
+  *) nok "README's admin curl commands run: list, force_open, reset"; diag "$out" ;;
+esac
+
+# ---------------------------------------------------------------- admin: GET and POST
+admin
+check "admin GET: 200, JSON listing upstream and twostep with state, retry_after, counts, totals" \
+  [ "$CODE/$(json 'find("upstream").state .. "," .. find("twostep").state .. "," .. find("twostep").retry_after .. "," .. find("twostep").calls .. "," .. find("twostep").calls_total .. "," .. #j.breakers')" \
+    = "200/closed,closed,0,0,0,2" ]
+admin -d 'name=upstream&action=disable'
+check "admin POST disable: 200 and the breaker's new JSON" \
+  [ "$CODE/$(json 'j.name .. ":" .. j.state')" = "200/upstream:disabled" ]
+admin -d 'name=upstream&action=reset'
+check "admin POST reset: 200, closed" [ "$CODE/$(json 'j.state')" = "200/closed" ]
+errs_ok=1
+while read -r want form; do
+  admin -d "$form"
+  e=$(json 'type(j.error) == "string" and #j.error > 0')
+  if [ "$CODE/$e" != "$want/true" ]; then errs_ok=0; diag "POST $form -> $CODE $BODY (want $want)"; fi
+done <<'EOF'
+400 action=reset
+400 name=upstream
+400 name=upstream&action=explode
+400 name=upstream&action=force_open&seconds=abc
+400 name=upstream&action=force_open&seconds=-5
+400 name=upstream&action=force_open&seconds=0
+400 name=upstream&action=reset&seconds=5
+404 name=no-such-breaker&action=reset
+EOF
+check "admin POST errors: 400 for a bad request, 404 for an unknown name, each with a JSON error" [ $errs_ok = 1 ]
+admin -X PUT
+check "admin PUT: 405 with a JSON error" [ "$CODE/$(json 'type(j.error)')" = "405/string" ]
+admin
+check "no request with an error changed a breaker" \
+  [ "$(json 'find("upstream").state .. find("twostep").state')" = closedclosed ]
+
+# ---------------------------------------------------------------- timed force-open
+fake '/__control?mode=ok&reset=hits'
+LOGSTART=$(wc -l < "$P/logs/error.log")   # watch checks read the log from here
+SECS=6   # long enough to reach all 4 workers on a loaded machine
+t0=$(now)
+admin -d "name=twostep&action=force_open&seconds=$SECS"
+check "admin POST force_open seconds=$SECS: 200, forced_open, retry_after in ($((SECS - 1)), $SECS]" \
+  [ "$CODE/$(json 'j.state .. "," .. tostring(j.retry_after > '$SECS' - 1 and j.retry_after <= '$SECS')')" = "200/forced_open,true" ]
+seen="" bad=""
+for _ in $(seq 200); do
+  [ "$(echo "$seen" | wc -w)" -ge 4 ] && break
+  within $((SECS - 1)) "$t0" || break
+  req "$PORT" /twostep
+  case "$CODE $RA $BODY" in
+    "503 "[1-6]" fuse: circuit 'twostep' is open") ;;
+    *) within $((SECS - 1)) "$t0" && bad="$bad [$WPID: $CODE RA=$RA $BODY]" ;;
+  esac
+  case " $seen " in *" $WPID "*) ;; *) seen="$seen $WPID" ;; esac
+done
+check "every worker (4) rejects during the force-open: fuse.reject's 503, Retry-After 1-$SECS, its text" \
+  [ "$(echo "$seen" | wc -w)" -ge 4 ] && [ -z "$bad" ]
+[ -z "$bad" ] || diag "unexpected:$bad"
+[ "$(echo "$seen" | wc -w)" -ge 4 ] || diag "workers seen rejecting: $seen"
+first200= lifted_at=
+for _ in $(seq 400); do
+  req "$PORT" /twostep
+  if [ "$CODE" = 200 ]; then first200=$(elapsed "$t0"); break; fi
+  sleep 0.05
+  within 30 "$t0" || break
+done
+diag "first 200 at ${first200:-never} s after the force-open of $SECS s"
+check "lifted on time: the first call let through came after $SECS s (and within 30 s)" \
+  [ -n "$first200" ] && awk -v t="${first200:-0}" -v s="$SECS" 'BEGIN { exit !(t >= s) }'
+admin
+check "after the probe succeeded, twostep is closed" [ "$(json 'find("twostep").state')" = closed ]
+
+# ---------------------------------------------------------------- watch in every worker
+# README's watch block logs "fuse: breaker NAME: FROM -> TO" at [warn] in each worker.
+watched() { # the pids that logged this transition, one line each
+  tail -n "+$((LOGSTART + 1))" "$P/logs/error.log" | grep -F "fuse: breaker twostep: $1" | sed -n 's/.*\[warn\] \([0-9]*\)#.*/\1/p' | sort -n
+}
+for _ in $(seq 100); do
+  [ "$(watched "forced_open -> open" | sort -u | wc -l)" -ge 4 ] && break
+  sleep 0.1
+done
+pids=$(watched "closed -> forced_open" | tr '\n' ' ')
+check "watch: all 4 workers heard closed -> forced_open, once each" [ "$pids" = "$WORKERS" ]
+[ "$pids" = "$WORKERS" ] || diag "logged by: $pids; workers: $WORKERS"
+pids=$(watched "forced_open -> open" | tr '\n' ' ')
+check "watch: all 4 workers heard the lift forced_open -> open, once each" [ "$pids" = "$WORKERS" ]
+# one new transition, timed: the disable below reaches every worker
+t1=$(now)
+admin -d 'name=twostep&action=disable'
+for _ in $(seq 200); do
+  [ "$(watched "closed -> disabled" | wc -l)" -ge 4 ] && break
+  sleep 0.05
+done
+took=$(elapsed "$t1")
+pids=$(watched "closed -> disabled" | tr '\n' ' ')
+check "watch: one transition (closed -> disabled) delivered to all 4 workers" [ "$pids" = "$WORKERS" ]
+diag "all 4 workers logged it within $took s (polled every 0.5 s)"
+admin -d 'name=twostep&action=reset'
+
+# ---------------------------------------------------------------- Prometheus
+prom() { # prom PATH: GET from Prometheus' HTTP API into BODY
+  BODY=$(curl -s -m 5 "http://127.0.0.1:$PPORT$1")
+}
+for _ in $(seq 150); do
+  prom /api/v1/rules
+  case $BODY in *FuseCircuitFlapping*) break ;; esac
+  sleep 0.1
+done
+check "Prometheus is up with fuse-alerts.yml loaded (FuseCircuitOpen, FuseCircuitFlapping)" \
+  [ "$(json '#j.data.groups[1].rules')" = 2 ]
+# trip twostep: 3 failures (open_for 30 s)
+fake '/__control?mode=fail&reset=hits'
+for _ in 1 2 3; do req "$PORT" /twostep; sleep 0.05; done
+admin
+check "twostep is open after 3 failures" [ "$(json 'find("twostep").state')" = open ]
+value=
+for _ in $(seq 100); do
+  prom '/api/v1/query?query=fuse_state%7Bname%3D%22twostep%22%7D'
+  value=$(json 'j.data.result[1] and j.data.result[1].value[2]')
+  [ "$value" = 1 ] && break
+  sleep 0.2
+done
+check "Prometheus reads fuse_state{name=\"twostep\"} == 1 while the circuit is open" [ "$value" = 1 ]
+alert=
+for _ in $(seq 100); do
+  prom /api/v1/alerts
+  alert=$(json '(function() for _, a in ipairs(j.data.alerts) do if a.labels.alertname == "FuseCircuitOpen" and a.labels.name == "twostep" then return a.state end end end)()')
+  [ "$alert" = pending ] && break
+  sleep 0.2
+done
+check "FuseCircuitOpen is pending for twostep" [ "$alert" = pending ]
+[ "$alert" = pending ] || diag "alerts: $BODY"
+admin -d 'name=twostep&action=reset'
+
+# ---------------------------------------------------------------- error log
+errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$P/logs/error.log")
+check "no [error], [alert], [crit] or [emerg] in the nginx error log" [ -z "$errs" ]
+[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+
+echo "1..$n"
+[ "$failed" -eq 0 ]
