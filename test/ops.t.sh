@@ -15,7 +15,7 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-nginx}
+NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
 PROMETHEUS=${PROMETHEUS:-prometheus}
 LUAJIT=${LUAJIT:-luajit}
 SO_SRC=$ROOT/build/fuse/core.so
