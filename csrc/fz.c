@@ -362,9 +362,13 @@ static int sw_state(uint64_t sw) { return (int)(sw & 7); }
 static uint64_t sw_make(uint64_t gen, int state) { return gen << 3 | (uint64_t)state; }
 static int trans_code(int from, int to) { return 64 + from * 8 + to; }
 
+static uint64_t ticket_bits(const fz_breaker *b, uint64_t gen, unsigned slot, int kind, int made) {
+  return b->key | (gen & GEN_MASK) << 8 | (uint64_t)slot << 3 | (uint64_t)kind << 1 | (uint64_t)made;
+}
+
+/* Tickets are below 2^53: converted as signed, one instruction. */
 static double ticket(const fz_breaker *b, uint64_t gen, unsigned slot, int kind, int made) {
-  return (double)(b->key | (gen & GEN_MASK) << 8 | (uint64_t)slot << 3 | (uint64_t)kind << 1 |
-                  (uint64_t)made);
+  return (double)(int64_t)ticket_bits(b, gen, slot, kind, made);
 }
 
 static double rejection(int state, int made) { return -(double)(1 + state * 4 + made); }
@@ -731,12 +735,16 @@ static inline int reject_open(fz_breaker *b, uint64_t sw) {
   return 1;
 }
 
-double fz_enter(fz_breaker *b) {
+/* fz_enter's body, inlined into fz_allow too (an exported function may be interposed,
+ * so the compiler calls it through the PLT instead). */
+static inline double enter(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
   if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
   return enter_slow(b, sw);
 }
+
+double fz_enter(fz_breaker *b) { return enter(b); }
 
 /* ---------------------------------------------------------------- ledgers */
 
@@ -803,7 +811,7 @@ static __attribute__((noinline)) ledger *lane_claim(void) {
 /* Records the admitted ticket u of fz_enter; returns the tracked ticket that stands for it. */
 static double track(fz_breaker *b, uint64_t u) {
   ledger *l = t_ledger;
-  if (__builtin_expect(!l, 0) && !(l = lane_claim())) return (double)u;
+  if (__builtin_expect(!l, 0) && !(l = lane_claim())) return (double)(int64_t)u;
   for (int i = 0; i < 4; i++) {
     uint64_t s = l->serial++;
     entry *en = &l->e[s & (LEDGER - 1)];
@@ -814,9 +822,9 @@ static double track(fz_breaker *b, uint64_t u) {
     at_store_rlx(&en->who, (uint64_t)(uintptr_t)b);
     at_store_rlx(&en->inner, u);
     at_store_rel(&en->tk, tk);  /* release: a reporter that acquires tk sees who and inner */
-    return (double)tk;
+    return (double)(int64_t)tk;
   }
-  return (double)u;
+  return (double)(int64_t)u;
 }
 
 /* The ticket of fz_enter that tracked ticket t stands for, in *u, marking t reported.
@@ -837,7 +845,10 @@ static int untrack(fz_breaker *b, uint64_t t, uint64_t *u) {
 }
 
 double fz_allow(fz_breaker *b) {
-  double u = fz_enter(b);
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in enter */
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1))
+    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0));
+  double u = enter(b);
   return u > 0 ? track(b, (uint64_t)u) : u;
 }
 
@@ -988,8 +999,8 @@ static __attribute__((noinline)) int done_slow(fz_breaker *b, uint64_t t, int ou
 int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) {
   if (!(tk >= 1.0 && tk < TICKET_LIMIT) || outcome < FZ_SUCCESS || outcome > FZ_IGNORE)
     return FZ_ETICKET;
-  uint64_t t = (uint64_t)tk;
-  if ((double)t != tk) return FZ_ETICKET;
+  uint64_t t = (uint64_t)(int64_t)tk;  /* below 2^53: signed conversions, one instruction */
+  if ((double)(int64_t)t != tk) return FZ_ETICKET;
   if (t & TK_TRACKED) {
     int rc = untrack(b, t, &t);
     if (rc) return rc;
