@@ -33,8 +33,25 @@
  * (a count in flight between the two is missed, never seen twice) and raises each total
  * to the highest one read before, so totals never go down and need no retry. Half-open admission
  * is one compare-and-swap on a word holding the generation, the probe successes and a
- * bitmask of busy probe slots. Nothing here is a pointer, so a breaker can live in
- * memory shared by processes; nothing takes a lock except registry creation.
+ * bitmask of busy probe slots; a probe is taken back (its busy bit cleared) by exactly
+ * one caller, its report or a caller that finds it past probe_timeout, and only that
+ * one counts it. Nothing here is a pointer, so a breaker can live in memory shared by
+ * processes; nothing takes a lock except registry creation.
+ *
+ * Tickets. An admitted call's ticket (an exact double below 2^53) is
+ *   key13 << 40 | generation32 << 8 | 0 << 7 | slot4 << 3 | kind2 << 1 | made1
+ * where key is a random number (1..8191) drawn per breaker at creation: fz_done refuses
+ * a ticket whose key is not the breaker's (another breaker's, or made up), and one whose
+ * generation is current but whose kind that generation's state never issues (kind 1
+ * needs closed, a probe half_open, a pass disabled), so no report can move forced_open
+ * or disabled, or make a transition the state machine does not have. A rejection is
+ * -(1 + state*4 + made). fz_allow (the two-step API, whose tickets go through user
+ * code) records each admitted ticket in a ledger and hands out instead
+ *   serial35 << 18 | lane10 << 8 | 1 << 7 | the low 7 bits above,
+ * naming the entry that holds the real ticket; fz_done marks the entry reported, so a
+ * ticket reported twice (FZ_EREPORTED) or to another breaker (FZ_ETICKET) counts
+ * nothing. Ledgers are per thread and per process, never in shared memory: the hot
+ * path stays one atomic read-modify-write per call (see "ledgers").
  */
 #include "fz.h"
 #include "fz_atomic.h"
@@ -190,8 +207,9 @@ double fz_clock_now(void) {
 
 /* ---------------------------------------------------------------- per thread */
 
-/* initial-exec: a plain %fs-relative load, not a __tls_get_addr call per use; the two
- * words fit the static TLS that glibc keeps for libraries loaded by dlopen. */
+/* initial-exec: a plain %fs-relative load, not a __tls_get_addr call per use; the three
+ * words (t_stripe, t_rng, t_ledger) fit the static TLS that glibc keeps for libraries
+ * loaded by dlopen. */
 #define TLS _Thread_local __attribute__((tls_model("initial-exec")))
 
 static uint32_t g_next_stripe;  /* concurrent */
