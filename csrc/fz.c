@@ -47,8 +47,8 @@
  * or disabled, or make a transition the state machine does not have. A rejection is
  * -(1 + state*4 + made). fz_allow (the two-step API, whose tickets go through user
  * code) records each admitted ticket in a ledger and hands out instead
- *   serial35 << 18 | lane10 << 8 | 1 << 7 | the low 7 bits above,
- * naming the entry that holds the real ticket; fz_done marks the entry reported, so a
+ *   use23 << 30 | entry12 << 18 | lane10 << 8 | 1 << 7 | the low 7 bits above,
+ * naming the entry that holds the real ticket (use: how often the entry was used); fz_done marks the entry reported, so a
  * ticket reported twice (FZ_EREPORTED) or to another breaker (FZ_ETICKET) counts
  * nothing. Ledgers are per thread and per process, never in shared memory: the hot
  * path stays one atomic read-modify-write per call (see "ledgers").
@@ -91,7 +91,7 @@ void (*fz_fault_hook)(const char *where);
 #define TK_TRACKED 0x80u                   /* a ticket of fz_allow, recorded in a ledger */
 #define LANES 1024                         /* ledgers of a process: threads that allow at once */
 #define LEDGER 4096                        /* entries of one ledger (a power of 2) */
-#define SERIAL_MASK ((UINT64_C(1) << 35) - 1)
+#define USE_MASK ((UINT64_C(1) << 23) - 1)  /* uses of a ledger entry, in its tickets */
 #define REPORTED (UINT64_C(1) << 63)       /* in a ledger entry's tk */
 #define MANUAL_ORIGIN (UINT64_C(1) << 62) /* the manual clock's 0 s, so negatives work */
 #define MANUAL_RANGE 4.5e9                /* seconds either side of it */
@@ -770,13 +770,14 @@ double fz_enter(fz_breaker *b) { return enter(b); }
  * Tickets of fz_allow (the two-step API) are recorded, so that fz_done refuses one
  * reported twice or given to another breaker. Each thread that allows owns a ledger
  * (one of LANES per process, claimed at its first fz_allow and given back when it
- * exits): a ring of LEDGER entries { tk, who, inner }, where tk is the tracked ticket
- * (REPORTED set once reported), who the breaker, inner the ticket fz_enter gave. The
- * tracked ticket names its entry: lane << 8 and serial << 18, its low 7 bits those of
- * inner (so made, kind and slot read the same). Only the owner writes an entry anew,
- * and only one whose ticket was reported (an outstanding one is skipped; with no free
- * entry among the next 4, the ticket is left untracked: checked by key, generation and
- * state only). The owner's report is a plain load and store; a report from another
+ * exits): LEDGER entries { tk, who, inner }, where tk is the tracked ticket (REPORTED
+ * set once reported), who the breaker, inner the ticket fz_enter gave. The tracked
+ * ticket names its entry (lane, index) and the entry's use count, its low 7 bits those
+ * of inner (so made, kind and slot read the same). Only the owner writes an entry anew,
+ * and only one whose ticket was reported: the entry it issued last when that one is
+ * back (allow then report reuses one entry, hot in cache), else the next free one a
+ * cursor finds among 8 (with none free, the ticket is left untracked: checked by key,
+ * generation and state only). The owner's report is a plain load and store; a report from another
  * thread swaps tk with a compare-and-swap. So every report is checked exactly, except
  * one ticket reported twice at the same instant from two threads. Ledgers are process
  * memory, never in a shared registry: a ticket of another process names no entry.
@@ -786,8 +787,8 @@ typedef struct entry {
 } entry;
 
 typedef struct ledger {
-  uint64_t serial;          /* the owner's: tickets issued */
   uint32_t lane;
+  uint32_t last, cursor;    /* the owner's: the entry issued last; where the search goes on */
   entry e[LEDGER];
 } ledger;
 
@@ -800,7 +801,7 @@ static pthread_once_t g_lane_once = PTHREAD_ONCE_INIT;
 static void lane_release(void *p) {
   ledger *l = p;
   t_ledger = NULL;
-  /* release: the next owner sees this one's serial and entries */
+  /* release: the next owner sees this one's cursor and entries */
   __atomic_store_n(&g_lane_owned[l->lane], 0, __ATOMIC_RELEASE);
 }
 
@@ -826,23 +827,29 @@ static __attribute__((noinline)) ledger *lane_claim(void) {
   return NULL;  /* LANES threads hold a lane: tickets go untracked */
 }
 
+/* Whether ledger entry word cur is free: never used, or its ticket reported. */
+static int entry_free(uint64_t cur) { return !cur || (cur & REPORTED); }
+
 /* Records the admitted ticket u of fz_enter; returns the tracked ticket that stands for it. */
 static double track(fz_breaker *b, uint64_t u) {
   ledger *l = t_ledger;
   if (__builtin_expect(!l, 0) && !(l = lane_claim())) return (double)(int64_t)u;
-  for (int i = 0; i < 4; i++) {
-    uint64_t s = l->serial++;
-    entry *en = &l->e[s & (LEDGER - 1)];
-    /* acquire: pairs with the swap of another thread's report, which read who and inner */
-    uint64_t cur = at_load_acq(&en->tk);
-    if (cur && !(cur & REPORTED)) continue;  /* still outstanding */
-    uint64_t tk = (s & SERIAL_MASK) << 18 | (uint64_t)l->lane << 8 | TK_TRACKED | (u & 0x7f);
-    at_store_rlx(&en->who, (uint64_t)(uintptr_t)b);
-    at_store_rlx(&en->inner, u);
-    at_store_rel(&en->tk, tk);  /* release: a reporter that acquires tk sees who and inner */
-    return (double)(int64_t)tk;
+  uint32_t i = l->last;
+  /* acquire: pairs with the swap of another thread's report, which read who and inner */
+  uint64_t cur = at_load_acq(&l->e[i].tk);
+  for (int k = 0; !entry_free(cur); k++) {
+    if (k == 8) return (double)(int64_t)u;  /* 8 outstanding in a row: untracked */
+    i = l->cursor = (l->cursor + 1) & (LEDGER - 1);
+    cur = at_load_acq(&l->e[i].tk);
   }
-  return (double)(int64_t)u;
+  l->last = i;
+  entry *en = &l->e[i];
+  uint64_t use = ((cur >> 30) + 1) & USE_MASK;
+  uint64_t tk = use << 30 | (uint64_t)i << 18 | (uint64_t)l->lane << 8 | TK_TRACKED | (u & 0x7f);
+  at_store_rlx(&en->who, (uint64_t)(uintptr_t)b);
+  at_store_rlx(&en->inner, u);
+  at_store_rel(&en->tk, tk);  /* release: a reporter that acquires tk sees who and inner */
+  return (double)(int64_t)tk;
 }
 
 /* The ticket of fz_enter that tracked ticket t stands for, in *u, marking t reported.
@@ -854,8 +861,11 @@ static int untrack(fz_breaker *b, uint64_t t, uint64_t *u) {
   if (!own && !(l = __atomic_load_n(&g_ledgers[lane], __ATOMIC_ACQUIRE))) return FZ_ETICKET;
   entry *en = &l->e[(t >> 18) & (LEDGER - 1)];
   uint64_t cur = at_load_acq(&en->tk);  /* acquire: pairs with the release in track */
-  if ((cur & ~REPORTED) != t || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) return FZ_ETICKET;
-  if (cur & REPORTED) return FZ_EREPORTED;
+  uint64_t diff = (cur & ~REPORTED) ^ t;
+  if (diff & ~(USE_MASK << 30) || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) return FZ_ETICKET;
+  /* an earlier use of the entry: reported before the entry was used again */
+  if (diff && ((cur >> 30) - (t >> 30)) % (USE_MASK + 1) > (USE_MASK >> 1)) return FZ_ETICKET;
+  if (diff || (cur & REPORTED)) return FZ_EREPORTED;
   *u = at_load_rlx(&en->inner);
   if (own) at_store_rlx(&en->tk, t | REPORTED);  /* the owner: no other writer of a live entry */
   else if (!at_cas_acqrel(&en->tk, &cur, t | REPORTED)) return FZ_EREPORTED;

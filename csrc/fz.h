@@ -168,8 +168,9 @@ double fz_clock_now(void);
  *   ledger (see fz.c, "ledgers"), so that fz_done refuses it when it is reported a
  *   second time (FZ_EREPORTED) or to another breaker (FZ_ETICKET). Rejections are as
  *   fz_enter's. An admitted ticket has bit 7 set, bits 0-6 as fz_enter's (flag, kind,
- *   slot), bits 8-17 the ledger and 18-52 a serial. A thread with 4096 tickets
- *   outstanding (or beyond 1024 threads with tickets at once) gets fz_enter's ticket.
+ *   slot), bits 8-17 the ledger, 18-29 its entry and 30-52 the entry's use count. A
+ *   thread with no free entry among the next 8 of its 4096 (tickets outstanding), or
+ *   beyond 1024 threads with tickets at once, gets fz_enter's ticket.
  *
  * fz_done(b, ticket, outcome, elapsed): records the outcome (FZ_SUCCESS, FZ_FAILURE,
  *   FZ_IGNORE) of an admitted call. elapsed is the call's duration in seconds, or a

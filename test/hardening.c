@@ -201,7 +201,12 @@ static void allow_tickets(void) {
   is_int(fz_done(o, u, FZ_FAILURE, -1), FZ_ETICKET, "allow: given to another breaker: FZ_ETICKET");
   is_int((int)stats(o).failures_total, 0, "allow: the other breaker counted nothing");
   is_int(fz_done(b, u, FZ_SUCCESS, -1), 0, "allow: and its own breaker still takes it");
-  is_int(fz_done(b, u + (1 << 18), FZ_SUCCESS, -1), FZ_ETICKET, "allow: a ticket never issued (next serial): FZ_ETICKET");
+  is_int(fz_done(b, u + (1 << 18), FZ_SUCCESS, -1), FZ_ETICKET, "allow: a ticket never issued (the next entry): FZ_ETICKET");
+  double v = fz_allow(b);
+  is_int(fz_done(b, u, FZ_SUCCESS, -1), FZ_EREPORTED, "allow: reported again after another allow: FZ_EREPORTED");
+  is_int(fz_done(b, v, FZ_SUCCESS, -1), 0, "allow: the other ticket is taken");
+  is_int(fz_done(b, u, FZ_SUCCESS, -1), FZ_EREPORTED, "allow: and the first again: FZ_EREPORTED");
+  is_int((int)stats(b).successes_total, 2, "allow: two successes");
   is_int(fz_done(b, (double)(((uint64_t)u & 0xff) | (uint64_t)1 << 52), FZ_SUCCESS, -1), FZ_ETICKET,
          "allow: a made-up tracked number: FZ_ETICKET");
 
