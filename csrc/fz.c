@@ -207,9 +207,9 @@ double fz_clock_now(void) {
 
 /* ---------------------------------------------------------------- per thread */
 
-/* initial-exec: a plain %fs-relative load, not a __tls_get_addr call per use; the three
- * words (t_stripe, t_rng, t_ledger) fit the static TLS that glibc keeps for libraries
- * loaded by dlopen. */
+/* initial-exec: a plain %fs-relative load, not a __tls_get_addr call per use; the 32
+ * bytes (t_stripe, t_rng and the ledger's four below) fit the static TLS that glibc
+ * keeps for libraries loaded by dlopen. */
 #define TLS _Thread_local __attribute__((tls_model("initial-exec")))
 
 static uint32_t g_next_stripe;  /* concurrent */
@@ -784,23 +784,28 @@ double fz_enter(fz_breaker *b) { return enter(b); }
  */
 typedef struct entry {
   uint64_t tk, who, inner;  /* concurrent: see above */
+  uint64_t pad;             /* 32 bytes: an index is a shift */
 } entry;
 
 typedef struct ledger {
   uint32_t lane;
-  uint32_t last, cursor;    /* the owner's: the entry issued last; where the search goes on */
+  uint32_t uses;            /* tickets issued, kept while no thread owns the lane */
   entry e[LEDGER];
 } ledger;
 
 static ledger *g_ledgers[LANES];     /* concurrent: each set once */
 static uint32_t g_lane_owned[LANES]; /* concurrent: 1 while a thread owns the lane */
-static TLS ledger *t_ledger;
+static TLS ledger *t_ledger;          /* the thread's ledger, or NULL */
+static TLS uint32_t t_lane = LANES;   /* its lane, or LANES for none */
+static TLS uint32_t t_last, t_cursor; /* the entry issued last; where the search goes on */
+static TLS uint32_t t_uses;           /* tickets this lane issued */
 static pthread_key_t g_lane_key;
 static pthread_once_t g_lane_once = PTHREAD_ONCE_INIT;
 
 static void lane_release(void *p) {
   ledger *l = p;
-  t_ledger = NULL;
+  l->uses = t_uses;
+  t_ledger = NULL, t_lane = LANES;
   /* release: the next owner sees this one's cursor and entries */
   __atomic_store_n(&g_lane_owned[l->lane], 0, __ATOMIC_RELEASE);
 }
@@ -822,6 +827,7 @@ static __attribute__((noinline)) ledger *lane_claim(void) {
       __atomic_store_n(&g_ledgers[i], l, __ATOMIC_RELEASE);
     }
     pthread_setspecific(g_lane_key, l);
+    t_lane = i, t_uses = l->uses;
     return t_ledger = l;
   }
   return NULL;  /* LANES threads hold a lane: tickets go untracked */
@@ -830,54 +836,73 @@ static __attribute__((noinline)) ledger *lane_claim(void) {
 /* Whether ledger entry word cur is free: never used, or its ticket reported. */
 static int entry_free(uint64_t cur) { return !cur || (cur & REPORTED); }
 
+/* The entry of ledger l after t_cursor that is free, or NULL among 8 outstanding in a
+ * row; t_last becomes its index. */
+static __attribute__((noinline)) entry *entry_search(ledger *l, uint64_t *cur) {
+  for (int k = 0; k < 8; k++) {
+    uint32_t i = t_cursor = (t_cursor + 1) & (LEDGER - 1);
+    *cur = at_load_acq(&l->e[i].tk);  /* acquire: as in track */
+    if (entry_free(*cur)) {
+      t_last = i;
+      return &l->e[i];
+    }
+  }
+  return NULL;
+}
+
 /* Records the admitted ticket u of fz_enter; returns the tracked ticket that stands for it. */
-static double track(fz_breaker *b, uint64_t u) {
+static inline __attribute__((always_inline)) double track(fz_breaker *b, uint64_t u) {
   ledger *l = t_ledger;
   if (__builtin_expect(!l, 0) && !(l = lane_claim())) return (double)(int64_t)u;
-  uint32_t i = l->last;
+  entry *en = &l->e[t_last];
   /* acquire: pairs with the swap of another thread's report, which read who and inner */
-  uint64_t cur = at_load_acq(&l->e[i].tk);
-  for (int k = 0; !entry_free(cur); k++) {
-    if (k == 8) return (double)(int64_t)u;  /* 8 outstanding in a row: untracked */
-    i = l->cursor = (l->cursor + 1) & (LEDGER - 1);
-    cur = at_load_acq(&l->e[i].tk);
-  }
-  l->last = i;
-  entry *en = &l->e[i];
-  uint64_t use = ((cur >> 30) + 1) & USE_MASK;
-  uint64_t tk = use << 30 | (uint64_t)i << 18 | (uint64_t)l->lane << 8 | TK_TRACKED | (u & 0x7f);
+  uint64_t cur = at_load_acq(&en->tk);
+  if (__builtin_expect(!entry_free(cur), 0) && !(en = entry_search(l, &cur))) return (double)(int64_t)u;
+  /* the use count from a counter of the thread, not from cur: a ticket does not wait for
+   * the report of the one before it to be stored and read back */
+  uint64_t use = ++t_uses & USE_MASK;
+  uint64_t tk = use << 30 | (uint64_t)t_last << 18 | (uint64_t)t_lane << 8 | TK_TRACKED | (u & 0x7f);
   at_store_rlx(&en->who, (uint64_t)(uintptr_t)b);
   at_store_rlx(&en->inner, u);
   at_store_rel(&en->tk, tk);  /* release: a reporter that acquires tk sees who and inner */
   return (double)(int64_t)tk;
 }
 
-/* The ticket of fz_enter that tracked ticket t stands for, in *u, marking t reported.
- * Returns 0, FZ_ETICKET (not issued by b's fz_allow) or FZ_EREPORTED. */
-static int untrack(fz_breaker *b, uint64_t t, uint64_t *u) {
-  uint32_t lane = (uint32_t)(t >> 8 & (LANES - 1));
-  ledger *l = t_ledger;
-  int own = l && l->lane == lane;
-  if (!own && !(l = __atomic_load_n(&g_ledgers[lane], __ATOMIC_ACQUIRE))) return FZ_ETICKET;
-  entry *en = &l->e[(t >> 18) & (LEDGER - 1)];
-  uint64_t cur = at_load_acq(&en->tk);  /* acquire: pairs with the release in track */
+/* Why untrack refused tracked ticket t whose entry holds cur (see untrack). */
+static __attribute__((noinline)) int refusal(fz_breaker *b, uint64_t t, const entry *en, uint64_t cur) {
   uint64_t diff = (cur & ~REPORTED) ^ t;
   if (diff & ~(USE_MASK << 30) || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) return FZ_ETICKET;
   /* an earlier use of the entry: reported before the entry was used again */
   if (diff && ((cur >> 30) - (t >> 30)) % (USE_MASK + 1) > (USE_MASK >> 1)) return FZ_ETICKET;
-  if (diff || (cur & REPORTED)) return FZ_EREPORTED;
+  return FZ_EREPORTED;
+}
+
+/* The ticket of fz_enter that tracked ticket t stands for, in *u, marking t reported.
+ * Returns 0, FZ_ETICKET (not issued by b's fz_allow) or FZ_EREPORTED. */
+static inline __attribute__((always_inline)) int untrack(fz_breaker *b, uint64_t t, uint64_t *u) {
+  uint32_t lane = (uint32_t)(t >> 8 & (LANES - 1));
+  ledger *l = t_ledger;
+  int own = lane == t_lane;
+  if (!own && !(l = __atomic_load_n(&g_ledgers[lane], __ATOMIC_ACQUIRE))) return FZ_ETICKET;
+  entry *en = &l->e[(t >> 18) & (LEDGER - 1)];
+  uint64_t cur = at_load_acq(&en->tk);  /* acquire: pairs with the release in track */
+  if (cur != t || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) return refusal(b, t, en, cur);
   *u = at_load_rlx(&en->inner);
   if (own) at_store_rlx(&en->tk, t | REPORTED);  /* the owner: no other writer of a live entry */
   else if (!at_cas_acqrel(&en->tk, &cur, t | REPORTED)) return FZ_EREPORTED;
   return 0;
 }
 
+static __attribute__((noinline)) double allow_slow(fz_breaker *b) {
+  double u = enter(b);
+  return u > 0 ? track(b, (uint64_t)(int64_t)u) : u;
+}
+
 double fz_allow(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in enter */
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1))
     return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0));
-  double u = enter(b);
-  return u > 0 ? track(b, (uint64_t)u) : u;
+  return allow_slow(b);
 }
 
 /* ---------------------------------------------------------------- outcomes */
