@@ -48,9 +48,9 @@
  * -(1 + state*4 + made). fz_allow (the two-step API, whose tickets go through user
  * code) records each admitted ticket in a ledger and hands out instead
  *   use23 << 30 | entry12 << 18 | lane10 << 8 | 1 << 7 | the low 7 bits above,
- * naming the entry that holds the real ticket (use: how often the entry was used); fz_done marks the entry reported, so a
- * ticket reported twice (FZ_EREPORTED) or to another breaker (FZ_ETICKET) counts
- * nothing. Ledgers are per thread and per process, never in shared memory: the hot
+ * naming the entry that holds the real ticket (use: a count of the thread's tickets);
+ * fz_done marks the entry reported, so a ticket reported twice (FZ_EREPORTED) or to
+ * another breaker (FZ_ETICKET) counts nothing. Ledgers are per thread and per process, never in shared memory: the hot
  * path stays one atomic read-modify-write per call (see "ledgers").
  */
 #include "fz.h"
@@ -772,15 +772,19 @@ double fz_enter(fz_breaker *b) { return enter(b); }
  * (one of LANES per process, claimed at its first fz_allow and given back when it
  * exits): LEDGER entries { tk, who, inner }, where tk is the tracked ticket (REPORTED
  * set once reported), who the breaker, inner the ticket fz_enter gave. The tracked
- * ticket names its entry (lane, index) and the entry's use count, its low 7 bits those
- * of inner (so made, kind and slot read the same). Only the owner writes an entry anew,
- * and only one whose ticket was reported: the entry it issued last when that one is
- * back (allow then report reuses one entry, hot in cache), else the next free one a
- * cursor finds among 8 (with none free, the ticket is left untracked: checked by key,
- * generation and state only). The owner's report is a plain load and store; a report from another
- * thread swaps tk with a compare-and-swap. So every report is checked exactly, except
- * one ticket reported twice at the same instant from two threads. Ledgers are process
- * memory, never in a shared registry: a ticket of another process names no entry.
+ * ticket names its entry (lane, index) and carries a use count (the lane's tickets so
+ * far, mod 2^23), its low 7 bits those of inner (so made, kind and slot read the same).
+ * Only the owner writes an entry anew, and only one whose ticket was reported: the entry
+ * it issued last when that one is back (allow then report reuses one entry, hot in
+ * cache), else the next free one a cursor finds among 8 (with none free, the ticket is
+ * left untracked: checked by key, generation and state only). A ticket whose entry holds
+ * a later use of it was reported (FZ_EREPORTED). The owner's report is a plain load and
+ * store; a report from another thread swaps tk with a compare-and-swap. So every report
+ * is checked exactly, except one ticket reported twice at the same instant from two
+ * threads. Ledgers are process memory, never in a shared registry: a ticket of another
+ * process names no entry. The lane, the entry issued last, the search cursor and the
+ * use count are the owner's, in TLS (the use count is saved in the ledger when the
+ * thread exits, for the lane's next owner).
  */
 typedef struct entry {
   uint64_t tk, who, inner;  /* concurrent: see above */
