@@ -64,7 +64,7 @@ CORE_OBJS := $(CORE_SRCS:csrc/%.c=build/obj/%.o)
 LIB_OBJS   = $(filter-out %/fz_lua.o,$(1))
 
 # C tests beyond the three named ones (test/*.c): built like test_core, run as suites.
-NAMED_TESTS := test_core stress lstates faults
+NAMED_TESTS := test_core stress lstates faults interleave
 EXTRA_TESTS := $(filter-out $(NAMED_TESTS),$(basename $(notdir $(wildcard test/*.c))))
 TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 
@@ -168,6 +168,16 @@ build/faults: test/faults.c test/tap.h csrc/fz.c csrc/fz.h csrc/fz_atomic.h csrc
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -DFZ_FAULTS -o $@ test/faults.c csrc/fz.c \
 	  $(LDFLAGS) $(LDLIBS)
 
+# interleave parks threads at the core's pause points (the same hook): its own build too,
+# from every core source but the Lua binding. Also built with ASan and TSan below.
+FAULT_SRCS = $(filter-out csrc/fz_lua.c,$(CORE_SRCS))
+build/interleave build/asan/interleave build/tsan/interleave: test/interleave.c test/tap.h \
+    $(FAULT_SRCS) csrc/fz.h csrc/fz_atomic.h csrc/fz_errors.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(if $(findstring /asan/,$@),$(SAN_ASAN)) \
+	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/interleave.c $(FAULT_SRCS) \
+	  $(LDFLAGS) $(LDLIBS)
+
 # lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.
 build/lstates: test/lstates.c test/tap.h
 	@mkdir -p $(@D)
@@ -182,6 +192,7 @@ check: all build/5.4/fuse/core.so $(TEST_BINS)
 	@$(RUNTAP) stress build/stress
 	@$(RUNTAP) lstates env $(LUA_ENV) build/lstates
 	@$(RUNTAP) faults build/faults
+	@$(RUNTAP) interleave build/interleave
 	@$(foreach t,$(EXTRA_TESTS),$(RUNTAP) $(t) build/$(t);)
 	@$(RUNTAP) check-cdef sh tools/checkcdef.sh --tap
 	@$(RUNTAP) busted $(BUSTED_RUN) $(BUSTED_ARGS) -o TAP spec/
@@ -213,7 +224,7 @@ build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o)
 	$(AR) rcs $@ $^
 endif
 
-build/asan/test_core build/asan/stress build/asan/ops_core: build/asan/%: test/%.c test/tap.h \
+build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
@@ -227,17 +238,20 @@ san_verdict = sh tools/tapsum $(1) && \
 	if grep -lE '$(SAN_REPORT)' $(1)/*.err; then \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
-asan: build/asan/test_core build/asan/stress build/asan/ops_core
+asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
+	@bash tools/runtap build/asan/logs hardening env $(ASAN_ENV) build/asan/hardening
 	@bash tools/runtap build/asan/logs stress env $(ASAN_ENV) build/asan/stress
 	@bash tools/runtap build/asan/logs ops_core env $(ASAN_ENV) build/asan/ops_core
+	@bash tools/runtap build/asan/logs interleave env $(ASAN_ENV) build/asan/interleave
 	@$(call san_verdict,build/asan/logs)
 
-tsan: build/tsan/stress build/tsan/ops_core
+tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
 	@bash tools/runtap build/tsan/logs ops_core env $(TSAN_ENV) build/tsan/ops_core
+	@bash tools/runtap build/tsan/logs interleave env $(TSAN_ENV) build/tsan/interleave
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------

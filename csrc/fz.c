@@ -29,11 +29,29 @@
  * not ordering, except where a failure decides a trip: failures are added and summed
  * with seq_cst, so of two concurrent failures at least the later one sees both. When a
  * bucket is recycled for a newer epoch, its old count is moved (by the compare-and-swap
- * that recycles it) into a folded total, bracketed by fold_begin/fold_end counters that
- * readers of totals check, so totals are exact and never go down. Half-open admission
+ * that recycles it) into a folded total; a reader of totals adds folded and live counts
+ * (a count in flight between the two is missed, never seen twice) and raises each total
+ * to the highest one read before, so totals never go down and need no retry. Half-open admission
  * is one compare-and-swap on a word holding the generation, the probe successes and a
- * bitmask of busy probe slots. Nothing here is a pointer, so a breaker can live in
- * memory shared by processes; nothing takes a lock except registry creation.
+ * bitmask of busy probe slots; a probe is taken back (its busy bit cleared) by exactly
+ * one caller, its report or a caller that finds it past probe_timeout, and only that
+ * one counts it. Nothing here is a pointer, so a breaker can live in memory shared by
+ * processes; nothing takes a lock except registry creation.
+ *
+ * Tickets. An admitted call's ticket (an exact double below 2^53) is
+ *   key13 << 40 | generation32 << 8 | 0 << 7 | slot4 << 3 | kind2 << 1 | made1
+ * where key is a random number (1..8191) drawn per breaker at creation: fz_done refuses
+ * a ticket whose key is not the breaker's (another breaker's, or made up), and one whose
+ * generation is current but whose kind that generation's state never issues (kind 1
+ * needs closed, a probe half_open, a pass disabled), so no report can move forced_open
+ * or disabled, or make a transition the state machine does not have. A rejection is
+ * -(1 + state*4 + made). fz_allow (the two-step API, whose tickets go through user
+ * code) records each admitted ticket in a ledger and hands out instead
+ *   use23 << 30 | entry12 << 18 | lane10 << 8 | 1 << 7 | the low 7 bits above,
+ * naming the entry that holds the real ticket (use: a count of the thread's tickets);
+ * fz_done marks the entry reported, so a ticket reported twice (FZ_EREPORTED) or to
+ * another breaker (FZ_ETICKET) counts nothing. Ledgers are per thread and per process, never in shared memory: the hot
+ * path stays one atomic read-modify-write per call (see "ledgers").
  */
 #include "fz.h"
 #include "fz_atomic.h"
@@ -63,12 +81,18 @@ void (*fz_fault_hook)(const char *where);
 #endif
 
 #define LINE 64
-#define MS48 ((UINT64_C(1) << 48) - 1)
+#define MS42 ((UINT64_C(1) << 42) - 1)  /* probe starts: ms mod 2^42 (139 years) */
 #define SPAN 10                 /* buckets a time window spans */
 #define NBUCKETS (SPAN + 1)     /* plus the one being filled */
 #define NSTRIPES 8              /* per-thread counter stripes */
 #define TICKET_LIMIT 9007199254740992.0 /* 2^53: tickets are exact doubles */
-#define GEN_MASK ((UINT64_C(1) << 46) - 1)
+#define GEN_MASK UINT64_C(0xffffffff)      /* generation bits in a ticket */
+#define KEY_MASK (UINT64_C(0x1fff) << 40)  /* the breaker's key in a ticket */
+#define TK_TRACKED 0x80u                   /* a ticket of fz_allow, recorded in a ledger */
+#define LANES 1024                         /* ledgers of a process: threads that allow at once */
+#define LEDGER 4096                        /* entries of one ledger (a power of 2) */
+#define USE_MASK ((UINT64_C(1) << 23) - 1)  /* uses of a ledger entry, in its tickets */
+#define REPORTED (UINT64_C(1) << 63)       /* in a ledger entry's tk */
 #define MANUAL_ORIGIN (UINT64_C(1) << 62) /* the manual clock's 0 s, so negatives work */
 #define MANUAL_RANGE 4.5e9                /* seconds either side of it */
 
@@ -95,11 +119,12 @@ struct fz_breaker {
   uint64_t shift;               /* concurrent: added to epochs; bumped to start a fresh window */
   uint64_t bucket_ns, bucket_inv, open_for_ns, max_open_ns, probe_timeout_ms;
   uint32_t flags, in_registry;
+  uint64_t key;                 /* immutable after init: random, in bits 40-52 of its tickets */
   fz_config cfg;                /* immutable after init */
 
   /* Half-open admission. */
   _Alignas(LINE) uint64_t ho;   /* concurrent: gen32 << 32 | successes << 16 | busy slots */
-  uint64_t probe_start[FZ_MAX_PROBES]; /* concurrent: gen16 << 48 | start in ms */
+  uint64_t probe_start[FZ_MAX_PROBES]; /* concurrent: gen22 << 42 | start in ms (mod 2^42) */
 
   /* Failures and slow calls: not striped, they decide trips and are rare. */
   _Alignas(LINE) uint64_t fails[NBUCKETS]; /* concurrent, tagged */
@@ -107,7 +132,7 @@ struct fz_breaker {
 
   /* Cold: totals folded out of recycled buckets, backoff state. */
   _Alignas(LINE) uint64_t folded_succ, folded_rej, folded_fail, folded_slow;
-  uint64_t fold_begin, fold_end;  /* concurrent: recycles begun / ended */
+  uint64_t totals_seen[4];        /* concurrent: the highest totals read (succ, rej, fail, slow) */
   uint64_t opens_total;           /* concurrent */
   uint64_t cur_open_ns;           /* concurrent: the open period before jitter */
 
@@ -186,8 +211,9 @@ double fz_clock_now(void) {
 
 /* ---------------------------------------------------------------- per thread */
 
-/* initial-exec: a plain %fs-relative load, not a __tls_get_addr call per use; the two
- * words fit the static TLS that glibc keeps for libraries loaded by dlopen. */
+/* initial-exec: a plain %fs-relative load, not a __tls_get_addr call per use; the 32
+ * bytes (t_stripe, t_rng and the ledger's four below) fit the static TLS that glibc
+ * keeps for libraries loaded by dlopen. */
 #define TLS _Thread_local __attribute__((tls_model("initial-exec")))
 
 static uint32_t g_next_stripe;  /* concurrent */
@@ -218,19 +244,36 @@ static double rand01(void) {
 static uint32_t tag_of(uint64_t w) { return (uint32_t)(w >> 32); }
 static uint32_t cnt_of(uint64_t w) { return (uint32_t)w; }
 
+static uint64_t epoch_now(fz_breaker *b);
+
+/* Whether the clock, read now, is still more than a window behind epoch tag. */
+static int clock_went_back(fz_breaker *b, uint32_t tag) {
+  return (int32_t)(tag - (uint32_t)epoch_now(b)) > SPAN + 1;
+}
+
 /*
  * Adds one to the counter word for bucket epoch e. A word tagged with e or a slightly
  * newer epoch takes the add (a racing thread that read the clock later recycled it: the
- * call lands a bucket late, never lost). Any other word (older, never used, or left
+ * call lands a bucket late, never lost). A word tagged more than a window AHEAD of e
+ * belongs to a newer window than this caller's (it was descheduled between its clock
+ * read and this add): the call is older than that window, so it goes to the totals
+ * only and the newer counts are left alone (unless the clock now reads behind that word
+ * too: a manual clock set back, whose words are recycled as old). Any other word (older, never used, or left
  * from before a jump of the clock) is recycled: the compare-and-swap that retags it
  * captures its count exactly, which moves into *folded.
- * Returns the count before the add.
+ * Returns the count before the add (0 when it went to the totals only).
  */
 static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e, int order) {
+  FAULT("counting");
   uint64_t v = at_load_rlx(w);
   for (;;) {
     int32_t ahead = (int32_t)(tag_of(v) - e);
-    if (ahead >= 0 && ahead <= SPAN + 1) {
+    if (ahead > SPAN + 1 && !clock_went_back(b, tag_of(v))) {
+      at_add_sc(folded, 1);
+      return 0;
+    }
+    if (ahead > SPAN + 1) ahead = -1;  /* a word from before the clock was set back: recycle */
+    if (ahead >= 0) {
       if (cnt_of(v) >= UINT32_C(0x80000000)) {  /* bucket saturated: totals still exact */
         at_add_rlx(folded, 1);
         return cnt_of(v);
@@ -240,11 +283,11 @@ static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e,
       v = order == __ATOMIC_SEQ_CST ? at_add_sc(w, 1) : at_add_rlx(w, 1);
       return cnt_of(v);
     }
-    at_add_sc(&b->fold_begin, 1);  /* pairs with the reader's check in read_totals */
-    int won = at_cas_sc(w, &v, (uint64_t)e << 32 | 1);
-    if (won) at_add_sc(folded, cnt_of(v));
-    at_add_sc(&b->fold_end, 1);
-    if (won) return 0;
+    if (at_cas_sc(w, &v, (uint64_t)e << 32 | 1)) {
+      FAULT("folding");
+      at_add_sc(folded, cnt_of(v));
+      return 0;
+    }
   }
 }
 
@@ -273,27 +316,26 @@ static uint64_t tw_all(const uint64_t *w) {
  * epoch (tags keep only 32 bits of the epoch; this pass is what keeps them from
  * aliasing). A call racing with the pass may see its count moved to the totals only.
  */
-static void retire(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e) {
+static void retire(uint64_t *w, uint64_t *folded, uint64_t e) {
   uint64_t behind = (uint64_t)(uint32_t)(e - SPAN - 2) << 32;
   for (int i = 0; i < NBUCKETS; i++) {
     uint64_t v = at_load_rlx(&w[i]);
     while (v != behind) {
-      at_add_sc(&b->fold_begin, 1);  /* as in tw_add */
-      int won = at_cas_sc(&w[i], &v, behind);
-      if (won) at_add_sc(folded, cnt_of(v));
-      at_add_sc(&b->fold_end, 1);
-      if (won) break;
+      if (at_cas_sc(&w[i], &v, behind)) {
+        at_add_sc(folded, cnt_of(v));
+        break;
+      }
     }
   }
 }
 
 /* After the clock jumped past a whole window: one pass over every bucket. */
 static void retire_all(fz_breaker *b, uint64_t e) {
-  retire(b, b->fails, &b->folded_fail, e);
-  retire(b, b->slow, &b->folded_slow, e);
+  retire(b->fails, &b->folded_fail, e);
+  retire(b->slow, &b->folded_slow, e);
   for (int i = 0; i < NSTRIPES; i++) {
-    retire(b, b->stripes[i].succ, &b->folded_succ, e);
-    retire(b, b->stripes[i].rej, &b->folded_rej, e);
+    retire(b->stripes[i].succ, &b->folded_succ, e);
+    retire(b->stripes[i].rej, &b->folded_rej, e);
   }
 }
 
@@ -311,6 +353,10 @@ static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, u
 /* The bucket epoch of time t; remembers the newest one for calls that read no clock.
  * Division by the bucket width is a multiplication by its reciprocal (precomputed):
  * exact to within one bucket at the edges, and the same t always gives the same e. */
+static uint64_t epoch_now(fz_breaker *b) {
+  return (uint64_t)(((u128)now_ns() * b->bucket_inv) >> 64) + at_load_rlx(&b->shift);
+}
+
 static inline uint64_t epoch_at(fz_breaker *b, uint64_t t) {
   uint64_t e = (uint64_t)(((u128)t * b->bucket_inv) >> 64) + at_load_rlx(&b->shift);
   uint64_t cur = at_load_rlx(&b->cur_epoch);
@@ -338,8 +384,13 @@ static int sw_state(uint64_t sw) { return (int)(sw & 7); }
 static uint64_t sw_make(uint64_t gen, int state) { return gen << 3 | (uint64_t)state; }
 static int trans_code(int from, int to) { return 64 + from * 8 + to; }
 
-static double ticket(uint64_t gen, unsigned slot, int kind, int made) {
-  return (double)((gen & GEN_MASK) << 7 | (uint64_t)slot << 3 | (uint64_t)kind << 1 | (uint64_t)made);
+static uint64_t ticket_bits(const fz_breaker *b, uint64_t gen, unsigned slot, int kind, int made) {
+  return b->key | (gen & GEN_MASK) << 8 | (uint64_t)slot << 3 | (uint64_t)kind << 1 | (uint64_t)made;
+}
+
+/* Tickets are below 2^53: converted as signed, one instruction. */
+static double ticket(const fz_breaker *b, uint64_t gen, unsigned slot, int kind, int made) {
+  return (double)(int64_t)ticket_bits(b, gen, slot, kind, made);
 }
 
 static double rejection(int state, int made) { return -(double)(1 + state * 4 + made); }
@@ -427,6 +478,7 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
   b->flags = (c->failure_rate > 0 || c->slow_rate > 0 ? F_RATE : 0) | (c->count_window ? F_CW : 0) |
              (c->slow > 0 ? F_SLOW : 0);
   b->cur_open_ns = b->open_for_ns;
+  b->key = (uint64_t)(1 + (uint32_t)(rand01() * 8191)) << 40;  /* 1..8191: never 0 */
   b->sw = sw_make(0, FZ_CLOSED);
   if (name) memcpy(b->name, name, len);
   b->cur_epoch = (uint64_t)(((u128)now_ns() * b->bucket_inv) >> 64);
@@ -460,8 +512,18 @@ static uint64_t jittered(fz_breaker *b, uint64_t period) {
   return (uint64_t)p;
 }
 
-static int16_t gen16_ahead(uint64_t stamp, uint32_t gen) {
-  return (int16_t)(uint16_t)((uint16_t)(stamp >> 48) - (uint16_t)gen);
+/* A probe stamp: the low 22 bits of the generation, the start in ms (mod 2^42). Only
+ * compared for equality of generation, never for order, so no generation count makes
+ * an old stamp look new. */
+static uint64_t probe_stamp(uint32_t g32, uint64_t t) {
+  return (uint64_t)(g32 & 0x3fffff) << 42 | (t / 1000000 & MS42);
+}
+static int stamp_of(uint64_t st, uint32_t g32) { return st >> 42 == (g32 & 0x3fffff); }
+/* ms from the start in stamp st to t_ms; a start in the future (a clock set back) is
+ * "no time at all" */
+static uint64_t ms_since(uint64_t st, uint64_t t_ms) {
+  uint64_t d = (t_ms - st) & MS42;
+  return d >= UINT64_C(1) << 41 ? 0 : d;
 }
 
 #define STAMPING (UINT64_C(1) << 63)  /* in until_gen: `until` is being written */
@@ -470,12 +532,18 @@ static int16_t gen16_ahead(uint64_t stamp, uint32_t gen) {
  * Publishes the end of the open period of generation gen BEFORE the swap that opens the
  * circuit, so that a process killed right after the swap cannot leave it open for ever.
  * A small seqlock: until_gen goes from an older generation to gen | STAMPING, then
- * `until` is written, then until_gen = gen (release). The first caller to stamp a
- * generation wins; a caller whose view is late (an older gen) never writes over a newer
- * stamp; a caller that finds the same generation half-stamped (its stamper may have
- * died) finishes the stamp itself. If the circuit is open with a stamp left
- * half-written, open_due reads it as "due": a probe is admitted early rather than the
- * circuit staying open for ever.
+ * `until` is written, then until_gen goes from gen | STAMPING to gen (release). The
+ * first caller to stamp a generation wins; a caller that finds the same generation
+ * half-stamped (its stamper may have died) finishes the stamp itself. A caller whose
+ * view is late never writes over a newer stamp: it writes `until` with a
+ * compare-and-swap from the value it read BEFORE it saw gen | STAMPING still there
+ * (seq_cst, in that order), so once a newer generation has claimed until_gen and
+ * written its end, that swap fails and the late caller finds the newer claim and stops.
+ * Should the swap succeed because the newer end equals the value read, the caller sees
+ * the newer claim right after and swaps that value back. It ends the stamp with a
+ * compare-and-swap, never over a newer claim. If the circuit is
+ * open with a stamp left half-written, open_due reads it as "due": a probe is admitted
+ * early rather than the circuit staying open for ever.
  */
 static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
   uint64_t cur = at_load_acq(&b->until_gen);
@@ -484,9 +552,21 @@ static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
     if (cur == (gen | STAMPING)) break;  /* another stamper of gen, alive or dead: finish */
     if (at_cas_acqrel(&b->until_gen, &cur, gen | STAMPING)) break;
   }
-  FAULT("stamping");
-  at_store_rlx(&b->until, end_ns);
-  at_store_rel(&b->until_gen, gen);  /* release: pairs with the acquire in open_due */
+  uint64_t u = at_load_sc(&b->until);
+  for (;;) {
+    /* after the load of u: a newer claim seen here was made after u was read */
+    if (at_load_sc(&b->until_gen) != (gen | STAMPING)) return;  /* done, or a newer claim */
+    FAULT("stamping");
+    if (at_cas_sc(&b->until, &u, end_ns)) break;  /* fails if `until` moved since u */
+  }
+  cur = at_load_sc(&b->until_gen);
+  if ((cur & ~STAMPING) > gen) {  /* a newer claim whose end was u: give it back */
+    uint64_t mine = end_ns;
+    at_cas_sc(&b->until, &mine, u);
+    return;
+  }
+  cur = gen | STAMPING;
+  at_cas_acqrel(&b->until_gen, &cur, gen);  /* release: pairs with the acquire in open_due */
 }
 
 /* closed -> open. Returns the transition code, or 0 when another caller moved first. */
@@ -516,6 +596,7 @@ static int reopen(fz_breaker *b, uint64_t sw, uint64_t t) {
  * is left alone: the next trip starts a new run of open periods. */
 static int close_circuit(fz_breaker *b, uint64_t sw) {
   fresh_window(b);
+  FAULT("closing");
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_CLOSED))) return 0;
   return trans_code(FZ_HALF_OPEN, FZ_CLOSED);
 }
@@ -529,20 +610,48 @@ static int open_due(fz_breaker *b, uint64_t sw, uint64_t t) {
   return at_load_acq(&b->until_gen) != sw_gen(sw) || t >= at_load_rlx(&b->until);
 }
 
-/* A probe of generation sw that has outlived probe_timeout re-opens the circuit. */
-static int probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
+/*
+ * A probe of generation sw that has outlived probe_timeout re-opens the circuit.
+ * Returns 1 + the slot of the first such probe, or 0. A busy slot whose stamp is of
+ * another generation (a late caller of an earlier half-open stamped over it, see
+ * stamp_probe) gets a stamp of now from the first caller that sees it: that probe times
+ * out probe_timeout later, never earlier, and never not at all.
+ */
+static unsigned probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
   uint64_t ho = at_load_acq(&b->ho);
   uint32_t g32 = (uint32_t)sw_gen(sw), busy = (uint32_t)ho & 0xffff;
   if ((uint32_t)(ho >> 32) != g32) return 0;
+  uint64_t t_ms = t / 1000000 & MS42;
   for (unsigned i = 0; busy; i++, busy >>= 1) {
     if (!(busy & 1)) continue;
     /* the stamp was published by the claim's acq_rel CAS on ho, read above (acquire) */
     uint64_t st = at_load_acq(&b->probe_start[i]);
-    uint64_t start = st & MS48, t_ms = (t / 1000000) & MS48;
-    if (gen16_ahead(st, g32) != 0) return 1;  /* cannot be (see stamp_probe): do not wedge */
-    if (t_ms >= start && t_ms - start >= b->probe_timeout_ms) return 1;
+    if (!stamp_of(st, g32)) {
+      at_cas_acqrel(&b->probe_start[i], &st, probe_stamp(g32, t));  /* lost: the next one wins */
+      continue;
+    }
+    if (ms_since(st, t_ms) >= b->probe_timeout_ms) return i + 1;
   }
   return 0;
+}
+
+/*
+ * Takes the busy probe `slot` of half-open g32 back (with `succ`, also counting one
+ * probe success). Exactly one caller takes a probe back: the probe's own report, or a
+ * caller that found it timed out; only that one counts the probe's outcome. Stores the
+ * new half-open word in *out. Returns 0 when the slot was not busy in g32.
+ */
+static int probe_take(fz_breaker *b, uint32_t g32, unsigned slot, int succ, uint64_t *out) {
+  uint64_t ho = at_load_acq(&b->ho);
+  for (;;) {
+    if ((uint32_t)(ho >> 32) != g32 || !(ho & 1u << slot)) return 0;
+    uint64_t want = ho & ~(UINT64_C(1) << slot);
+    if (succ) want = (want & ~(UINT64_C(0xffff) << 16)) | ((ho >> 16 & 0xffff) + 1) << 16;
+    if (at_cas_acqrel(&b->ho, &ho, want)) {
+      *out = want;
+      return 1;
+    }
+  }
 }
 
 /* Makes a transition due by time alone, if one is: returns its code (0 when none was
@@ -550,16 +659,22 @@ static int probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
  * the caller can report exactly what it did. */
 static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
   int made = 0, st = sw_state(*sw);
+  unsigned slot;
   if (st == FZ_OPEN && open_due(b, *sw, t)) {
     uint64_t want = *sw;
     if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(*sw) + 1, FZ_HALF_OPEN)))
       made = trans_code(FZ_OPEN, FZ_HALF_OPEN);
-  } else if (st == FZ_HALF_OPEN && probe_timed_out(b, *sw, t)) {
-    made = reopen(b, *sw, t);
-    if (made) at_add_sc(&b->folded_fail, 1);  /* the timed-out probe counts as failed */
+  } else if (st == FZ_HALF_OPEN && (slot = probe_timed_out(b, *sw, t))) {
+    uint64_t ho;
+    /* the caller that takes the timed-out probe back counts it as failed, once */
+    if (probe_take(b, (uint32_t)sw_gen(*sw), slot - 1, 0, &ho)) {
+      at_add_sc(&b->folded_fail, 1);
+      made = reopen(b, *sw, t);
+    }
   } else {
     return 0;
   }
+  FAULT("settling");
   *sw = at_load_acq(&b->sw);
   return made;
 }
@@ -579,20 +694,21 @@ static void count_rejection(fz_breaker *b, uint64_t e) {
 static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot);
 
 /*
- * Stamps the start of a probe in `slot` (gen16 << 48 | start in ms) BEFORE the claim
- * that sets the slot's busy bit, so that a busy slot always carries a start of its own
- * generation, even if its process is killed right after the claim: probe_timeout then
- * frees it. A stamp only moves forward: a newer generation's is left alone, and within
- * one generation a later start wins (two callers racing for one free slot both stamp).
+ * Stamps the start of a probe in `slot` (see probe_stamp) BEFORE the claim that sets
+ * the slot's busy bit, so that a busy slot carries a start of its own generation even
+ * if its process is killed right after the claim: probe_timeout then frees it. Within
+ * one generation a later start wins (two callers racing for one free slot both stamp);
+ * a stamp of any other generation is replaced. That may be a newer one, when this
+ * caller's view of the state is late: its claim then fails, and probe_timed_out
+ * restamps the newer probe when it sees the foreign stamp (a late timeout, never an
+ * early one).
  */
 static void stamp_probe(fz_breaker *b, unsigned slot, uint32_t g32, uint64_t t) {
-  uint64_t t_ms = t / 1000000 & MS48;
-  uint64_t want = (uint64_t)(g32 & 0xffff) << 48 | t_ms;
+  uint64_t want = probe_stamp(g32, t);
   uint64_t *p = &b->probe_start[slot];
   uint64_t cur = at_load_acq(p);
   for (;;) {
-    int16_t ahead = gen16_ahead(cur, g32);
-    if (ahead > 0 || (ahead == 0 && (cur & MS48) >= t_ms)) return;
+    if (stamp_of(cur, g32) && ms_since(cur, want & MS42) == 0) return;  /* as late or later */
     if (at_cas_acqrel(p, &cur, want)) return;
   }
 }
@@ -622,18 +738,18 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
   uint64_t now_sw = at_load_acq(&b->sw);
   if (now_sw != sw) {
     probe_release(b, sw_gen(sw), slot);
-    if (sw_state(now_sw) == FZ_CLOSED) return ticket(sw_gen(now_sw), 0, KIND_NORMAL, made ? 1 : 0);
-    if (sw_state(now_sw) == FZ_DISABLED) return ticket(sw_gen(now_sw), 0, KIND_PASS, made ? 1 : 0);
+    if (sw_state(now_sw) == FZ_CLOSED) return ticket(b, sw_gen(now_sw), 0, KIND_NORMAL, made ? 1 : 0);
+    if (sw_state(now_sw) == FZ_DISABLED) return ticket(b, sw_gen(now_sw), 0, KIND_PASS, made ? 1 : 0);
     count_rejection(b, epoch_at(b, t));
     return rejection(sw_state(now_sw), made ? 1 : 0);
   }
-  return ticket(sw_gen(sw), slot, KIND_PROBE, made ? 1 : 0);
+  return ticket(b, sw_gen(sw), slot, KIND_PROBE, made ? 1 : 0);
 }
 
 /* fz_enter when the circuit is not closed. A state machine: one case a state. */
 static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
   /* the manual states need no clock: forced_open counts in the bucket of the last read */
-  if (sw_state(sw) == FZ_DISABLED) return ticket(sw_gen(sw), 0, KIND_PASS, 0);
+  if (sw_state(sw) == FZ_DISABLED) return ticket(b, sw_gen(sw), 0, KIND_PASS, 0);
   if (sw_state(sw) == FZ_FORCED_OPEN && !forced_end(b, sw)) {
     count_rejection(b, at_load_rlx(&b->cur_epoch));
     return rejection(FZ_FORCED_OPEN, 0);
@@ -657,9 +773,9 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
   int to_half = made == trans_code(FZ_OPEN, FZ_HALF_OPEN);
   switch (sw_state(sw)) {
   case FZ_CLOSED:
-    return ticket(sw_gen(sw), 0, KIND_NORMAL, to_half);
+    return ticket(b, sw_gen(sw), 0, KIND_NORMAL, to_half);
   case FZ_DISABLED:
-    return ticket(sw_gen(sw), 0, KIND_PASS, to_half);
+    return ticket(b, sw_gen(sw), 0, KIND_PASS, to_half);
   case FZ_HALF_OPEN:
     return claim_probe(b, sw, t, to_half);
   default: /* FZ_OPEN, FZ_FORCED_OPEN */
@@ -682,11 +798,160 @@ static inline int reject_open(fz_breaker *b, uint64_t sw) {
   return 1;
 }
 
-double fz_enter(fz_breaker *b) {
+/* fz_enter's body, inlined into fz_allow too (an exported function may be interposed,
+ * so the compiler calls it through the PLT instead). */
+static inline double enter(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
-  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(sw_gen(sw), 0, KIND_NORMAL, 0);
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
   if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
   return enter_slow(b, sw);
+}
+
+double fz_enter(fz_breaker *b) { return enter(b); }
+
+/* ---------------------------------------------------------------- ledgers */
+
+/*
+ * Tickets of fz_allow (the two-step API) are recorded, so that fz_done refuses one
+ * reported twice or given to another breaker. Each thread that allows owns a ledger
+ * (one of LANES per process, claimed at its first fz_allow and given back when it
+ * exits): LEDGER entries { tk, who, inner }, where tk is the tracked ticket (REPORTED
+ * set once reported), who the breaker, inner the ticket fz_enter gave. The tracked
+ * ticket names its entry (lane, index) and carries a use count (the lane's tickets so
+ * far, mod 2^23), its low 7 bits those of inner (so made, kind and slot read the same).
+ * Only the owner writes an entry anew, and only one whose ticket was reported: the entry
+ * it issued last when that one is back (allow then report reuses one entry, hot in
+ * cache), else the next free one a cursor finds among 8 (with none free, the ticket is
+ * left untracked: checked by key, generation and state only). A ticket whose entry holds
+ * a later use of it was reported (FZ_EREPORTED). The owner's report is a plain load and
+ * store; a report from another thread swaps tk with a compare-and-swap. So every report
+ * is checked exactly, except one ticket reported twice at the same instant from two
+ * threads. Ledgers are process memory, never in a shared registry: a ticket of another
+ * process names no entry. The lane, the entry issued last, the search cursor and the
+ * use count are the owner's, in TLS (the use count is saved in the ledger when the
+ * thread exits, for the lane's next owner).
+ */
+typedef struct entry {
+  uint64_t tk, who, inner;  /* concurrent: see above */
+  uint64_t pad;             /* 32 bytes: an index is a shift */
+} entry;
+
+typedef struct ledger {
+  uint32_t lane;
+  uint32_t uses;            /* tickets issued, kept while no thread owns the lane */
+  entry e[LEDGER];
+} ledger;
+
+static ledger *g_ledgers[LANES];     /* concurrent: each set once */
+static uint32_t g_lane_owned[LANES]; /* concurrent: 1 while a thread owns the lane */
+static TLS ledger *t_ledger;          /* the thread's ledger, or NULL */
+static TLS uint32_t t_lane = LANES;   /* its lane, or LANES for none */
+static TLS uint32_t t_last, t_cursor; /* the entry issued last; where the search goes on */
+static TLS uint32_t t_uses;           /* tickets this lane issued */
+static pthread_key_t g_lane_key;
+static pthread_once_t g_lane_once = PTHREAD_ONCE_INIT;
+
+static void lane_release(void *p) {
+  ledger *l = p;
+  l->uses = t_uses;
+  t_ledger = NULL, t_lane = LANES;
+  /* release: the next owner sees this one's cursor and entries */
+  __atomic_store_n(&g_lane_owned[l->lane], 0, __ATOMIC_RELEASE);
+}
+
+static void lane_key_init(void) { pthread_key_create(&g_lane_key, lane_release); }
+
+static __attribute__((noinline)) ledger *lane_claim(void) {
+  pthread_once(&g_lane_once, lane_key_init);
+  for (uint32_t i = 0; i < LANES; i++) {
+    uint32_t free_ = 0;
+    if (at_load32_rlx(&g_lane_owned[i]) || !at_cas32_acqrel(&g_lane_owned[i], &free_, 1)) continue;
+    ledger *l = __atomic_load_n(&g_ledgers[i], __ATOMIC_ACQUIRE);  /* pairs with the release below */
+    if (!l) {
+      if (!(l = calloc(1, sizeof *l))) {
+        __atomic_store_n(&g_lane_owned[i], 0, __ATOMIC_RELEASE);
+        return NULL;
+      }
+      l->lane = i;
+      __atomic_store_n(&g_ledgers[i], l, __ATOMIC_RELEASE);
+    }
+    pthread_setspecific(g_lane_key, l);
+    t_lane = i, t_uses = l->uses;
+    return t_ledger = l;
+  }
+  return NULL;  /* LANES threads hold a lane: tickets go untracked */
+}
+
+/* Whether ledger entry word cur is free: never used, or its ticket reported. */
+static int entry_free(uint64_t cur) { return !cur || (cur & REPORTED); }
+
+/* The entry of ledger l after t_cursor that is free, or NULL among 8 outstanding in a
+ * row; t_last becomes its index. */
+static __attribute__((noinline)) entry *entry_search(ledger *l, uint64_t *cur) {
+  for (int k = 0; k < 8; k++) {
+    uint32_t i = t_cursor = (t_cursor + 1) & (LEDGER - 1);
+    *cur = at_load_acq(&l->e[i].tk);  /* acquire: as in track */
+    if (entry_free(*cur)) {
+      t_last = i;
+      return &l->e[i];
+    }
+  }
+  return NULL;
+}
+
+/* Records the admitted ticket u of fz_enter; returns the tracked ticket that stands for it. */
+static inline __attribute__((always_inline)) double track(fz_breaker *b, uint64_t u) {
+  ledger *l = t_ledger;
+  if (__builtin_expect(!l, 0) && !(l = lane_claim())) return (double)(int64_t)u;
+  entry *en = &l->e[t_last];
+  /* acquire: pairs with the swap of another thread's report, which read who and inner */
+  uint64_t cur = at_load_acq(&en->tk);
+  if (__builtin_expect(!entry_free(cur), 0) && !(en = entry_search(l, &cur))) return (double)(int64_t)u;
+  /* the use count from a counter of the thread, not from cur: a ticket does not wait for
+   * the report of the one before it to be stored and read back */
+  uint64_t use = ++t_uses & USE_MASK;
+  uint64_t tk = use << 30 | (uint64_t)t_last << 18 | (uint64_t)t_lane << 8 | TK_TRACKED | (u & 0x7f);
+  at_store_rlx(&en->who, (uint64_t)(uintptr_t)b);
+  at_store_rlx(&en->inner, u);
+  at_store_rel(&en->tk, tk);  /* release: a reporter that acquires tk sees who and inner */
+  return (double)(int64_t)tk;
+}
+
+/* Why untrack refused tracked ticket t whose entry holds cur (see untrack). */
+static __attribute__((noinline)) int refusal(fz_breaker *b, uint64_t t, const entry *en, uint64_t cur) {
+  uint64_t diff = (cur & ~REPORTED) ^ t;
+  if (diff & ~(USE_MASK << 30) || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) return FZ_ETICKET;
+  /* an earlier use of the entry: reported before the entry was used again */
+  if (diff && ((cur >> 30) - (t >> 30)) % (USE_MASK + 1) > (USE_MASK >> 1)) return FZ_ETICKET;
+  return FZ_EREPORTED;
+}
+
+/* The ticket of fz_enter that tracked ticket t stands for, in *u, marking t reported.
+ * Returns 0, FZ_ETICKET (not issued by b's fz_allow) or FZ_EREPORTED. */
+static inline __attribute__((always_inline)) int untrack(fz_breaker *b, uint64_t t, uint64_t *u) {
+  uint32_t lane = (uint32_t)(t >> 8 & (LANES - 1));
+  ledger *l = t_ledger;
+  int own = lane == t_lane;
+  if (!own && !(l = __atomic_load_n(&g_ledgers[lane], __ATOMIC_ACQUIRE))) return FZ_ETICKET;
+  entry *en = &l->e[(t >> 18) & (LEDGER - 1)];
+  uint64_t cur = at_load_acq(&en->tk);  /* acquire: pairs with the release in track */
+  if (cur != t || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) return refusal(b, t, en, cur);
+  *u = at_load_rlx(&en->inner);
+  if (own) at_store_rlx(&en->tk, t | REPORTED);  /* the owner: no other writer of a live entry */
+  else if (!at_cas_acqrel(&en->tk, &cur, t | REPORTED)) return FZ_EREPORTED;
+  return 0;
+}
+
+static __attribute__((noinline)) double allow_slow(fz_breaker *b) {
+  double u = enter(b);
+  return u > 0 ? track(b, (uint64_t)(int64_t)u) : u;
+}
+
+double fz_allow(fz_breaker *b) {
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in enter */
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1))
+    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0));
+  return allow_slow(b);
 }
 
 /* ---------------------------------------------------------------- outcomes */
@@ -783,21 +1048,19 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
 /* The outcome of the probe in `slot` of half-open generation sw. A slow probe counts
  * as failed when a slow-call rate rule is set. */
 static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int slow) {
-  uint32_t g32 = (uint32_t)sw_gen(sw);
-  uint64_t ho = at_load_acq(&b->ho);
+  int bad = fail || (slow && b->cfg.slow_rate > 0);
+  uint64_t ho;
+  FAULT("probe-recording");
+  /* a probe taken back already (timed out) was counted as failed by whoever took it */
+  if (!probe_take(b, (uint32_t)sw_gen(sw), slot, !bad, &ho)) return 0;
   uint64_t t = now_ns(), e = epoch_at(b, t);
   if (slow) bump(b, b->slow, &b->folded_slow, e, __ATOMIC_SEQ_CST);
   if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
   else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
-  if (fail || (slow && b->cfg.slow_rate > 0)) return reopen(b, sw, t);
-  for (;;) {
-    if ((uint32_t)(ho >> 32) != g32 || !(ho & 1u << slot)) return 0;
-    uint64_t succ = (ho >> 16 & 0xffff) + 1;
-    uint64_t want = (ho & ~(UINT64_C(0xffff) << 16) & ~(UINT64_C(1) << slot)) | succ << 16;
-    /* only the success that completes `probes` closes; later ones of this generation
-     * (probes still running when it closed) are stale */
-    if (at_cas_acqrel(&b->ho, &ho, want)) return succ == b->cfg.probes ? close_circuit(b, sw) : 0;
-  }
+  if (bad) return reopen(b, sw, t);
+  /* only the success that completes `probes` closes; later ones of this generation
+   * (probes still running when it closed) are stale */
+  return (ho >> 16 & 0xffff) == b->cfg.probes ? close_circuit(b, sw) : 0;
 }
 
 /* An ignored probe gives its slot back. */
@@ -817,13 +1080,14 @@ static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot) {
  * a bucket, so a quiet breaker counts exactly, for a bucket that is not the current one,
  * and for every 64th call, so a busy one stays current. Returns 1 when it counted.
  */
-static inline int done_fast(fz_breaker *b, double tk) {
-  if (!(tk >= 1.0 && tk < TICKET_LIMIT)) return 0;
-  uint64_t t = (uint64_t)tk;
-  if ((t & 0x7f) != KIND_NORMAL << 1 || (double)t != tk || b->flags) return 0;
+static inline int done_fast(fz_breaker *b, uint64_t t) {
+  if ((t & 0x7f) != KIND_NORMAL << 1 || b->flags) return 0;
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
   uint32_t si = t_stripe;
-  if ((sw_gen(sw) & GEN_MASK) != t >> 7 || si == UINT32_MAX) return 0;
+  /* one compare: key, generation, and state closed (sw << 5 puts the generation at bit 8
+   * and the state at bits 5-7, which are 0 in a kind-1 ticket) */
+  if ((t & ~UINT64_C(0x1f)) != (b->key | ((sw << 5) & (GEN_MASK << 8 | 0xe0))) || si == UINT32_MAX)
+    return 0;
   uint64_t e = at_load_rlx(&b->cur_epoch);
   uint64_t *w = &b->stripes[si].succ[e % NBUCKETS];
   uint64_t v = at_load_rlx(w);
@@ -833,29 +1097,42 @@ static inline int done_fast(fz_breaker *b, double tk) {
   return 1;
 }
 
-static __attribute__((noinline)) int done_slow(fz_breaker *b, double tk, int outcome, double elapsed);
+static __attribute__((noinline)) int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed);
 
 int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) {
-  if (outcome == FZ_SUCCESS && done_fast(b, tk)) return 0;
-  return done_slow(b, tk, outcome, elapsed);
+  if (!(tk >= 1.0 && tk < TICKET_LIMIT) || outcome < FZ_SUCCESS || outcome > FZ_IGNORE)
+    return FZ_ETICKET;
+  uint64_t t = (uint64_t)(int64_t)tk;  /* below 2^53: signed conversions, one instruction */
+  if ((double)(int64_t)t != tk) return FZ_ETICKET;
+  if (t & TK_TRACKED) {
+    int rc = untrack(b, t, &t);
+    if (rc) return rc;
+  }
+  if (outcome == FZ_SUCCESS && done_fast(b, t)) return 0;
+  return done_slow(b, t, outcome, elapsed);
 }
 
-static int done_slow(fz_breaker *b, double tk, int outcome, double elapsed) {
-  if (!(tk >= 1.0 && tk < TICKET_LIMIT)) return FZ_ETICKET;
-  uint64_t t = (uint64_t)tk;
+/* The state a ticket of this kind is issued in. */
+static int kind_state(int kind) {
+  return kind == KIND_NORMAL ? FZ_CLOSED : kind == KIND_PROBE ? FZ_HALF_OPEN : FZ_DISABLED;
+}
+
+static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
   int kind = (int)(t >> 1 & 3);
   unsigned slot = (unsigned)(t >> 3 & 15);
-  if ((double)t != tk || kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || slot >= b->cfg.probes ||
-      outcome < FZ_SUCCESS || outcome > FZ_IGNORE)
+  if (kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || slot >= b->cfg.probes || (t & TK_TRACKED) ||
+      (t & KEY_MASK) != b->key)  /* a ticket of another breaker, or made up */
     return FZ_ETICKET;
-  if (kind == KIND_PASS) return 0;
-  uint64_t gen = t >> 7;
-  if (outcome == FZ_IGNORE) {
-    if (kind == KIND_PROBE) probe_release(b, gen, slot);
+  uint64_t gen = t >> 8 & GEN_MASK;
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
+  int current = (sw_gen(sw) & GEN_MASK) == gen;
+  /* a generation is one state: a ticket of this generation issued in another cannot be */
+  if (current && sw_state(sw) != kind_state(kind)) return FZ_ETICKET;
+  if (outcome == FZ_IGNORE || kind == KIND_PASS) {
+    if (outcome == FZ_IGNORE && kind == KIND_PROBE) probe_release(b, gen, slot);
     return 0;
   }
-  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
-  if ((sw_gen(sw) & GEN_MASK) != gen) return 0;  /* stale: an earlier generation */
+  if (!current) return 0;  /* stale: an earlier generation */
   int fail = outcome == FZ_FAILURE;
   int slow = b->cfg.slow > 0 && elapsed >= b->cfg.slow;
   if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail, slow);
@@ -864,6 +1141,7 @@ static int done_slow(fz_breaker *b, double tk, int outcome, double elapsed) {
     bump(b, my_stripe(b)->succ, &b->folded_succ, epoch_at(b, now_ns()), __ATOMIC_RELAXED);
     return 0;
   }
+  FAULT("recording");
   return closed_record(b, sw, fail, slow);
 }
 
@@ -886,22 +1164,34 @@ double fz_retry_after(fz_breaker *b) {
   return until > t ? (double)(until - t) / 1e9 : 0;
 }
 
-/* Totals: folded counts plus every live word, retried while a recycle is under way. */
+/* The larger of v and the highest value of this total read so far, which it becomes. */
+static uint64_t seen_max(uint64_t *seen, uint64_t v) {
+  uint64_t cur = at_load_rlx(seen);
+  while (cur < v && !at_cas_acqrel(seen, &cur, v)) {}
+  return cur > v ? cur : v;
+}
+
+/*
+ * Totals: folded counts plus every live word. The folded count is read first: a word's
+ * count moves into it (after the compare-and-swap that recycles the word), so a count
+ * is never seen twice, but one caught between the two is missed: a read can be short,
+ * never over. Each total is then raised to the highest value any reader saw before (a
+ * word per total, moved up with a compare-and-swap): every total ever returned was at
+ * most the true count when read, and no total ever goes down. No retry.
+ */
 static void read_totals(fz_breaker *b, fz_stats *out) {
-  for (int tries = 0; tries < 100; tries++) {
-    uint64_t end = at_load_sc(&b->fold_end);
-    uint64_t succ = at_load_sc(&b->folded_succ), rej = at_load_sc(&b->folded_rej);
-    for (int i = 0; i < NSTRIPES; i++) {
-      succ += tw_all(b->stripes[i].succ);
-      rej += tw_all(b->stripes[i].rej);
-    }
-    uint64_t fail = at_load_sc(&b->folded_fail) + tw_all(b->fails);
-    uint64_t slow = at_load_sc(&b->folded_slow) + tw_all(b->slow);
-    out->successes_total = succ, out->rejections_total = rej;
-    out->failures_total = fail, out->slow_total = slow;
-    /* pairs with the fold_begin increment of tw_add: no recycle began meanwhile */
-    if (at_load_sc(&b->fold_begin) == end) return;
+  uint64_t succ = at_load_sc(&b->folded_succ), rej = at_load_sc(&b->folded_rej);
+  uint64_t fail = at_load_sc(&b->folded_fail), slow = at_load_sc(&b->folded_slow);
+  for (int i = 0; i < NSTRIPES; i++) {
+    succ += tw_all(b->stripes[i].succ);
+    rej += tw_all(b->stripes[i].rej);
   }
+  fail += tw_all(b->fails);
+  slow += tw_all(b->slow);
+  out->successes_total = seen_max(&b->totals_seen[0], succ);
+  out->rejections_total = seen_max(&b->totals_seen[1], rej);
+  out->failures_total = seen_max(&b->totals_seen[2], fail);
+  out->slow_total = seen_max(&b->totals_seen[3], slow);
 }
 
 /* The snapshot of fz_stats_read and fz_stats_peek. With `settle`, due transitions are

@@ -42,7 +42,8 @@ enum {
 
 enum {
   FZ_OK = 0, FZ_EINVAL = -1, FZ_ENOMEM = -2, FZ_EFULL = -3, FZ_EMISMATCH = -4,
-  FZ_ENAME = -5, FZ_EBUSY = -6, FZ_ETICKET = -7, FZ_ESHARED = -8
+  FZ_ENAME = -5, FZ_EBUSY = -6, FZ_ETICKET = -7, FZ_ESHARED = -8,
+  FZ_EREPORTED = -9
 };
 
 /* Bits of fz_config_diff's result, one per option. */
@@ -118,6 +119,7 @@ void fz_breaker_config(const fz_breaker *b, fz_config *out);
 const char *fz_breaker_name(const fz_breaker *b);
 
 double fz_enter(fz_breaker *b);
+double fz_allow(fz_breaker *b);
 int fz_done(fz_breaker *b, double ticket, int outcome, double elapsed);
 
 int fz_state(fz_breaker *b);
@@ -184,26 +186,45 @@ double fz_clock_now(void);
  *   NUL-terminated name, or "" for an anonymous breaker.
  *
  * fz_enter(b): asks to make one call. Lock-free; reads the clock only when the state
- *   is not closed (or a rate rule needs it). Returns a ticket, an exact integer:
- *     > 0  admitted. ticket = generation*128 + slot*8 + kind*2 + flag, where kind is
- *          1 (a call counted in the closed window), 2 (a half-open probe in slot
- *          `slot`) or 3 (disabled: nothing will be counted), and flag is 1 when this
- *          very call made the transition open -> half_open (whatever the state became
- *          afterwards: the ticket of any kind carries it).
+ *   is not closed (or a rate rule needs it). Returns a ticket, an exact integer below
+ *   2^53:
+ *     > 0  admitted. Bits: 0 flag, 1-2 kind, 3-6 slot, 7 zero (set in fz_allow's
+ *          tickets), 8-39 the generation (its low 32 bits), 40-52 the breaker's key (a
+ *          random number 1..8191 drawn when the breaker is made). kind is 1 (a call
+ *          counted in the closed window), 2 (a half-open probe in slot `slot`) or 3
+ *          (disabled: nothing will be counted), and flag is 1 when this very call made
+ *          the transition open -> half_open (whatever the state became afterwards: the
+ *          ticket of any kind carries it). So: odd = made open -> half_open.
  *     < 0  rejected. -ticket - 1 = state*4 + made, where state is the state that
  *          rejected the call (FZ_OPEN, FZ_HALF_OPEN with no free probe slot, or
  *          FZ_FORCED_OPEN) and made is 0, 1 when this call made open -> half_open,
  *          or 2 when it made half_open -> open (a probe past probe_timeout), or 3
  *          when it lifted a timed forced_open whose time was up (forced_open -> open;
  *          the rejection's state is then FZ_OPEN).
- *   The rejection is counted. The ticket must be given to fz_done exactly once.
+ *   The rejection is counted. The ticket must be given to fz_done exactly once (for
+ *   callers that cannot be sure of that, fz_allow).
+ *
+ * fz_allow(b): fz_enter, and an admitted ticket is recorded in the calling thread's
+ *   ledger (see fz.c, "ledgers"), so that fz_done refuses it when it is reported a
+ *   second time (FZ_EREPORTED) or to another breaker (FZ_ETICKET). Rejections are as
+ *   fz_enter's. An admitted ticket has bit 7 set, bits 0-6 as fz_enter's (flag, kind,
+ *   slot), bits 8-17 the ledger, 18-29 its entry and 30-52 the entry's use count. A
+ *   thread with no free entry among the next 8 of its 4096 (tickets outstanding), or
+ *   beyond 1024 threads with tickets at once, gets fz_enter's ticket.
  *
  * fz_done(b, ticket, outcome, elapsed): records the outcome (FZ_SUCCESS, FZ_FAILURE,
  *   FZ_IGNORE) of an admitted call. elapsed is the call's duration in seconds, or a
  *   negative number when it was not measured (then the call is never slow). An
- *   outcome whose ticket belongs to an earlier generation is ignored. Returns 0, or
- *   the transition this call made as 64 + from*8 + to, or FZ_ETICKET for a ticket
- *   fz_enter cannot have returned.
+ *   outcome whose ticket belongs to an earlier generation is ignored (a probe taken
+ *   back at its timeout, already counted as failed, too). Returns 0, or the transition
+ *   this call made as 64 + from*8 + to, or, counting nothing:
+ *     FZ_ETICKET    not a ticket b issued: a bad shape or outcome, another breaker's
+ *                   key, a generation b is in whose state issues no ticket of that
+ *                   kind (kind 1 needs closed, 2 half_open, 3 disabled), or a tracked
+ *                   ticket that b's fz_allow did not record;
+ *     FZ_EREPORTED  a ticket of fz_allow given to fz_done before.
+ *   fz_enter's tickets are checked by key, generation and state only: give each to
+ *   fz_done once.
  *
  * fz_state(b): the state as of now, making any transition that is due by time alone
  *   (open -> half_open, a probe past its timeout -> open). Returns

@@ -13,7 +13,8 @@
   _(FZ_EMISMATCH, "a breaker with this name exists with other options") \
   _(FZ_ENAME,     "breaker name must be 1 to 127 bytes without NUL") \
   _(FZ_EBUSY,     "the registry can only be made shared before any named breaker exists") \
-  _(FZ_ETICKET,   "not a ticket returned by allow") \
-  _(FZ_ESHARED,   "could not map shared memory for the registry")
+  _(FZ_ETICKET,   "not a ticket issued by this breaker") \
+  _(FZ_ESHARED,   "could not map shared memory for the registry") \
+  _(FZ_EREPORTED, "ticket already reported")
 
 #endif /* FZ_ERRORS_H */

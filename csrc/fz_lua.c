@@ -298,6 +298,11 @@ static int l_enter(lua_State *L) {
   return 1;
 }
 
+static int l_allow(lua_State *L) {
+  lua_pushnumber(L, fz_allow(check_breaker(L, 1)));
+  return 1;
+}
+
 /* done(h, ticket, outcome, elapsed) -> 0, a transition code, or FZ_ETICKET */
 static int l_done(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
@@ -482,7 +487,7 @@ static int l_bounds(lua_State *L) {
 static const luaL_Reg FUNCS[] = {
   { "strerror", l_strerror }, { "new", l_new }, { "open", l_open }, { "find", l_find },
   { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
-  { "enter", l_enter }, { "done", l_done }, { "state", l_state },
+  { "enter", l_enter }, { "allow", l_allow }, { "done", l_done }, { "state", l_state },
   { "retry_after", l_retry_after }, { "reset", l_reset }, { "force_open", l_force_open },
   { "disable", l_disable }, { "stats", l_stats }, { "peek", l_peek }, { "init_shared", l_init_shared },
   { "is_shared", l_is_shared }, { "capacity", l_capacity },

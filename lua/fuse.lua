@@ -21,7 +21,7 @@ else
 end
 
 local error, pcall, select, setmetatable, tostring, type = error, pcall, select, setmetatable, tostring, type
-local floor = math.floor
+local floor, huge = math.floor, math.huge
 local byte = string.byte
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
@@ -35,9 +35,9 @@ local OPEN_TO_HALF = 64 + OPEN * 8 + HALF_OPEN
 local HALF_TO_OPEN = 64 + HALF_OPEN * 8 + OPEN
 local FORCED_TO_OPEN = 64 + 3 * 8 + OPEN
 local PLAIN_OPEN_REJECTION = -(1 + OPEN * 4)
-local E_MISMATCH, E_FULL, E_TICKET = -4, -3, -7
+local E_MISMATCH, E_FULL, E_TICKET, E_REPORTED = -4, -3, -7, -9
 
-local enter, done, clock_now = B.enter, B.done, B.clock_now
+local enter, allow, done, clock_now = B.enter, B.allow, B.done, B.clock_now
 
 ---------------------------------------------------------------------------- the clock
 
@@ -330,7 +330,7 @@ end
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
 function Breaker:allow()
   if fake then sync() end
-  local t = enter(self._h)
+  local t = allow(self._h)
   if t < 0 then return nil, rejected(self, self.on_state_change, t) end
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
   return t
@@ -340,12 +340,17 @@ function Breaker:report(ticket, ok, seconds)
   if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. type(ticket), 2) end
   local outcome = ok == true and SUCCESS or ok == false and FAILURE or ok == nil and IGNORE
   if not outcome then error("fuse: report's ok must be true, false or nil, got " .. type(ok), 2) end
-  if seconds ~= nil and (type(seconds) ~= "number" or seconds ~= seconds) then
-    error("fuse: report's seconds must be a number, got " .. tostring(seconds), 2)
+  if seconds ~= nil and not (type(seconds) == "number" and seconds >= 0 and seconds < huge) then
+    error("fuse: report's seconds must be a finite number >= 0, got " .. tostring(seconds), 2)
   end
   if fake then sync() end
   local code = done(self._h, ticket, outcome, seconds or -1)
-  if code == E_TICKET then error("fuse: report needs the ticket from allow, got " .. tostring(ticket), 2) end
+  if code == E_REPORTED or code == E_TICKET then
+    local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or tostring(ticket)
+    if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
+    error("fuse: report: " .. shown .. " is not a ticket this breaker's allow issued"
+      .. " (another breaker's, or made up)", 2)
+  end
   fire(self.on_state_change, self.name, code)
 end
 

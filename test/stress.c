@@ -108,7 +108,7 @@ static void *trip_worker(void *arg) {
       if (made == 2) note(r, 64 + FZ_HALF_OPEN * 8 + FZ_OPEN);
       continue;
     }
-    uint64_t tk = (uint64_t)t, gen = tk >> 7;
+    uint64_t tk = (uint64_t)t, gen = tk >> 8 & 0xffffffff;
     int probe = (tk >> 1 & 3) == 2 && gen < MAX_GENS;
     if (probe && __atomic_add_fetch(&inflight[gen], 1, __ATOMIC_SEQ_CST) > 2)
       __atomic_store_n(&probes_over, 1, __ATOMIC_RELAXED);

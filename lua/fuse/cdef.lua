@@ -16,7 +16,8 @@ enum {
 
 enum {
   FZ_OK = 0, FZ_EINVAL = -1, FZ_ENOMEM = -2, FZ_EFULL = -3, FZ_EMISMATCH = -4,
-  FZ_ENAME = -5, FZ_EBUSY = -6, FZ_ETICKET = -7, FZ_ESHARED = -8
+  FZ_ENAME = -5, FZ_EBUSY = -6, FZ_ETICKET = -7, FZ_ESHARED = -8,
+  FZ_EREPORTED = -9
 };
 
 /* Bits of fz_config_diff's result, one per option. */
@@ -92,6 +93,7 @@ void fz_breaker_config(const fz_breaker *b, fz_config *out);
 const char *fz_breaker_name(const fz_breaker *b);
 
 double fz_enter(fz_breaker *b);
+double fz_allow(fz_breaker *b);
 int fz_done(fz_breaker *b, double ticket, int outcome, double elapsed);
 
 int fz_state(fz_breaker *b);

@@ -80,6 +80,7 @@ end
 
 -- The hot path: plain calls, compiled into the caller's trace.
 function _M.enter(h) return C.fz_enter(h) end
+function _M.allow(h) return C.fz_allow(h) end
 function _M.done(h, ticket, outcome, elapsed) return C.fz_done(h, ticket, outcome, elapsed) end
 
 function _M.state(h) return C.fz_state(h) end

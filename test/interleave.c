@@ -1,0 +1,330 @@
+/*
+ * interleave.c -- races forced deterministically: one thread parked at a named pause
+ * point of the core while another runs, then released.
+ *
+ * Built with the core compiled with -DFZ_FAULTS, whose fault points call fz_fault_hook
+ * (see csrc/fz.c). The hook here parks a thread that opted in (t_parkable) when it
+ * reaches the armed point, until the test releases it: so the interleavings that a
+ * review found by reasoning are run, every time, in the order that breaks them. Time is
+ * the manual clock. Each part names the issue it covers (issue 7).
+ */
+#include "../csrc/fz.h"
+#include "tap.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+extern void (*fz_fault_hook)(const char *where);
+
+/* ---------------------------------------------------------------- pause points */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static const char *g_point;  /* under g_mu: the armed point */
+static int g_parked, g_released, g_finished;
+static _Thread_local int t_parkable;
+
+static void pause_hook(const char *where) {
+  if (!t_parkable) return;
+  pthread_mutex_lock(&g_mu);
+  if (g_point && strcmp(where, g_point) == 0 && !g_parked) {
+    g_parked = 1;
+    pthread_cond_broadcast(&g_cv);
+    while (!g_released) pthread_cond_wait(&g_cv, &g_mu);
+  }
+  pthread_mutex_unlock(&g_mu);
+}
+
+typedef struct parked {
+  pthread_t th;
+  void (*fn)(void *);
+  void *arg;
+} parked;
+
+static void *parked_main(void *p) {
+  parked *k = p;
+  t_parkable = 1;
+  k->fn(k->arg);
+  pthread_mutex_lock(&g_mu);
+  g_finished = 1;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  return NULL;
+}
+
+/* Runs fn(arg) in a thread that parks at `point`; returns 1 once it is parked there,
+ * 0 if it finished (or 5 s passed) without reaching it. */
+static int run_parked(parked *k, const char *point, void (*fn)(void *), void *arg) {
+  pthread_mutex_lock(&g_mu);
+  g_point = point, g_parked = g_released = g_finished = 0;
+  pthread_mutex_unlock(&g_mu);
+  k->fn = fn, k->arg = arg;
+  pthread_create(&k->th, NULL, parked_main, k);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 5;
+  pthread_mutex_lock(&g_mu);
+  int rc = 0;
+  while (!g_parked && !g_finished && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&g_cv, &g_mu, &until);
+  int parked_now = g_parked;
+  pthread_mutex_unlock(&g_mu);
+  return parked_now;
+}
+
+/* Lets the parked thread go on, and waits for it to finish. */
+static void release(parked *k) {
+  pthread_mutex_lock(&g_mu);
+  g_released = 1;
+  g_point = NULL;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  pthread_join(k->th, NULL);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static double T;
+static void at(double s) { T = s; fz_clock_manual(s); }
+static void later(double s) { at(T + s); }
+
+static fz_config defaults(void) {
+  fz_config c;
+  memset(&c, 0, sizeof c);
+  c.window = 10, c.open_for = 10, c.max_open_for = 1000, c.probe_timeout = 5;
+  c.backoff = 1, c.fails = 1, c.min_calls = 10, c.probes = 1;
+  return c;
+}
+
+static int state(fz_breaker *b) { return fz_state(b) & 255; }
+static int kind_of(double t) { return t > 0 ? (int)((uint64_t)t >> 1 & 3) : 0; }
+
+static fz_stats peek(fz_breaker *b) {
+  fz_stats s;
+  fz_stats_peek(b, &s);
+  return s;
+}
+
+/* What a parked thread does: report one outcome, or ask to make one call. */
+typedef struct job {
+  fz_breaker *b;
+  double ticket;
+  int outcome, rc;
+  double entered;
+} job;
+
+static void do_done(void *p) {
+  job *j = p;
+  j->rc = fz_done(j->b, j->ticket, j->outcome, -1);
+}
+
+static void do_enter(void *p) {
+  job *j = p;
+  j->entered = fz_enter(j->b);
+}
+
+/* ---------------------------------------------------------------- the parts */
+
+/* Item 2: a late stamper of an open period (it saw gen | STAMPING, then was descheduled)
+ * must not write its old end over a newer open period. */
+static void late_stamper(void) {
+  at(1000);
+  fz_config c = defaults();
+  c.backoff = 10;  /* a failed probe re-opens for 100 s */
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  job jb = { b, fz_enter(b), FZ_FAILURE, 0, 0 };
+  double ta = fz_enter(b);
+  parked k;
+  ok(run_parked(&k, "stamping", do_done, &jb), "late stamper: B parked while stamping the open period");
+  fz_done(b, ta, FZ_FAILURE, -1);  /* A trips too: finishes the stamp, opens */
+  is_int(state(b), FZ_OPEN, "late stamper: A opened the circuit");
+  later(10);
+  double probe = fz_enter(b);
+  is_int(kind_of(probe), 2, "late stamper: after open_for a probe is admitted");
+  fz_done(b, probe, FZ_FAILURE, -1);
+  is_dbl(fz_retry_after(b), 100, 1e-6, "late stamper: the failed probe re-opened for 100 s");
+  release(&k);
+  is_int(jb.rc, 0, "late stamper: B's trip made no transition");
+  is_dbl(fz_retry_after(b), 100, 1e-6, "late stamper: B did not overwrite the newer open period");
+  ok(fz_enter(b) < 0, "late stamper: and no probe is admitted 100 s early");
+  fz_breaker_free(b);
+}
+
+/* Item 5: a probe that reports while a caller takes it back at its timeout is counted
+ * once. */
+static void probe_at_timeout(int outcome, const char *what) {
+  at(2000);
+  fz_config c = defaults();
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);  /* trips: failures_total 1 */
+  later(10);
+  job jp = { b, fz_enter(b), outcome, 0, 0 };
+  is_int(kind_of(jp.ticket), 2, "probe at timeout (%s): a probe is admitted", what);
+  parked k;
+  ok(run_parked(&k, "probe-recording", do_done, &jp), "probe at timeout (%s): the probe parked in its report", what);
+  later(5);
+  is_int(fz_state(b), FZ_OPEN + 256 * (64 + FZ_HALF_OPEN * 8 + FZ_OPEN),
+         "probe at timeout (%s): meanwhile a caller found it timed out and re-opened", what);
+  release(&k);
+  is_int(jp.rc, 0, "probe at timeout (%s): the late report made no transition", what);
+  fz_stats s = peek(b);
+  is_int((int)(s.failures_total + s.successes_total), 2,
+         "probe at timeout (%s): two calls, two counts (the trip and the probe)", what);
+  is_int((int)s.failures_total, 2, "probe at timeout (%s): the probe counted once, as failed", what);
+  fz_breaker_free(b);
+}
+
+/* Item 6: a writer descheduled between its clock read and its add, for more than a
+ * window, must not recycle (wipe) the newest bucket. */
+static void late_writer(void) {
+  at(3000);
+  fz_config c = defaults();
+  c.fails = 10;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  job jw = { b, fz_enter(b), FZ_FAILURE, 0, 0 };
+  parked k;
+  ok(run_parked(&k, "counting", do_done, &jw), "late writer: W parked between its clock read and its add");
+  later(22);  /* 22 buckets of 1 s: W's bucket index again, 2.2 windows later */
+  for (int i = 0; i < 5; i++) fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  is_int((int)peek(b).failures, 5, "late writer: 5 failures in the window");
+  release(&k);
+  fz_stats s = peek(b);
+  is_int((int)s.failures, 5, "late writer: still 5 after W's late add (the newest bucket kept)");
+  is_int((int)s.failures_total, 6, "late writer: W's failure is in the total");
+  fz_breaker_free(b);
+}
+
+/* Item 4: a reader that runs while a bucket is being recycled (its count between the
+ * word and the folded total) sees totals that do not go down. */
+static void totals_mid_recycle(void) {
+  at(4000);
+  fz_config c = defaults();
+  c.fails = 100;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  for (int i = 0; i < 3; i++) fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  is_int((int)peek(b).failures_total, 3, "totals mid-recycle: 3 failures");
+  later(11);  /* 11 buckets: the same word, one window on */
+  job jr = { b, fz_enter(b), FZ_FAILURE, 0, 0 };
+  parked k;
+  ok(run_parked(&k, "folding", do_done, &jr), "totals mid-recycle: R parked between recycling the word and folding its count");
+  is_int((int)peek(b).failures_total, 3, "totals mid-recycle: failures_total read meanwhile did not go down");
+  release(&k);
+  is_int((int)peek(b).failures_total, 4, "totals mid-recycle: 4 once R folded");
+  fz_breaker_free(b);
+}
+
+/* Earlier review fix 4: a close that loses its swap must not reset the backoff. */
+static void close_loses_swap(void) {
+  at(5000);
+  fz_config c = defaults();
+  c.backoff = 2;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  later(10);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);  /* a failed probe: open for 20 */
+  is_dbl(fz_retry_after(b), 20, 1e-6, "close loses: open for 20 after one failed probe");
+  later(20);
+  job ja = { b, fz_enter(b), FZ_SUCCESS, 0, 0 };
+  parked k;
+  ok(run_parked(&k, "closing", do_done, &ja), "close loses: A's successful probe parked before its close");
+  double tb = fz_enter(b);
+  is_int(kind_of(tb), 2, "close loses: B took the free probe slot");
+  fz_done(b, tb, FZ_FAILURE, -1);
+  is_dbl(fz_retry_after(b), 40, 1e-6, "close loses: B's failure re-opened for 40");
+  release(&k);
+  is_int(ja.rc, 0, "close loses: A's close lost its swap");
+  is_int(state(b), FZ_OPEN, "close loses: still open");
+  later(40);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  is_dbl(fz_retry_after(b), 80, 1e-6, "close loses: the backoff went on (80), A did not reset it");
+  fz_breaker_free(b);
+}
+
+/* Earlier review fix 5: a half_open -> open made by a call is reported in its
+ * rejection, whatever another caller made of the state before it returned. */
+static void reopen_reported(void) {
+  at(6000);
+  fz_config c = defaults();
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  later(10);
+  is_int(kind_of(fz_enter(b)), 2, "reopen reported: a probe runs (and never reports)");
+  later(5);
+  job jx = { b, 0, 0, 0, 0 };
+  parked k;
+  ok(run_parked(&k, "settling", do_enter, &jx), "reopen reported: X re-opened at the probe's timeout, then parked");
+  is_int(fz_reset(b), 64 + FZ_OPEN * 8 + FZ_CLOSED, "reopen reported: meanwhile a reset closed the circuit");
+  release(&k);
+  is_int((int)jx.entered, -(1 + FZ_OPEN * 4 + 2), "reopen reported: X's rejection says it made half_open -> open");
+  fz_breaker_free(b);
+}
+
+/* Item 4 under load: callers on several threads while the clock moves a bucket every
+ * few calls; a reader checks that no total ever goes down. */
+enum { WORKERS = 3, OPS = 20000 };
+static fz_breaker *g_b;
+static int g_stop, g_workers_done;
+
+static void *worker(void *arg) {
+  uint64_t s = (uint64_t)(uintptr_t)arg * 2654435761u + 1;
+  for (int i = 0; i < OPS; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    double t = fz_enter(g_b);
+    if (t > 0) fz_done(g_b, t, s % 3 == 0 ? FZ_FAILURE : FZ_SUCCESS, -1);
+  }
+  __atomic_add_fetch(&g_workers_done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void *ticker(void *arg) {
+  (void)arg;
+  double now = 7000;
+  while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
+    now += 0.00037;  /* window 0.01: a bucket every 3 ticks */
+    fz_clock_manual(now);
+    sched_yield();
+  }
+  return NULL;
+}
+
+static void totals_monotonic(void) {
+  at(7000);
+  fz_config c = defaults();
+  c.window = 0.01, c.fails = 1000000;
+  g_b = fz_breaker_new(&c, NULL);
+  pthread_t th[WORKERS], tk;
+  pthread_create(&tk, NULL, ticker, NULL);
+  for (int i = 0; i < WORKERS; i++) pthread_create(&th[i], NULL, worker, (void *)(uintptr_t)(i + 1));
+  fz_stats prev = peek(g_b);
+  long reads = 0, down = 0;
+  while (__atomic_load_n(&g_workers_done, __ATOMIC_ACQUIRE) < WORKERS) {
+    fz_stats s = peek(g_b);
+    reads++;
+    if (s.successes_total < prev.successes_total || s.failures_total < prev.failures_total ||
+        s.rejections_total < prev.rejections_total)
+      down++;
+    prev = s;
+  }
+  for (int i = 0; i < WORKERS; i++) pthread_join(th[i], NULL);
+  __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
+  pthread_join(tk, NULL);
+  fz_stats s = peek(g_b);
+  is_int((int)down, 0, "totals under load: no total went down in %ld reads", reads);
+  is_int((int)(s.successes_total + s.failures_total), WORKERS * OPS, "totals under load: every call counted once");
+  fz_breaker_free(g_b);
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  fz_fault_hook = pause_hook;
+  late_stamper();
+  probe_at_timeout(FZ_FAILURE, "failure");
+  probe_at_timeout(FZ_SUCCESS, "success");
+  late_writer();
+  totals_mid_recycle();
+  close_loses_swap();
+  reopen_reported();
+  totals_monotonic();
+  return done_testing();
+}
