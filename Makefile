@@ -209,12 +209,12 @@ build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o)
 	$(AR) rcs $@ $^
 endif
 
-build/asan/test_core build/asan/stress: build/asan/%: test/%.c test/tap.h \
+build/asan/test_core build/asan/stress build/asan/registry: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
-build/tsan/stress: test/stress.c test/tap.h build/tsan/libfzcore.a
+build/tsan/stress build/tsan/registry: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) $(DEPFLAGS) -o $@ $< build/tsan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
@@ -223,15 +223,17 @@ san_verdict = sh tools/tapsum $(1) && \
 	if grep -lE '$(SAN_REPORT)' $(1)/*.err; then \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
-asan: build/asan/test_core build/asan/stress
+asan: build/asan/test_core build/asan/stress build/asan/registry
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs stress env $(ASAN_ENV) build/asan/stress
+	@bash tools/runtap build/asan/logs registry env $(ASAN_ENV) build/asan/registry
 	@$(call san_verdict,build/asan/logs)
 
-tsan: build/tsan/stress
+tsan: build/tsan/stress build/tsan/registry
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
+	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------
