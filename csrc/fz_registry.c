@@ -176,7 +176,7 @@ static uint32_t tag_of(uint64_t h) { return (uint32_t)(h >> 32) | 1u; }  /* neve
 static int slot_is(registry *r, uint32_t s, const uint64_t *key, size_t len, uint64_t h, uint32_t *id) {
   fz_breaker *b = slot_of(r, s);
   uint32_t id1 = fz_breaker_id(b);  /* acquire: pairs with the release that publishes a breaker */
-  if (!(id1 & 1)) return 0;
+  if (!(id1 & 1) || fzi_is_removed(b)) return 0;  /* removed: its identity goes next */
   meta *m = meta_of(r, s);
   /* acquire: pairs with the release stores of write_meta, so the identity read below is
    * at least as new as the removal that came before a name we read */
