@@ -123,9 +123,9 @@ end
 local function refind(br)
   local h, id = br._h, br._id
   if B.id(h) == id then return h, id end  -- another wrap of this object re-found it
-  local st
   if fake then sync() end
-  h, st, id = B.open(br.name, br.cfg)
+  local _
+  h, _, id = B.open(br.name, br.cfg)  -- other options there: that is the name's breaker now
   if not h then
     B.full_add()
     return nil
@@ -421,7 +421,8 @@ function _M.get(name)
   local br = got[name]
   if br and B.id(br._h) == br._id then return br end
   if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. type(name), 2) end
-  local h, id = #name > 0 and B.find(name)
+  if #name == 0 then return nil end
+  local h, id = B.find(name)
   if not h then return nil end
   br = make_breaker(h, id, name, B.config(h), {})
   got[name] = br
