@@ -88,6 +88,7 @@ typedef struct registry {
   uint64_t moves;               /* concurrent: odd while the index is being shifted or rebuilt */
   uint64_t free_head, free_tail;/* under the lock: the FIFO of freed slots */
   uint64_t hand;                /* under the lock: where the eviction scan goes on */
+  double barren_until;          /* under the lock: a scan found nothing evictable; none before */
   uint64_t full_total;          /* concurrent: calls run unguarded, registry full */
   uint64_t evictions_total;     /* concurrent */
 } registry;
@@ -327,9 +328,16 @@ static int64_t claim(registry *r) {
     return top;
   }
   if (r->free_tail != r->free_head) return free_of(r)[r->free_tail++ % r->capacity];
+  /* A scan that found nothing evictable is not repeated for a tenth of `idle` (at most
+   * 0.1 s): a flood of new names into a registry of busy breakers costs no scan each. */
+  double now = r->idle_ns ? fz_clock_now() : 0;
+  if (now < r->barren_until && now > r->barren_until - 1) return -1;
   for (int tries = 0; r->idle_ns && tries < 4; tries++) {
     int64_t s = victim(r);
-    if (s < 0) return -1;
+    if (s < 0) {
+      r->barren_until = now + fmin((double)r->idle_ns / 1e10, 0.1);
+      return -1;
+    }
     if (!fzi_retire(slot_of(r, (uint32_t)s), 1)) continue;  /* it moved meanwhile */
     FAULT("reg-evicting");
     drop(r, (uint32_t)s);
