@@ -20,8 +20,8 @@ else
   B = core
 end
 
-local error, ipairs, pcall, select, setmetatable, tostring, type = error, ipairs, pcall, select,
-  setmetatable, tostring, type
+local error, ipairs, pairs, pcall, select, setmetatable, tostring, type = error, ipairs, pairs, pcall,
+  select, setmetatable, tostring, type
 local floor = math.floor
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
@@ -326,9 +326,56 @@ local function create(o, level)
   return make_breaker(h, id, o.name, B.config(h), o)
 end
 
+-- The objects of recently used names: two generations of up to 4096 names, so that a
+-- hot set stays while names seen once age out (a weak table would be emptied by the GC).
+local function recent()
+  local cur, prev, n = {}, {}, 0
+  local c = {}
+  function c.put(k, v)
+    if cur[k] == nil then
+      n = n + 1
+      if n > 4096 then prev, cur, n = cur, {}, 1 end
+    end
+    cur[k] = v
+  end
+  function c.get(k)
+    local v = cur[k]
+    if v == nil then
+      v = prev[k]
+      if v ~= nil then c.put(k, v) end
+    end
+    return v
+  end
+  return c
+end
+
+-- fuse.new of a name with the very options (same values, same functions) as a recent
+-- call gives that call's object again while its breaker lives: a gateway that asks for
+-- its breaker by name per request pays a table lookup, not a check of the options.
+local news = recent()
+
+local function same_opts(e, opts)
+  local n, was = 0, e.opts
+  for k, v in pairs(opts) do
+    if was[k] ~= v then return false end
+    n = n + 1
+  end
+  return n == e.n
+end
+
 function _M.new(opts)
+  local name = type(opts) == "table" and opts.name
+  if type(name) == "string" then
+    local e = news.get(name)
+    if e and same_opts(e, opts) and B.id(e.br._h) == e.br._id then return e.br end
+  end
   local o = options.check(opts, 3)
   local br = create(o, 2)  -- not a tail call: create's errors name the caller's line
+  if o.name then
+    local copy, n = {}, 0
+    for k, v in pairs(opts) do copy[k], n = v, n + 1 end
+    news.put(o.name, { br = br, opts = copy, n = n })
+  end
   return br
 end
 
@@ -413,19 +460,19 @@ Breaker.disable = manual("disable")
 
 ---------------------------------------------------------------------------- the registry
 
--- fuse.get returns one object per live breaker (its options are the breaker's), cached
--- by name: a lookup is a table hit and an identity check.
-local got = setmetatable({}, { __mode = "v" })
+-- fuse.get returns one object per live breaker (its options are the breaker's), kept
+-- for recent names: a lookup is a table hit and an identity check.
+local got = recent()
 
 function _M.get(name)
-  local br = got[name]
+  local br = got.get(name)
   if br and B.id(br._h) == br._id then return br end
   if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. type(name), 2) end
   if #name == 0 then return nil end
   local h, id = B.find(name)
   if not h then return nil end
   br = make_breaker(h, id, name, B.config(h), {})
-  got[name] = br
+  got.put(name, br)
   return br
 end
 
