@@ -389,6 +389,16 @@ uint32_t fz_config_diff(const fz_config *a, const fz_config *b) {
   return m;
 }
 
+/* What retire_all does to a breaker no one else sees yet (every count 0): each tagged
+ * word set just behind the window, with plain stores (creation makes no atomic op). */
+static void retire_fresh(fz_breaker *b, uint64_t e) {
+  uint64_t behind = (uint64_t)(uint32_t)(e - SPAN - 2) << 32;
+  for (int i = 0; i < NBUCKETS; i++) {
+    b->fails[i] = b->slow[i] = behind;
+    for (int s = 0; s < NSTRIPES; s++) b->stripes[s].succ[i] = b->stripes[s].rej[i] = behind;
+  }
+}
+
 static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, size_t len) {
   memset(b, 0, sizeof *b);
   b->cfg = *c;
@@ -403,7 +413,7 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
   b->sw = sw_make(0, FZ_CLOSED);
   if (name) memcpy(b->name, name, len);
   b->cur_epoch = (uint64_t)(((u128)now_ns() * b->bucket_inv) >> 64);
-  retire_all(b, b->cur_epoch);
+  retire_fresh(b, b->cur_epoch);
 }
 
 fz_breaker *fz_breaker_new(const fz_config *c, int *err) {

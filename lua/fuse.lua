@@ -323,7 +323,8 @@ local function create(o, level)
       :format(B.capacity()) or ""
     error(("fuse: cannot create breaker '%s': %s%s"):format(o.name, B.strerror(st), extra), level + 1)
   end
-  return make_breaker(h, id, o.name, B.config(h), o)
+  -- equal options (status 0 or 1): the checked ones serve, no read back through the core
+  return make_breaker(h, id, o.name, (st == 0 or st == 1) and o.cfg or B.config(h), o)
 end
 
 -- The objects of recently used names: two generations of up to 4096 names, so that a
@@ -363,13 +364,38 @@ local function same_opts(e, opts)
   return n == e.n
 end
 
+-- The options last checked for a named breaker (a copy), and the check's result: a
+-- gateway calls fuse.new with one set of options and many names, so only the name is
+-- new and only the name needs a check.
+local memo_opts, memo_n, memo_o
+
+local function checked(opts, name)
+  if memo_o and type(name) == "string" and #name >= 1 and #name <= 127 and not name:find("\0", 1, true) then
+    local n = 0
+    for k, v in pairs(opts) do
+      if k ~= "name" and memo_opts[k] ~= v then n = -1; break end
+      n = n + 1
+    end
+    if n == memo_n then
+      return { name = name, fallback = memo_o.fallback, is_failure = memo_o.is_failure,
+        on_state_change = memo_o.on_state_change, cfg = memo_o.cfg }
+    end
+  end
+  local o = options.check(opts, 4)
+  if o.name then
+    memo_opts, memo_n, memo_o = {}, 0, o
+    for k, v in pairs(opts) do memo_opts[k], memo_n = v, memo_n + 1 end
+  end
+  return o
+end
+
 function _M.new(opts)
   local name = type(opts) == "table" and opts.name
   if type(name) == "string" then
     local e = news.get(name)
     if e and same_opts(e, opts) and B.id(e.br._h) == e.br._id then return e.br end
   end
-  local o = options.check(opts, 3)
+  local o = checked(opts, name)
   local br = create(o, 2)  -- not a tail call: create's errors name the caller's line
   if o.name then
     local copy, n = {}, 0
