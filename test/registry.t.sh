@@ -68,9 +68,20 @@ for _ in $(seq 100); do
 done
 [ -n "$PORT" ] || bail "no free port"
 
+# README's blocks, as printed (the init block gets the tripped breakers before its end)
+INIT=$("$ROOT/tools/readme-block" many-breakers-init) || bail "README block many-breakers-init"
+LOC=$("$ROOT/tools/readme-block" many-breakers-location) || bail "README block many-breakers-location"
+case "$INIT" in *"capacity = 1000, idle = 1"*) ;; *) bail "README's init block no longer says capacity = 1000, idle = 1";; esac
+
 # conf CAPACITY FAILS: the config, with the registry's capacity and the tripped
 # breakers' fails (a reload changes both).
 conf() {
+  local init
+  init=$(printf '%s\n' "$INIT" | sed -e "s/capacity = 1000/capacity = $1/" -e '$d')
+  init="$init
+    -- ten breakers tripped before the flood; a reload reconfigures them
+    for i = 1, 10 do fuse.new{ name = \"trip-\" .. i, fails = $2, window = 60, open_for = 3600 } end
+}"
   cat > "$P/nginx.conf" <<EOF
 load_module /usr/lib/nginx/modules/ndk_http_module.so;
 load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
@@ -87,28 +98,10 @@ http {
     scgi_temp_path temp/scgi;
     lua_package_path "$T/lua/?.lua;;";
     lua_package_cpath "$T/build/?.so;;";
-    init_by_lua_block {
-        local fuse = require "fuse"
-        fuse.init{ shared = true, capacity = $1, idle = 1 }
-        -- ten breakers tripped before the flood; a reload reconfigures them
-        for i = 1, 10 do fuse.new{ name = "trip-" .. i, fails = $2, window = 60, open_for = 3600 } end
-    }
+$init
     server {
         listen 127.0.0.1:$PORT reuseport;
-        # a breaker per name from the client, created on first sight
-        location /k {
-            content_by_lua_block {
-                local fuse = require "fuse"
-                local ok, b = pcall(fuse.new, { name = ngx.var.arg_name, fails = 2, window = 1 })
-                if not ok then          -- registry full, nothing idle: answer unguarded
-                    ngx.shared.stats:incr("unguarded", 1, 0)
-                    return ngx.say("unguarded")
-                end
-                local r = b:call(function(fail) if fail then return nil, "down" end return "up" end,
-                  ngx.var.arg_fail == "1")
-                ngx.say(r or "failed")
-            }
-        }
+$LOC
         location /trip {
             content_by_lua_block {
                 local b = require("fuse").get(ngx.var.arg_name)
