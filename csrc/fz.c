@@ -115,8 +115,9 @@ struct fz_breaker {
   uint64_t cur_open_ns;           /* concurrent: the open period before jitter */
   uint64_t last_use;              /* concurrent: bucket (no shift) a call last recycled a word in */
 
-  /* The count window: a ring of the last N outcomes and one aggregate word. */
-  _Alignas(LINE) uint64_t cw_seq;  /* concurrent: calls recorded so far */
+  /* The count window: a ring of the last N outcomes and one aggregate word (beside the
+   * cold words, which are written once a bucket at most: a breaker fits in 2.5 KB). */
+  uint64_t cw_seq;                 /* concurrent: calls recorded so far */
   uint64_t cw_agg;                 /* concurrent: era << 33 | calls << 22 | fails << 11 | slow */
   int64_t cw_ring_off;             /* bytes from the breaker to its ring (count window only) */
 

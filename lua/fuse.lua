@@ -327,7 +327,7 @@ local function create(o, level)
   return make_breaker(h, id, o.name, (st == 0 or st == 1) and o.cfg or B.config(h), o)
 end
 
--- The objects of recently used names: two generations of up to 4096 names, so that a
+-- The objects of recently used names: two generations of up to 1024 names, so that a
 -- hot set stays while names seen once age out (a weak table would be emptied by the GC).
 local function recent()
   local cur, prev, n = {}, {}, 0
@@ -335,7 +335,7 @@ local function recent()
   function c.put(k, v)
     if cur[k] == nil then
       n = n + 1
-      if n > 4096 then prev, cur, n = cur, {}, 1 end
+      if n > 1024 then prev, cur, n = cur, {}, 1 end
     end
     cur[k] = v
   end
