@@ -65,11 +65,11 @@ local function median(xs)
 end
 
 -- ns per call of f(names[i]) over a hot set of HOT names spread over the registry
-local function time_lookup(make_loop, n)
+local function time_lookup(make_loop, n, per)
   local names = {}
   for i = 1, HOT do names[i] = name(1 + math.floor((i - 1) * n / HOT)) end
   local loop = make_loop()
-  loop(names, 3 * HOT)  -- warm-up
+  loop(names, 3 * HOT * per)  -- warm-up: every name of the hot set looked up 3 times
   local r = {}
   for k = 1, ROUNDS do
     local t0 = now()
@@ -103,7 +103,7 @@ local rows = {}
 for _, size in ipairs(SIZES) do
   local rate_new, rate_core, per = grow_to(size)
   local row = { size = size, rate_new = rate_new, rate_core = rate_core, bytes = per }
-  for _, l in ipairs(LOOPS) do row[l[1]] = time_lookup(l[2], size) * (l[3] or 1) end
+  for _, l in ipairs(LOOPS) do row[l[1]] = time_lookup(l[2], size, l[3] or 1) * (l[3] or 1) end
   rows[#rows + 1] = row
 end
 
