@@ -986,6 +986,16 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t l
   typedef uint64_t __attribute__((may_alias)) word;
   fz_breaker tmp;
   uint64_t gen = sw_gen(at_load_acq(&b->sw));
+  if (gen == 0 && at_load_acq(&b->id) == 0) {
+    /* a slot never used: no handle can point at it, so it is built in place */
+    breaker_init(b, c, name, len);
+    b->in_registry = 1;
+    b->sw = sw_make(1, FZ_CLOSED);
+    b->last_use = (uint32_t)(((u128)now_ns() * b->bucket_inv) >> 64);
+    b->cw_ring_off = (int64_t)((char *)ring - (char *)b);
+    memset(ring, 0, (size_t)c->count_window * sizeof *ring);
+    return;
+  }
   breaker_init(&tmp, c, name, len);
   tmp.in_registry = 1;
   tmp.sw = sw_make(gen + 1, FZ_CLOSED);
