@@ -170,6 +170,27 @@ double fz_clock_now(void);
  *          FZ_FORCED_OPEN) and made is 0, 1 when this call made open -> half_open,
  *          or 2 when it made half_open -> open (a probe past probe_timeout).
  *   The rejection is counted. The ticket must be given to fz_done exactly once.
+ *   fz_enter makes no identity check: on a breaker removed from the registry
+ *   (state FZ_REMOVED) it rejects with state FZ_REMOVED. Handles that may outlive their
+ *   breaker use fz_enter_id.
+ *
+ * fz_enter_id(b, id): fz_enter through a handle that remembers the identity `id` its
+ *   breaker had (fz_breaker_id; 0 for an anonymous breaker). When the breaker was
+ *   removed or evicted since (the identity differs, or the state is FZ_REMOVED) it
+ *   counts nothing and returns the stale code -(1 + FZ_STALE * 4) = -29: the caller looks
+ *   its name up again (or re-creates it) and calls again. Otherwise as fz_enter. A
+ *   breaker that takes over the slot continues the slot's generation, so a ticket taken
+ *   before the removal is stale for fz_done (counts nothing) whatever came next.
+ *
+ * fz_breaker_id(b): the breaker's identity: 0 for an anonymous breaker; for a registry
+ *   slot odd while a breaker lives there, even once it was removed. Lock-free.
+ *
+ * fz_breaker_reconfigure(b, c): new numeric options for a live breaker (a reload):
+ *   state, counts and totals are kept, the new thresholds apply from the next call; a
+ *   changed window starts a fresh window, a changed count_window a fresh count window.
+ *   FZ_EINVAL for bad options, FZ_EMISMATCH for an anonymous breaker whose count_window
+ *   would change (its ring has the size it was made with). Not atomic against calls in
+ *   flight: meant for nginx's init_by_lua (the facade calls it there only).
  *
  * fz_done(b, ticket, outcome, elapsed): records the outcome (FZ_SUCCESS, FZ_FAILURE,
  *   FZ_IGNORE) of an admitted call. elapsed is the call's duration in seconds, or a
@@ -206,12 +227,23 @@ double fz_clock_now(void);
  *   other options (the existing breaker is returned; compare with fz_breaker_config),
  *   FZ_EFULL when the registry is full, FZ_ENAME for a bad name, FZ_EINVAL for bad
  *   options, FZ_ENOMEM when the registry could not be mapped; NULL is returned then.
- *   Safe from any thread and process; creation takes the registry's mutex (never the
- *   call path).
+ *   Safe from any thread and process. A lookup is lock-free (a hash index); creation
+ *   takes the registry's robust mutex to claim a slot (never the call path). When the
+ *   registry is full and it has an `idle` (fz_registry_init), creation first evicts the
+ *   least recently used breaker that is closed, has no failure in its window and saw no
+ *   call for `idle` seconds.
+ * fz_registry_open_id(name, len, c, status, id): the same, and the breaker's identity in
+ *   *id (id may be NULL): the value to give fz_enter_id.
  *
  * fz_registry_find(name, len): the registered breaker, or NULL. Lock-free.
- * fz_registry_count(), fz_registry_at(i): the breakers registered so far, in order of
- *   creation, for 0 <= i < count; NULL outside.
+ * fz_registry_find_id(name, len, id): the same, with its identity in *id.
+ * fz_registry_remove(name, len): 1 when a breaker of that name existed and is now gone
+ *   (its slot free; handles of it go stale), 0 when there was none, FZ_ENAME for a bad
+ *   name. Takes the registry's mutex.
+ * fz_registry_count(): the slots handed out so far (live or freed); fz_registry_at(i):
+ *   the live breaker in slot i for 0 <= i < count, NULL for a free slot or outside. A
+ *   breaker read through it may be removed meanwhile: compare fz_breaker_id before and
+ *   after. fz_registry_live(): the breakers registered now.
  *
  * fz_registry_init_shared(capacity): moves the registry into a MAP_SHARED anonymous
  *   mapping with room for capacity breakers (1..1000000), so that processes forked
@@ -219,6 +251,21 @@ double fz_clock_now(void);
  *   breaker exists: FZ_EBUSY otherwise (or FZ_OK when it is already shared with the
  *   same capacity), FZ_EINVAL for a bad capacity, FZ_ESHARED when mmap fails.
  * fz_registry_is_shared(), fz_registry_capacity(): what it is now.
+ *
+ * fz_registry_init(capacity, shared, idle): a registry of `capacity` slots (1..1000000),
+ *   MAP_SHARED when shared (before fork), evicting breakers unused for `idle` seconds
+ *   when full (0: never). Before any named breaker exists it replaces the registry
+ *   (FZ_OK). When it already has these settings: FZ_OK. When the registry is shared,
+ *   holds breakers and `shared` is asked (a reload in nginx's master): a new mapping with
+ *   the new settings receives a copy of every live breaker (state, counts, identities),
+ *   and processes forked afterwards use it; FZ_EFULL when they do not fit. Otherwise, with
+ *   breakers: FZ_EBUSY. FZ_EINVAL for a bad capacity or idle; FZ_ESHARED / FZ_ENOMEM when
+ *   mmap fails. fz_registry_idle(): the idle in seconds (0: none).
+ *
+ * fz_registry_full_add(), fz_registry_full_total(): the count of calls that ran
+ *   unguarded because their breaker was gone and the registry full (the facade adds, and
+ *   fuse.metrics shows, fuse_registry_full_total). fz_registry_evictions_total(): idle
+ *   breakers evicted so far. Both in the registry (shared by the workers).
  *
  * fz_clock_manual(s): from now on every clock read in this process returns s seconds
  *   (tests). fz_clock_auto(): back to the real clock. fz_clock_now(): seconds of
