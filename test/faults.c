@@ -150,6 +150,28 @@ static void registry_faults(void) {
   b = breaker("evicts");
   ok(b && fz_registry_find("evicts", 6) == b, "the next creation repairs, evicts and creates");
   is_int(consistent_names(), full, "still full, every name found once");
+
+  /* Another process removes a name and creates another in its slot while this one
+   * holds a handle of the first and a ticket taken from it. */
+  uint32_t id;
+  b = fz_registry_open_id("evicts", 6, &c, &st, &id);
+  double t = fz_enter_id(b, id);
+  g_name = "evicts";
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    fz_registry_remove("evicts", 6);
+    breaker("other-process");
+    _exit(0);
+  }
+  waitpid(pid, NULL, 0);
+  fz_breaker *other = fz_registry_find("other-process", 13);
+  ok(other == b, "registry: another process made a new name in the slot of the one removed");
+  ok(fz_enter_id(b, id) == -(1 + FZ_STALE * 4), "this process's handle of the old name is stale");
+  fz_done(b, t, FZ_FAILURE, -1);
+  fz_stats s;
+  fz_stats_read(other, &s);
+  ok(s.failures_total == 0 && fz_state(other) == FZ_CLOSED, "and its ticket counted nothing in the new breaker");
   fz_clock_auto();
 }
 
