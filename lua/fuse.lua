@@ -465,7 +465,8 @@ end
 function Breaker:stats()
   if fake then sync() end
   local s = {}
-  local h = live(self) or self._h
+  -- gone and the registry full: the stats of a fresh breaker, never another's
+  local h = live(self) or B.new(self.cfg)
   fire(self.on_state_change, self.name, B.stats(h, s))
   s.state = STATES[s.state]
   s.calls_total = s.successes_total + s.failures_total
