@@ -174,6 +174,18 @@ describe("many breakers #" .. BACKEND, function()
       assert.equal("open", b2:state())
     end)
 
+    it("a reload may give a breaker a count window (its ring is there)", function()
+      local name = unique("reload-cw")
+      local b = fuse.new{ name = name, fails = 5 }
+      fake_ngx("init")
+      local b2 = fuse.new{ name = name, fails = 2, count_window = 4 }
+      rawset(_G, "ngx", saved)
+      assert.equal(4, b2.cfg.count_window)
+      support.succeed(b2, 3)
+      support.fail(b2, 2)
+      assert.equal("open", b:state())
+    end)
+
     it("anywhere else a mismatch is still an error", function()
       local name = unique("noreload")
       fuse.new{ name = name, fails = 5 }
