@@ -71,8 +71,8 @@ TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 # $(call need,FILE): stop with a clear message when FILE does not exist.
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
-.PHONY: all deps cdef check-cdef test check asan tsan bench demo demo-nginx lint rock \
-        dist clean help
+.PHONY: all deps cdef check-cdef test check asan tsan bench bench-nginx-registry demo demo-nginx \
+        lint rock dist clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
 
@@ -89,7 +89,7 @@ help:
 	@echo "make check-cdef fail if lua/fuse/cdef.lua is stale or core.so exports differ"
 	@echo "make dist       build/$(ROCKSPEC:.rockspec=.src.rock): a source rock of the working"
 	@echo "                tree, which luarocks installs offline (test/dist.t.sh tries it)"
-	@echo "make bench | demo | demo-nginx | lint | rock | clean"
+	@echo "make bench | bench-nginx-registry | demo | demo-nginx | lint | rock | clean"
 
 # ---- the shared object -------------------------------------------------------------
 
@@ -163,16 +163,16 @@ build/test_core build/stress $(EXTRA_TESTS:%=build/%): build/%: test/%.c test/ta
 	  $(LDFLAGS) $(LDLIBS)
 
 # faults kills processes at the core's fault points: its own build of the core.
-build/faults: test/faults.c test/tap.h csrc/fz.c csrc/fz.h csrc/fz_atomic.h csrc/fz_errors.h
+build/faults: test/faults.c test/tap.h $(filter-out csrc/fz_lua.c,$(CORE_SRCS)) $(wildcard csrc/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -DFZ_FAULTS -o $@ test/faults.c csrc/fz.c \
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -DFZ_FAULTS -o $@ test/faults.c $(filter-out csrc/fz_lua.c,$(CORE_SRCS)) \
 	  $(LDFLAGS) $(LDLIBS)
 
 # interleave parks threads at the core's pause points (the same hook): its own build too,
 # from every core source but the Lua binding. Also built with ASan and TSan below.
 FAULT_SRCS = $(filter-out csrc/fz_lua.c,$(CORE_SRCS))
 build/interleave build/asan/interleave build/tsan/interleave: test/interleave.c test/tap.h \
-    $(FAULT_SRCS) csrc/fz.h csrc/fz_atomic.h csrc/fz_errors.h
+    $(FAULT_SRCS) $(wildcard csrc/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(if $(findstring /asan/,$@),$(SAN_ASAN)) \
 	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/interleave.c $(FAULT_SRCS) \
@@ -224,12 +224,12 @@ build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o)
 	$(AR) rcs $@ $^
 endif
 
-build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening: build/asan/%: test/%.c test/tap.h \
+build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
-build/tsan/stress build/tsan/ops_core: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
+build/tsan/stress build/tsan/ops_core build/tsan/registry: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) $(DEPFLAGS) -o $@ $< build/tsan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
@@ -238,20 +238,23 @@ san_verdict = sh tools/tapsum $(1) && \
 	if grep -lE '$(SAN_REPORT)' $(1)/*.err; then \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
-asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening
+asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening \
+    build/asan/registry
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs hardening env $(ASAN_ENV) build/asan/hardening
 	@bash tools/runtap build/asan/logs stress env $(ASAN_ENV) build/asan/stress
 	@bash tools/runtap build/asan/logs ops_core env $(ASAN_ENV) build/asan/ops_core
 	@bash tools/runtap build/asan/logs interleave env $(ASAN_ENV) build/asan/interleave
+	@bash tools/runtap build/asan/logs registry env $(ASAN_ENV) build/asan/registry
 	@$(call san_verdict,build/asan/logs)
 
-tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave
+tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
 	@bash tools/runtap build/tsan/logs ops_core env $(TSAN_ENV) build/tsan/ops_core
 	@bash tools/runtap build/tsan/logs interleave env $(TSAN_ENV) build/tsan/interleave
+	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------
@@ -263,9 +266,14 @@ build/bench_threads: bench/threads.c build/libfzcore.a
 bench: all
 	$(call need,bench/bench.lua)
 	$(LUA_ENV) $(LUAJIT) bench/bench.lua
+	$(LUA_ENV) $(LUAJIT) bench/registry.lua
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
+
+# requests/s of a location that looks its breaker up by name, at 10 and 50,000 names
+bench-nginx-registry: all
+	bash bench/nginx_registry.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all

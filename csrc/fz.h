@@ -30,7 +30,8 @@ extern "C" {
 
 /* FZ_CDEF_BEGIN */
 enum {
-  FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4
+  FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4,
+  FZ_REMOVED = 5, FZ_STALE = 7
 };
 
 enum { FZ_SUCCESS = 0, FZ_FAILURE = 1, FZ_IGNORE = 2 };
@@ -120,6 +121,10 @@ const char *fz_breaker_name(const fz_breaker *b);
 
 double fz_enter(fz_breaker *b);
 double fz_allow(fz_breaker *b);
+double fz_allow_id(fz_breaker *b, uint32_t id);
+double fz_enter_id(fz_breaker *b, uint32_t id);
+uint32_t fz_breaker_id(const fz_breaker *b);
+int fz_breaker_reconfigure(fz_breaker *b, const fz_config *c);
 int fz_done(fz_breaker *b, double ticket, int outcome, double elapsed);
 
 int fz_state(fz_breaker *b);
@@ -133,11 +138,20 @@ int fz_force_open_for(fz_breaker *b, double seconds);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
 fz_breaker *fz_registry_find(const char *name, size_t len);
+fz_breaker *fz_registry_open_id(const char *name, size_t len, const fz_config *c, int *status, uint32_t *id);
+fz_breaker *fz_registry_find_id(const char *name, size_t len, uint32_t *id);
+int fz_registry_remove(const char *name, size_t len);
 int fz_registry_count(void);
+int fz_registry_live(void);
 fz_breaker *fz_registry_at(int i);
+int fz_registry_init(uint32_t capacity, int shared, double idle);
 int fz_registry_init_shared(uint32_t capacity);
 int fz_registry_is_shared(void);
 uint32_t fz_registry_capacity(void);
+double fz_registry_idle(void);
+void fz_registry_full_add(void);
+double fz_registry_full_total(void);
+double fz_registry_evictions_total(void);
 
 int fz_events_init_shared(void);
 double fz_events_add(const char *name, size_t len, int from, int to);
@@ -211,6 +225,31 @@ double fz_clock_now(void);
  *   slot), bits 8-17 the ledger, 18-29 its entry and 30-52 the entry's use count. A
  *   thread with no free entry among the next 8 of its 4096 (tickets outstanding), or
  *   beyond 1024 threads with tickets at once, gets fz_enter's ticket.
+
+ *   fz_enter makes no identity check: on a breaker removed from the registry
+ *   (state FZ_REMOVED) it rejects with state FZ_REMOVED. Handles that may outlive their
+ *   breaker use fz_enter_id.
+ *
+ * fz_enter_id(b, id): fz_enter through a handle that remembers the identity `id` its
+ *   breaker had (fz_breaker_id; 0 for an anonymous breaker). When the breaker was
+ *   removed or evicted since (the identity differs, or the state is FZ_REMOVED) it
+ *   counts nothing and returns the stale code -(1 + FZ_STALE * 4) = -29: the caller looks
+ *   its name up again (or re-creates it) and calls again. Otherwise as fz_enter. A
+ *   breaker that takes over the slot continues the slot's generation, so a ticket taken
+ *   before the removal is stale for fz_done (counts nothing) whatever came next.
+ *
+ * fz_allow_id(b, id): fz_allow through such a handle: the stale code as fz_enter_id's,
+ *   otherwise as fz_allow.
+ *
+ * fz_breaker_id(b): the breaker's identity: 0 for an anonymous breaker; for a registry
+ *   slot odd while a breaker lives there, even once it was removed. Lock-free.
+ *
+ * fz_breaker_reconfigure(b, c): new numeric options for a live breaker (a reload):
+ *   state, counts and totals are kept, the new thresholds apply from the next call; a
+ *   changed window starts a fresh window, a changed count_window a fresh count window.
+ *   FZ_EINVAL for bad options, FZ_EMISMATCH for an anonymous breaker whose count_window
+ *   would change (its ring has the size it was made with). Not atomic against calls in
+ *   flight: meant for nginx's init_by_lua (the facade calls it there only).
  *
  * fz_done(b, ticket, outcome, elapsed): records the outcome (FZ_SUCCESS, FZ_FAILURE,
  *   FZ_IGNORE) of an admitted call. elapsed is the call's duration in seconds, or a
@@ -280,12 +319,23 @@ double fz_clock_now(void);
  *   other options (the existing breaker is returned; compare with fz_breaker_config),
  *   FZ_EFULL when the registry is full, FZ_ENAME for a bad name, FZ_EINVAL for bad
  *   options, FZ_ENOMEM when the registry could not be mapped; NULL is returned then.
- *   Safe from any thread and process; creation takes the registry's mutex (never the
- *   call path).
+ *   Safe from any thread and process. A lookup is lock-free (a hash index); creation
+ *   takes the registry's robust mutex to claim a slot (never the call path). When the
+ *   registry is full and it has an `idle` (fz_registry_init), creation first evicts the
+ *   least recently used breaker that is closed, has no failure in its window and saw no
+ *   call for `idle` seconds.
+ * fz_registry_open_id(name, len, c, status, id): the same, and the breaker's identity in
+ *   *id (id may be NULL): the value to give fz_enter_id.
  *
  * fz_registry_find(name, len): the registered breaker, or NULL. Lock-free.
- * fz_registry_count(), fz_registry_at(i): the breakers registered so far, in order of
- *   creation, for 0 <= i < count; NULL outside.
+ * fz_registry_find_id(name, len, id): the same, with its identity in *id.
+ * fz_registry_remove(name, len): 1 when a breaker of that name existed and is now gone
+ *   (its slot free; handles of it go stale), 0 when there was none, FZ_ENAME for a bad
+ *   name. Takes the registry's mutex.
+ * fz_registry_count(): the slots handed out so far (live or freed); fz_registry_at(i):
+ *   the live breaker in slot i for 0 <= i < count, NULL for a free slot or outside. A
+ *   breaker read through it may be removed meanwhile: compare fz_breaker_id before and
+ *   after. fz_registry_live(): the breakers registered now.
  *
  * fz_registry_init_shared(capacity): moves the registry into a MAP_SHARED anonymous
  *   mapping with room for capacity breakers (1..1000000), so that processes forked
@@ -293,6 +343,21 @@ double fz_clock_now(void);
  *   breaker exists: FZ_EBUSY otherwise (or FZ_OK when it is already shared with the
  *   same capacity), FZ_EINVAL for a bad capacity, FZ_ESHARED when mmap fails.
  * fz_registry_is_shared(), fz_registry_capacity(): what it is now.
+ *
+ * fz_registry_init(capacity, shared, idle): a registry of `capacity` slots (1..1000000),
+ *   MAP_SHARED when shared (before fork), evicting breakers unused for `idle` seconds
+ *   when full (0: never). Before any named breaker exists it replaces the registry
+ *   (FZ_OK). When it already has these settings: FZ_OK. When the registry is shared,
+ *   holds breakers and `shared` is asked (a reload in nginx's master): a new mapping with
+ *   the new settings receives a copy of every live breaker (state, counts, identities),
+ *   and processes forked afterwards use it; FZ_EFULL when they do not fit. Otherwise, with
+ *   breakers: FZ_EBUSY. FZ_EINVAL for a bad capacity or idle; FZ_ESHARED / FZ_ENOMEM when
+ *   mmap fails. fz_registry_idle(): the idle in seconds (0: none).
+ *
+ * fz_registry_full_add(), fz_registry_full_total(): the count of calls that ran
+ *   unguarded because their breaker was gone and the registry full (the facade adds, and
+ *   fuse.metrics shows, fuse_registry_full_total). fz_registry_evictions_total(): idle
+ *   breakers evicted so far. Both in the registry (shared by the workers).
  *
  * fz_clock_manual(s): from now on every clock read in this process returns s seconds
  *   (tests). fz_clock_auto(): back to the real clock. fz_clock_now(): seconds of
