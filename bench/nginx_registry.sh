@@ -11,7 +11,7 @@
 set -eu
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-nginx}
+NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
 command -v "$NGINX" >/dev/null || NGINX=/usr/sbin/nginx
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-4}
 command -v wrk >/dev/null || { echo "bench-nginx-registry: wrk is not installed" >&2; exit 1; }

@@ -485,6 +485,7 @@ function Breaker:report(ticket, ok, seconds)
   if seconds ~= nil and not (type(seconds) == "number" and seconds >= 0 and seconds < huge) then
     error("fuse: report's seconds must be a finite number >= 0, got " .. tostring(seconds), 2)
   end
+  if ticket == PASS_TICKET then return end  -- allow's answer when the registry was full: counts nowhere
   if fake then sync() end
   local code = done(self._h, ticket, outcome, seconds or -1)
   if code == E_REPORTED or code == E_TICKET then
@@ -529,16 +530,15 @@ Breaker.reset = manual("reset")
 -- b:force_open([seconds]): forced_open until reset, or for `seconds`, then probes decide.
 local MAX_FORCE_OPEN = 2764800
 function Breaker:force_open(seconds)
-  if seconds == nil then
-    if fake then sync() end
-    return fire(self.on_state_change, self.name, B.force_open(self._h))
-  end
-  if type(seconds) ~= "number" or not (seconds > 0 and seconds <= MAX_FORCE_OPEN) then
+  if seconds ~= nil and (type(seconds) ~= "number" or not (seconds > 0 and seconds <= MAX_FORCE_OPEN)) then
     error("fuse: force_open's seconds must be a number in (0, " .. MAX_FORCE_OPEN .. "], got "
       .. tostring(seconds), 2)
   end
   if fake then sync() end
-  fire(self.on_state_change, self.name, B.force_open_for(self._h, seconds))
+  local h = live(self)
+  if not h then return end
+  if seconds == nil then return fire(self.on_state_change, self.name, B.force_open(h)) end
+  fire(self.on_state_change, self.name, B.force_open_for(h, seconds))
 end
 Breaker.disable = manual("disable")
 
