@@ -90,5 +90,11 @@ uint32_t fz_registry_capacity(void);
 void fz_clock_manual(double seconds);
 void fz_clock_auto(void);
 double fz_clock_now(void);
+
+enum { FZ_COUNTERS_MAX = 256 };
+int fz_counter_open(const char *name, size_t len);
+void fz_counter_add(int i, double n);
+double fz_counter_value(int i);
+const char *fz_counter_name(int i);
 ]=],
 }
