@@ -210,15 +210,16 @@ end
 -- One pick for a try (no nginx needed): smooth weighted round robin over the peers not
 -- tried yet by this request (`tried`: peer -> true, or nil) whose breaker admits the call.
 -- A peer whose breaker rejects the call is skipped while at most
--- floor(max_ejected * #peers) peers have been skipped so; past that, a rejected peer is
--- picked as if closed (a panic pick, counted, with no ticket).
+-- floor(max_ejected * #peers) peers are out for being open (those skipped in this pick,
+-- and tried peers that are open now); past that, a rejected peer is picked as if closed
+-- (a panic pick, counted, with no ticket).
 -- Returns peer, ticket (nil for a panic pick); or nil, retry_after (seconds) when every
 -- candidate was skipped.
 function Pool:pick(tried)
   local peers, ex, pan = self._peers, self._ex, self._pan
   local n = #peers
   local allowance = floor(self.max_ejected * n + 1e-9)
-  local left = 0
+  local left, open_tried = 0, 0
   for i = 1, n do
     local t = tried ~= nil and tried[peers[i]] or false
     ex[i], pan[i] = t, false
@@ -226,8 +227,17 @@ function Pool:pick(tried)
   end
   if left == 0 then  -- every peer was tried: start over
     for i = 1, n do ex[i] = false end
+  elseif left < n then
+    -- peers this request tried that are open now are out of rotation too: they use up
+    -- the allowance first (else a retry could skip the last peer of an open pool)
+    for i = 1, n do
+      if ex[i] then
+        local s = peers[i].b:state()
+        if s == "open" or s == "forced_open" then open_tried = open_tried + 1 end
+      end
+    end
   end
-  local skipped, soonest = 0, huge
+  local skipped, soonest = open_tried, huge
   while true do
     local best, bestv, total = nil, -huge, 0
     for i = 1, n do
@@ -266,10 +276,34 @@ end
 local ngx = rawget(_G, "ngx")
 local balancer
 
+local function retry_after_header(seconds)
+  ngx.header["Retry-After"] = max(1, ceil(seconds == huge and 1 or seconds))
+end
+
+-- No candidate admitted the try (max_ejected let the pick skip them all). A balancer
+-- cannot choose the status: nginx answers 500 (pool:access() answers 503 before that);
+-- the Retry-After header is set all the same.
 local function no_peer(retry_after)
-  -- Every candidate is open (max_ejected allowed skipping them all): 503 with the
-  -- seconds until the soonest peer admits probes.
-  ngx.header["Retry-After"] = max(1, ceil(retry_after == huge and 1 or retry_after))
+  retry_after_header(retry_after)
+  return ngx.exit(ngx.ERROR)
+end
+
+-- pool:access(), in access_by_lua* (optional, for max_ejected = 1): when every peer is
+-- open and max_ejected lets the pool skip them all, answers 503 with a Retry-After of
+-- the soonest peer, before nginx proxies anything. Otherwise does nothing.
+function Pool:access()
+  local peers = self._peers
+  local n = #peers
+  if floor(self.max_ejected * n + 1e-9) < n then return end
+  local soonest = huge
+  for i = 1, n do
+    local s = peers[i].b:stats()
+    if s.state ~= "open" and s.state ~= "forced_open" then return end
+    soonest = min(soonest, s.retry_after)
+  end
+  ngx.status = 503
+  retry_after_header(soonest)
+  ngx.say("fuse: every peer of pool '", self.name, "' is open")
   return ngx.exit(503)
 end
 
