@@ -159,9 +159,9 @@ build/test_core build/stress $(EXTRA_TESTS:%=build/%): build/%: test/%.c test/ta
 	  $(LDFLAGS) $(LDLIBS)
 
 # faults kills processes at the core's fault points: its own build of the core.
-build/faults: test/faults.c test/tap.h csrc/fz.c csrc/fz.h csrc/fz_atomic.h csrc/fz_errors.h
+build/faults: test/faults.c test/tap.h $(filter-out csrc/fz_lua.c,$(CORE_SRCS)) $(wildcard csrc/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -DFZ_FAULTS -o $@ test/faults.c csrc/fz.c \
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) -DFZ_FAULTS -o $@ test/faults.c $(filter-out csrc/fz_lua.c,$(CORE_SRCS)) \
 	  $(LDFLAGS) $(LDLIBS)
 
 # lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.

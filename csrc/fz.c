@@ -38,6 +38,7 @@
 #include "fz.h"
 #include "fz_atomic.h"
 #include "fz_errors.h"
+#include "fz_internal.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -89,6 +90,7 @@ typedef struct stripe {
 struct fz_breaker {
   /* Read on every call, written by transitions only. */
   _Alignas(LINE) uint64_t sw;   /* concurrent: generation << 3 | state */
+  uint64_t id;                  /* concurrent: identity (registry: odd while live; 0 anonymous) */
   uint64_t until;               /* concurrent: end of the open period, ns */
   uint64_t until_gen;           /* concurrent: generation `until` belongs to (| STAMPING) */
   uint64_t cur_epoch;           /* concurrent: bucket epoch of the last clock read */
@@ -110,11 +112,12 @@ struct fz_breaker {
   uint64_t fold_begin, fold_end;  /* concurrent: recycles begun / ended */
   uint64_t opens_total;           /* concurrent */
   uint64_t cur_open_ns;           /* concurrent: the open period before jitter */
+  uint64_t last_use;              /* concurrent: bucket (no shift) a call last recycled a word in */
 
   /* The count window: a ring of the last N outcomes and one aggregate word. */
   _Alignas(LINE) uint64_t cw_seq;  /* concurrent: calls recorded so far */
   uint64_t cw_agg;                 /* concurrent: era << 33 | calls << 22 | fails << 11 | slow */
-  uint32_t cw_ring[FZ_MAX_COUNT_WINDOW]; /* concurrent: era28 << 4 | CW_* bits */
+  int64_t cw_ring_off;             /* bytes from the breaker to its ring (count window only) */
 
   stripe stripes[NSTRIPES];
   char name[FZ_NAME_MAX + 1];
@@ -240,6 +243,8 @@ static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e,
     int won = at_cas_sc(w, &v, (uint64_t)e << 32 | 1);
     if (won) at_add_sc(folded, cnt_of(v));
     at_add_sc(&b->fold_end, 1);
+    /* at most once a bucket a word: the coarse stamp of the last call (idle eviction) */
+    if (won) at_store_rlx(&b->last_use, (uint32_t)(e - (uint32_t)at_load_rlx(&b->shift)));
     if (won) return 0;
   }
 }
@@ -403,10 +408,13 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
 fz_breaker *fz_breaker_new(const fz_config *c, int *err) {
   int rc = fz_config_check(c);
   fz_breaker *b = NULL;
-  if (rc == FZ_OK && !(b = aligned_alloc(LINE, sizeof *b))) rc = FZ_ENOMEM;
+  size_t ring = rc == FZ_OK ? (size_t)c->count_window * sizeof(uint32_t) : 0;
+  if (rc == FZ_OK && !(b = aligned_alloc(LINE, (sizeof *b + ring + LINE - 1) / LINE * LINE))) rc = FZ_ENOMEM;
   if (err) *err = rc;
   if (rc != FZ_OK) return NULL;
   breaker_init(b, c, NULL, 0);
+  b->cw_ring_off = (int64_t)sizeof *b;  /* the ring follows the breaker */
+  memset(b + 1, 0, ring);
   return b;
 }
 
@@ -644,6 +652,18 @@ double fz_enter(fz_breaker *b) {
   return enter_slow(b, sw);
 }
 
+/* fz_enter through a handle that remembers the breaker's identity. The identity is read
+ * after the state word (acquire): a removal moves the identity before it frees the slot
+ * (fz_registry.c), and a new breaker in the slot continues the generation, so a handle
+ * that still sees its identity holds a ticket no later breaker of the slot accepts. */
+double fz_enter_id(fz_breaker *b, uint32_t id) {
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
+  if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(sw_gen(sw), 0, KIND_NORMAL, 0);
+  if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
+  return enter_slow(b, sw);
+}
+
 /* ---------------------------------------------------------------- outcomes */
 
 /* Adds (sign 1) or removes (sign -1) one outcome to the aggregate of era `era`.
@@ -674,7 +694,8 @@ static uint64_t cw_record(fz_breaker *b, int fail, int slow) {
   uint32_t nv = era28 << 4 | CW_VALID | (fail ? CW_FAIL : 0) | (slow ? CW_SLOW : 0);
   uint64_t agg = cw_apply(b, era, 1, nv);
   if (!agg) return 0;  /* a fresh window began: this outcome belongs to none */
-  uint32_t *slot = &b->cw_ring[at_add_rlx(&b->cw_seq, 1) % b->cfg.count_window];
+  uint32_t *ring = (uint32_t *)(void *)((char *)b + b->cw_ring_off);
+  uint32_t *slot = &ring[at_add_rlx(&b->cw_seq, 1) % b->cfg.count_window];
   uint32_t old = at_load32_acq(slot);
   do {
     if ((old & CW_VALID) && (int32_t)(((old >> 4) - era28) << 4) > 0) return 0;  /* newer era */
@@ -906,7 +927,7 @@ int fz_reset(fz_breaker *b) { return move_to(b, FZ_CLOSED); }
 int fz_force_open(fz_breaker *b) { return move_to(b, FZ_FORCED_OPEN); }
 int fz_disable(fz_breaker *b) { return move_to(b, FZ_DISABLED); }
 
-/* ---------------------------------------------------------------- registry */
+/* ---------------------------------------------------------------- the library */
 
 /*
  * The registry is process-wide, so this library must stay loaded while the process
@@ -929,131 +950,80 @@ __attribute__((constructor)) static void pin_library(void) {
   find_vdso_clock();
 }
 
-#define REG_MAGIC 0x667a7265u  /* "fzre" */
-#define PRIVATE_CAPACITY 4096
 
-typedef struct registry {
-  _Alignas(LINE) uint32_t magic, shared, capacity;
-  uint32_t count;         /* concurrent: breakers published so far */
-  pthread_mutex_t lock;   /* process-shared and robust: creation only */
-} registry;
+/* ---------------------------------------------------------------- for the registry */
 
-#define REG_HEADER ((sizeof(registry) + LINE - 1) / LINE * LINE)
+/* What csrc/fz_registry.c needs of a breaker (fz_internal.h): the registry owns slots,
+ * names and the index; the breaker's words stay private to this file. */
 
-static registry *g_reg;  /* concurrent: set once (or replaced before any breaker exists) */
-static pthread_mutex_t g_reg_init = PTHREAD_MUTEX_INITIALIZER;
+size_t fzi_breaker_size(void) { return (sizeof(fz_breaker) + LINE - 1) / LINE * LINE; }
 
-static fz_breaker *reg_slot(registry *r, uint32_t i) {
-  return (fz_breaker *)((char *)r + REG_HEADER) + i;
+uint32_t fz_breaker_id(const fz_breaker *b) { return (uint32_t)at_load_acq(&b->id); }
+
+void fzi_set_id(fz_breaker *b, uint64_t id) {
+  at_store_rel(&b->id, id);  /* release: pairs with the acquire in fz_enter_id and lookups */
 }
 
-static registry *reg_map(uint32_t capacity, int shared) {
-  size_t size = REG_HEADER + (size_t)capacity * sizeof(fz_breaker);
-  int flags = MAP_ANONYMOUS | MAP_NORESERVE | (shared ? MAP_SHARED : MAP_PRIVATE);
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
-  if (p == MAP_FAILED) return NULL;
-  registry *r = p;
-  pthread_mutexattr_t a;
-  pthread_mutexattr_init(&a);
-  pthread_mutexattr_setpshared(&a, shared ? PTHREAD_PROCESS_SHARED : PTHREAD_PROCESS_PRIVATE);
-  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-  pthread_mutex_init(&r->lock, &a);
-  pthread_mutexattr_destroy(&a);
-  r->magic = REG_MAGIC, r->shared = (uint32_t)shared, r->capacity = capacity;
-  return r;
+/* A breaker in a registry slot, with the slot's ring (room for FZ_MAX_COUNT_WINDOW). The slot's
+ * generation goes on from the previous breaker there, so that its tickets are stale here.
+ * The identity is left 0 (not live) for the registry to publish. */
+void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t len, uint32_t *ring) {
+  uint64_t gen = sw_gen(at_load_rlx(&b->sw));
+  breaker_init(b, c, name, len);
+  b->in_registry = 1;
+  b->sw = sw_make(gen + 1, FZ_CLOSED);
+  b->last_use = (uint32_t)(((u128)now_ns() * b->bucket_inv) >> 64);
+  fzi_set_ring(b, ring);
+  memset(ring, 0, (size_t)c->count_window * sizeof *ring);
 }
 
-static registry *reg_get(void) {
-  registry *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);  /* pairs with the release below */
-  if (r) return r;
-  pthread_mutex_lock(&g_reg_init);
-  if (!(r = g_reg)) {
-    r = reg_map(PRIVATE_CAPACITY, 0);
-    __atomic_store_n(&g_reg, r, __ATOMIC_RELEASE);
+void fzi_set_ring(fz_breaker *b, uint32_t *ring) {
+  b->cw_ring_off = ring ? (int64_t)((char *)ring - (char *)b) : 0;
+}
+
+/* How long the breaker has seen no call, in ns, when it is evictable: closed, no failure
+ * in its window. -1 otherwise. The last call is known to within a bucket (a tenth of
+ * the window): it counts as made at the end of its bucket, so this never says more. */
+int64_t fzi_unused_ns(fz_breaker *b) {
+  uint64_t sw = at_load_acq(&b->sw), t = now_ns();
+  if (sw_state(sw) != FZ_CLOSED) return -1;
+  uint64_t e = epoch_at(b, t);
+  uint32_t f = b->flags & F_CW ? (uint32_t)(at_load_acq(&b->cw_agg) >> 11 & 0x7ff) : tw_sum(b->fails, (uint32_t)e);
+  if (f) return -1;
+  uint32_t now_b = (uint32_t)(((u128)t * b->bucket_inv) >> 64);
+  uint32_t buckets = now_b - (uint32_t)at_load_rlx(&b->last_use);
+  if ((int32_t)buckets < 1) return 0;
+  return (int64_t)((uint64_t)(buckets - 1) * b->bucket_ns);
+}
+
+/* Takes the breaker out of service: its state becomes FZ_REMOVED (generation bumped, so
+ * every ticket out is stale). With only_closed, only from closed (an eviction must not
+ * race a trip). Returns 1 when done. */
+int fzi_retire(fz_breaker *b, int only_closed) {
+  uint64_t sw = at_load_acq(&b->sw);
+  for (;;) {
+    if (sw_state(sw) == FZ_REMOVED || (only_closed && sw_state(sw) != FZ_CLOSED)) return 0;
+    if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_REMOVED))) return 1;
   }
-  pthread_mutex_unlock(&g_reg_init);
-  return r;
 }
 
-static void reg_lock(registry *r) {
-  if (pthread_mutex_lock(&r->lock) == EOWNERDEAD) pthread_mutex_consistent(&r->lock);
-}
+int fzi_is_removed(const fz_breaker *b) { return sw_state(at_load_acq(&b->sw)) == FZ_REMOVED; }
 
-static fz_breaker *reg_scan(registry *r, const char *name, size_t len) {
-  uint32_t n = at_load32_acq(&r->count);  /* acquire: pairs with the release that publishes a slot */
-  for (uint32_t i = 0; i < n; i++) {
-    fz_breaker *b = reg_slot(r, i);
-    if (memcmp(b->name, name, len) == 0 && b->name[len] == 0) return b;
+/* New numeric options for a live breaker (a reload): state and counts are kept. The
+ * count window keeps its ring only when its size is unchanged. */
+void fzi_reconfigure(fz_breaker *b, const fz_config *c) {
+  uint32_t old_cw = b->cfg.count_window;
+  fz_breaker tmp;
+  breaker_init(&tmp, c, NULL, 0);
+  b->cfg = tmp.cfg;
+  b->bucket_ns = tmp.bucket_ns, b->bucket_inv = tmp.bucket_inv;
+  b->open_for_ns = tmp.open_for_ns, b->max_open_ns = tmp.max_open_ns;
+  b->probe_timeout_ms = tmp.probe_timeout_ms;
+  at_store_rlx(&b->cur_open_ns, tmp.open_for_ns);
+  if (b->cw_ring_off && tmp.cfg.count_window != old_cw) {
+    memset((char *)b + b->cw_ring_off, 0, (size_t)tmp.cfg.count_window * sizeof(uint32_t));
+    uint64_t agg = at_load_rlx(&b->cw_agg);  /* a fresh count window */
+    while (!at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
   }
-  return NULL;
-}
-
-static int name_ok(const char *name, size_t len) {
-  return name && len >= 1 && len <= FZ_NAME_MAX && !memchr(name, 0, len);
-}
-
-fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status) {
-  registry *r = reg_get();
-  int st;
-  fz_breaker *b = NULL;
-  if (!name_ok(name, len)) st = FZ_ENAME;
-  else if (fz_config_check(c) != FZ_OK) st = FZ_EINVAL;
-  else if (!r) st = FZ_ENOMEM;
-  else if (!(b = reg_scan(r, name, len))) {
-    reg_lock(r);
-    if ((b = reg_scan(r, name, len))) st = 0;
-    else if (r->count >= r->capacity) st = FZ_EFULL;
-    else {
-      b = reg_slot(r, r->count);
-      breaker_init(b, c, name, len);
-      b->in_registry = 1;
-      at_store32_rel(&r->count, r->count + 1);  /* release: publishes the slot to reg_scan */
-      st = 1;
-    }
-    pthread_mutex_unlock(&r->lock);
-  } else st = 0;
-  if (st == 0 && fz_config_diff(&b->cfg, c)) st = FZ_EMISMATCH;
-  if (status) *status = st;
-  return st >= 0 || st == FZ_EMISMATCH ? b : NULL;
-}
-
-fz_breaker *fz_registry_find(const char *name, size_t len) {
-  registry *r = reg_get();
-  return r && name_ok(name, len) ? reg_scan(r, name, len) : NULL;
-}
-
-int fz_registry_count(void) {
-  registry *r = reg_get();
-  return r ? (int)at_load32_acq(&r->count) : 0;
-}
-
-fz_breaker *fz_registry_at(int i) {
-  registry *r = reg_get();
-  return r && i >= 0 && (uint32_t)i < at_load32_acq(&r->count) ? reg_slot(r, (uint32_t)i) : NULL;
-}
-
-int fz_registry_init_shared(uint32_t capacity) {
-  if (capacity < 1 || capacity > 1000000) return FZ_EINVAL;
-  int rc = FZ_OK;
-  pthread_mutex_lock(&g_reg_init);
-  registry *r = g_reg;
-  if (r && r->shared) rc = r->capacity == capacity ? FZ_OK : FZ_EBUSY;
-  else if (r && at_load32_acq(&r->count) > 0) rc = FZ_EBUSY;
-  else {
-    registry *n = reg_map(capacity, 1);
-    if (!n) rc = FZ_ESHARED;
-    else __atomic_store_n(&g_reg, n, __ATOMIC_RELEASE);  /* an empty private one is left mapped */
-  }
-  pthread_mutex_unlock(&g_reg_init);
-  return rc;
-}
-
-int fz_registry_is_shared(void) {
-  registry *r = reg_get();
-  return r ? (int)r->shared : 0;
-}
-
-uint32_t fz_registry_capacity(void) {
-  registry *r = reg_get();
-  return r ? r->capacity : 0;
+  b->flags = tmp.flags;
 }

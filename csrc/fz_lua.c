@@ -167,22 +167,57 @@ static int l_new(lua_State *L) {
   return 1;
 }
 
-/* open(name, cfg) -> handle, status (1 created, 0 existed, FZ_EMISMATCH), or nil, status */
+/* open(name, cfg) -> handle, status (1 created, 0 existed, FZ_EMISMATCH), identity;
+ * or nil, status */
 static int l_open(lua_State *L) {
   size_t len;
   const char *name = luaL_checklstring(L, 1, &len);
   fz_config c;
   int status = FZ_OK;
+  uint32_t id = 0;
   check_config(L, 2, &c);
-  push_found(L, fz_registry_open(name, len, &c, &status));
+  fz_breaker *b = fz_registry_open_id(name, len, &c, &status, &id);
+  push_found(L, b);
   lua_pushinteger(L, status);
-  return 2;
+  if (!b) return 2;
+  push_uint(L, id);
+  return 3;
 }
 
+/* find(name) -> handle, identity; or nil */
 static int l_find(lua_State *L) {
   size_t len;
   const char *name = luaL_checklstring(L, 1, &len);
-  push_found(L, fz_registry_find(name, len));
+  uint32_t id = 0;
+  fz_breaker *b = fz_registry_find_id(name, len, &id);
+  push_found(L, b);
+  if (!b) return 1;
+  push_uint(L, id);
+  return 2;
+}
+
+static int l_remove(lua_State *L) {
+  size_t len;
+  const char *name = luaL_checklstring(L, 1, &len);
+  lua_pushboolean(L, fz_registry_remove(name, len) == 1);
+  return 1;
+}
+
+static int l_id(lua_State *L) {
+  push_uint(L, fz_breaker_id(check_breaker(L, 1)));
+  return 1;
+}
+
+static int l_reconfigure(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  fz_config c;
+  check_config(L, 2, &c);
+  lua_pushinteger(L, fz_breaker_reconfigure(b, &c));
+  return 1;
+}
+
+static int l_live(lua_State *L) {
+  lua_pushinteger(L, fz_registry_live());
   return 1;
 }
 
@@ -208,8 +243,10 @@ static int l_config(lua_State *L) {
   return 1;
 }
 
+/* enter(h, identity) -> ticket (FZ_STALE's rejection when the identity is gone) */
 static int l_enter(lua_State *L) {
-  lua_pushnumber(L, fz_enter(check_breaker(L, 1)));
+  fz_breaker *b = check_breaker(L, 1);
+  lua_pushnumber(L, fz_enter_id(b, (uint32_t)check_int(L, 2, 0, UINT32_MAX)));
   return 1;
 }
 
@@ -301,6 +338,33 @@ static int l_init_shared(lua_State *L) {
   return 1;
 }
 
+static int l_init(lua_State *L) {
+  uint32_t cap = (uint32_t)check_int(L, 1, 0, UINT32_MAX);
+  lua_pushinteger(L, fz_registry_init(cap, lua_toboolean(L, 2), luaL_checknumber(L, 3)));
+  return 1;
+}
+
+static int l_idle(lua_State *L) {
+  lua_pushnumber(L, fz_registry_idle());
+  return 1;
+}
+
+static int l_full_add(lua_State *L) {
+  (void)L;
+  fz_registry_full_add();
+  return 0;
+}
+
+static int l_full_total(lua_State *L) {
+  lua_pushnumber(L, fz_registry_full_total());
+  return 1;
+}
+
+static int l_evictions_total(lua_State *L) {
+  lua_pushnumber(L, fz_registry_evictions_total());
+  return 1;
+}
+
 static int l_is_shared(lua_State *L) {
   lua_pushboolean(L, fz_registry_is_shared() != 0);
   return 1;
@@ -358,6 +422,9 @@ static const luaL_Reg FUNCS[] = {
   { "retry_after", l_retry_after }, { "reset", l_reset }, { "force_open", l_force_open },
   { "disable", l_disable }, { "stats", l_stats }, { "peek", l_peek }, { "init_shared", l_init_shared },
   { "is_shared", l_is_shared }, { "capacity", l_capacity },
+  { "remove", l_remove }, { "id", l_id }, { "reconfigure", l_reconfigure }, { "live", l_live },
+  { "init", l_init }, { "idle", l_idle }, { "full_add", l_full_add },
+  { "full_total", l_full_total }, { "evictions_total", l_evictions_total },
   { "clock_manual", l_clock_manual }, { "clock_auto", l_clock_auto },
   { "clock_now", l_clock_now },
   { "counter_open", l_counter_open }, { "counter_add", l_counter_add },

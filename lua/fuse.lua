@@ -20,7 +20,8 @@ else
   B = core
 end
 
-local error, pcall, select, setmetatable, tostring, type = error, pcall, select, setmetatable, tostring, type
+local error, ipairs, pcall, select, setmetatable, tostring, type = error, ipairs, pcall, select,
+  setmetatable, tostring, type
 local floor = math.floor
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
@@ -33,6 +34,8 @@ local SUCCESS, FAILURE, IGNORE = 0, 1, 2
 local OPEN_TO_HALF = 64 + OPEN * 8 + HALF_OPEN
 local HALF_TO_OPEN = 64 + HALF_OPEN * 8 + OPEN
 local PLAIN_OPEN_REJECTION = -(1 + OPEN * 4)
+local STALE = -(1 + 7 * 4)  -- fz_enter_id: the handle's breaker was removed or evicted
+local PASS_TICKET = 3 * 2   -- a ticket fz_done counts nowhere (kind 3, generation 0)
 local E_MISMATCH, E_FULL, E_TICKET = -4, -3, -7
 
 local enter, done, clock_now = B.enter, B.done, B.clock_now
@@ -112,6 +115,33 @@ local function rejected(br, listener, t)
   return br.rejs[floor(r / 4)]
 end
 
+---------------------------------------------------------------------------- stale handles
+
+-- A named breaker object whose breaker was removed or evicted finds its name again,
+-- creating it (closed, fresh) with its own options when missing. Returns the live handle
+-- and identity, or nil when the registry is full (counted in fuse_registry_full_total).
+local function refind(br)
+  local h, id = br._h, br._id
+  if B.id(h) == id then return h, id end  -- another wrap of this object re-found it
+  local st
+  if fake then sync() end
+  h, st, id = B.open(br.name, br.cfg)
+  if not h then
+    B.full_add()
+    return nil
+  end
+  br._h, br._id = h, id
+  for _, r in ipairs(br.rejs) do rej_handle[r] = h end
+  return h, id
+end
+
+-- The handle to act on: the object's own, or its name's again when it went stale.
+local function live(br)
+  local h = br._h
+  if br._id == 0 or B.id(h) == br._id then return h end
+  return refind(br)
+end
+
 ---------------------------------------------------------------------------- guarded calls
 
 local function judged(ok, v)
@@ -156,7 +186,7 @@ end
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
 -- and listener. Immutable upvalues let the JIT fold the branches on options away.
 local function make_run(br, fallback, is_failure, listener)
-  local h, name, rejs = br._h, br.name, br.rejs
+  local h, id, name, rejs = br._h, br._id, br.name, br.rejs
   local rej_open = rejs[OPEN]
   local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
@@ -196,11 +226,23 @@ local function make_run(br, fallback, is_failure, listener)
     error((...), 0)
   end
 
+  local run
+
+  -- The breaker went stale (removed or evicted): find or re-create its name and call
+  -- again; with a full registry the call runs unguarded.
+  local function rerun(fn, ...)
+    local nh, nid = refind(br)
+    if not nh then return fn(...) end
+    h, id = nh, nid
+    return run(fn, ...)
+  end
+
   if fb_fn then
-    return function(fn, ...)
+    run = function(fn, ...)
       if fake then sync() end
-      local t = enter(h)
+      local t = enter(h, id)
       if t < 0 then
+        if t == STALE then return rerun(fn, ...) end
         return fallback(t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t), ...)
       end
       if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
@@ -209,11 +251,13 @@ local function make_run(br, fallback, is_failure, listener)
       local rest = n > 8 and { ... } or nil
       return finish_fb(t, slow and now() or 0, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, pcall(fn, ...))
     end
+    return run
   end
-  return function(fn, ...)
+  run = function(fn, ...)
     if fake then sync() end
-    local t = enter(h)
+    local t = enter(h, id)
     if t < 0 then
+      if t == STALE then return rerun(fn, ...) end
       local rej = t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t)
       if has_fallback then return fallback end
       return nil, rej
@@ -221,6 +265,7 @@ local function make_run(br, fallback, is_failure, listener)
     if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
     return finish(t, slow and now() or 0, pcall(fn, ...))
   end
+  return run
 end
 
 ---------------------------------------------------------------------------- breakers
@@ -228,8 +273,8 @@ end
 local Breaker = {}
 Breaker.__index = Breaker
 
-local function make_breaker(h, name, cfg, o)
-  local br = setmetatable({ _h = h, name = name, cfg = cfg, fallback = o.fallback,
+local function make_breaker(h, id, name, cfg, o)
+  local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, fallback = o.fallback,
     is_failure = o.is_failure, on_state_change = o.on_state_change }, Breaker)
   br.rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
   br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change)
@@ -243,16 +288,34 @@ local function check_callable(fn, what, level)
   end
 end
 
+-- In nginx's init_by_lua* (the first start or a reload): a named breaker that exists
+-- with other numeric options is reconfigured, not an error.
+local function reloading()
+  local ngx = rawget(_G, "ngx")
+  return ngx and ngx.get_phase and ngx.get_phase() == "init"
+end
+
+local function ngx_notice(msg)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.log then ngx.log(ngx.NOTICE, msg) end
+end
+
 -- A breaker from validated options `o`; errors are raised at `level` (the user's call).
 local function create(o, level)
   local h, st
   if o.name == nil then
     h, st = B.new(o.cfg)
     if not h then error("fuse: cannot create a breaker: " .. B.strerror(st), level + 1) end
-    return make_breaker(h, nil, o.cfg, o)
+    return make_breaker(h, 0, nil, o.cfg, o)
   end
-  h, st = B.open(o.name, o.cfg)
-  if st == E_MISMATCH then
+  local id
+  if fake then sync() end  -- creation may evict: idle is measured on fuse's clock
+  h, st, id = B.open(o.name, o.cfg)
+  if st == E_MISMATCH and reloading() then
+    local changed = concat(options.diff(B.config(h), o.cfg), ", ")
+    B.reconfigure(h, o.cfg)
+    ngx_notice(("fuse: breaker '%s' reconfigured (old vs new): %s"):format(o.name, changed))
+  elseif st == E_MISMATCH then
     error(("fuse: breaker '%s' already exists with other options (existing vs given): %s")
       :format(o.name, concat(options.diff(B.config(h), o.cfg), ", ")), level + 1)
   elseif not h then
@@ -260,7 +323,7 @@ local function create(o, level)
       :format(B.capacity()) or ""
     error(("fuse: cannot create breaker '%s': %s%s"):format(o.name, B.strerror(st), extra), level + 1)
   end
-  return make_breaker(h, o.name, B.config(h), o)
+  return make_breaker(h, id, o.name, B.config(h), o)
 end
 
 function _M.new(opts)
@@ -293,7 +356,12 @@ end
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
 function Breaker:allow()
   if fake then sync() end
-  local t = enter(self._h)
+  local t = enter(self._h, self._id)
+  if t == STALE then
+    local h, id = refind(self)
+    if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
+    t = enter(h, id)
+  end
   if t < 0 then return nil, rejected(self, self.on_state_change, t) end
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
   return t
@@ -314,7 +382,9 @@ end
 
 function Breaker:state()
   if fake then sync() end
-  local code = B.state(self._h)
+  local h = live(self)
+  if not h then return "closed" end  -- a full registry: nothing guards its calls
+  local code = B.state(h)
   fire(self.on_state_change, self.name, floor(code / 256))
   return STATES[code % 256]
 end
@@ -322,7 +392,8 @@ end
 function Breaker:stats()
   if fake then sync() end
   local s = {}
-  fire(self.on_state_change, self.name, B.stats(self._h, s))
+  local h = live(self) or self._h
+  fire(self.on_state_change, self.name, B.stats(h, s))
   s.state = STATES[s.state]
   s.calls_total = s.successes_total + s.failures_total
   return s
@@ -331,7 +402,8 @@ end
 local function manual(method)
   return function(self)
     if fake then sync() end
-    fire(self.on_state_change, self.name, B[method](self._h))
+    local h = live(self)
+    if h then fire(self.on_state_change, self.name, B[method](h)) end
   end
 end
 
@@ -341,34 +413,65 @@ Breaker.disable = manual("disable")
 
 ---------------------------------------------------------------------------- the registry
 
+-- fuse.get returns one object per live breaker (its options are the breaker's), cached
+-- by name: a lookup is a table hit and an identity check.
+local got = setmetatable({}, { __mode = "v" })
+
 function _M.get(name)
+  local br = got[name]
+  if br and B.id(br._h) == br._id then return br end
   if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. type(name), 2) end
-  local h = #name > 0 and B.find(name)
+  local h, id = #name > 0 and B.find(name)
   if not h then return nil end
-  return make_breaker(h, name, B.config(h), {})
+  br = make_breaker(h, id, name, B.config(h), {})
+  got[name] = br
+  return br
+end
+
+-- fuse.remove(name) -> true when a breaker of that name existed and is now gone.
+function _M.remove(name)
+  if type(name) ~= "string" then error("fuse: fuse.remove needs a name string, got " .. type(name), 2) end
+  return #name > 0 and #name <= 127 and not name:find("\0", 1, true) and B.remove(name) or false
+end
+
+-- Calls fn(h, name) for every live registry breaker (the slots in use; one removed or
+-- reused meanwhile is skipped).
+local function each_breaker(fn)
+  for i = 0, B.count() - 1 do
+    local h = B.at(i)
+    local id = h and B.id(h)
+    if h then
+      local name = B.name_of(h)
+      fn(h, name, function() return B.id(h) == id end)
+    end
+  end
 end
 
 function _M.list()
   local names = {}
-  for i = 0, B.count() - 1 do names[#names + 1] = B.name_of(B.at(i)) end
+  each_breaker(function(_, name, still)
+    if still() then names[#names + 1] = name end
+  end)
   return names
 end
 
--- fuse.init{ shared = true, capacity = N }: in nginx's init_by_lua*, before the fork.
+-- fuse.init{ capacity = N [, shared = true] [, idle = seconds] }: before any named
+-- breaker exists (shared: in nginx's init_by_lua*, before the fork; a reload may change
+-- capacity and idle).
 function _M.init(opts)
   local o = options.check_init(opts, 3)
-  if not o.shared then return true end
   local ngx = rawget(_G, "ngx")
   local phase = ngx and ngx.get_phase and ngx.get_phase()
-  if phase and phase ~= "init" then
+  if o.shared and phase and phase ~= "init" then
     error("fuse: fuse.init{ shared = true } belongs in init_by_lua*, before nginx forks its "
       .. "workers; in " .. phase .. " each worker would get a registry of its own", 2)
   end
-  local rc = B.init_shared(o.capacity)
+  local rc = B.init(o.capacity, o.shared, o.idle)
   if rc ~= 0 then
-    local why = rc == -6 and (B.is_shared() and ("it is already shared with capacity " .. B.capacity())
-      or "named breakers exist already: call fuse.init first, in init_by_lua") or B.strerror(rc)
-    error("fuse: fuse.init cannot share the registry: " .. why, 2)
+    local why = rc == -6 and ((o.shared and B.is_shared()) and ("it is already shared with capacity "
+      .. B.capacity()) or "named breakers exist already: call fuse.init first"
+      .. (o.shared and ", in init_by_lua" or "")) or B.strerror(rc)
+    error("fuse: fuse.init cannot " .. (o.shared and "share" or "size") .. " the registry: " .. why, 2)
   end
   return true
 end
@@ -395,13 +498,12 @@ local METRICS = {
 function _M.metrics()
   if fake then sync() end
   local rows = {}
-  for i = 0, B.count() - 1 do
-    local h = B.at(i)
+  each_breaker(function(h, name, still)
     local s = {}
     B.peek(h, s)  -- makes no transition: those are made, and reported, by calls
     s.state_n, s.calls_total = s.state, s.successes_total + s.failures_total
-    rows[#rows + 1] = { label(B.name_of(h)), s }
-  end
+    if still() then rows[#rows + 1] = { label(name), s } end
+  end)
   local out = {}
   for _, m in ipairs(METRICS) do
     out[#out + 1] = ("# HELP %s %s\n# TYPE %s %s\n"):format(m[1], m[3], m[1], m[2])
@@ -409,6 +511,12 @@ function _M.metrics()
       out[#out + 1] = ('%s{name="%s"} %.17g\n'):format(m[1], row[1], row[2][m[4]])
     end
   end
+  out[#out + 1] = ("# HELP fuse_registry_full_total Calls run unguarded: their breaker was gone "
+    .. "and the registry full.\n# TYPE fuse_registry_full_total counter\n"
+    .. "fuse_registry_full_total %.17g\n"):format(B.full_total())
+  out[#out + 1] = ("# HELP fuse_registry_evictions_total Idle breakers evicted to make room.\n"
+    .. "# TYPE fuse_registry_evictions_total counter\nfuse_registry_evictions_total %.17g\n")
+    :format(B.evictions_total())
   return concat(out) .. _M._counter_metrics()
 end
 

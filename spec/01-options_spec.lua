@@ -403,19 +403,23 @@ describe("options #" .. BACKEND, function()
   end)
 
   describe("check_init", function()
-    it("returns shared and capacity, 1024 by default", function()
-      assert.same({ shared = true, capacity = 1024 }, options.check_init({ shared = true }))
-      assert.same({ shared = false, capacity = 1024 },
+    it("returns shared, capacity (1024 shared, 4096 private by default) and idle", function()
+      assert.same({ shared = true, capacity = 1024, idle = 0 }, options.check_init({ shared = true }))
+      assert.same({ shared = false, capacity = 4096, idle = 0 },
         options.check_init({ shared = false }))
-      assert.same({ shared = true, capacity = 1 },
+      assert.same({ shared = true, capacity = 1, idle = 0 },
         options.check_init({ shared = true, capacity = 1 }))
-      assert.same({ shared = true, capacity = 1000000 },
+      assert.same({ shared = true, capacity = 1000000, idle = 0 },
         options.check_init({ shared = true, capacity = 1000000 }))
+      assert.same({ shared = false, capacity = 10, idle = 0 }, options.check_init({ capacity = 10 }))
+      assert.same({ shared = false, capacity = 4096, idle = 2.5 }, options.check_init({ idle = 2.5 }))
     end)
 
     it("refuses bad values", function()
-      assert.equal("fuse: option 'shared' must be true or false, got nil",
-        init_error({ capacity = 10 }))
+      assert.equal("fuse: fuse.init needs capacity, shared or idle", init_error({}))
+      assert.equal("fuse: option 'idle' must be seconds above 0, got 0", init_error({ idle = 0 }))
+      assert.equal([[fuse: option 'idle' must be a finite number of seconds, got "1"]],
+        init_error({ idle = "1" }))
       assert.equal([[fuse: option 'shared' must be true or false, got "yes"]],
         init_error({ shared = "yes" }))
       assert.equal("fuse: option 'capacity' must be a positive integer, got 0",
@@ -435,7 +439,7 @@ describe("options #" .. BACKEND, function()
     it("refuses unknown keys and non-tables", function()
       assert.equal("fuse: unknown option 'capcity' (did you mean 'capacity'?)",
         init_error({ shared = true, capcity = 10 }))
-      assert.equal("fuse: unknown option 'fails' (options are: shared, capacity)",
+      assert.equal("fuse: unknown option 'fails' (options are: shared, capacity, idle)",
         init_error({ shared = true, fails = 10 }))
       assert.equal("fuse: option names must be strings, got key 1 (value true)",
         init_error({ true }))

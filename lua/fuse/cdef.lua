@@ -4,7 +4,8 @@ return {
   abi = 1,
   cdef = [=[
 enum {
-  FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4
+  FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4,
+  FZ_REMOVED = 5, FZ_STALE = 7
 };
 
 enum { FZ_SUCCESS = 0, FZ_FAILURE = 1, FZ_IGNORE = 2 };
@@ -69,6 +70,9 @@ void fz_breaker_config(const fz_breaker *b, fz_config *out);
 const char *fz_breaker_name(const fz_breaker *b);
 
 double fz_enter(fz_breaker *b);
+double fz_enter_id(fz_breaker *b, uint32_t id);
+uint32_t fz_breaker_id(const fz_breaker *b);
+int fz_breaker_reconfigure(fz_breaker *b, const fz_config *c);
 int fz_done(fz_breaker *b, double ticket, int outcome, double elapsed);
 
 int fz_state(fz_breaker *b);
@@ -81,11 +85,20 @@ int fz_disable(fz_breaker *b);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
 fz_breaker *fz_registry_find(const char *name, size_t len);
+fz_breaker *fz_registry_open_id(const char *name, size_t len, const fz_config *c, int *status, uint32_t *id);
+fz_breaker *fz_registry_find_id(const char *name, size_t len, uint32_t *id);
+int fz_registry_remove(const char *name, size_t len);
 int fz_registry_count(void);
+int fz_registry_live(void);
 fz_breaker *fz_registry_at(int i);
+int fz_registry_init(uint32_t capacity, int shared, double idle);
 int fz_registry_init_shared(uint32_t capacity);
 int fz_registry_is_shared(void);
 uint32_t fz_registry_capacity(void);
+double fz_registry_idle(void);
+void fz_registry_full_add(void);
+double fz_registry_full_total(void);
+double fz_registry_evictions_total(void);
 
 void fz_clock_manual(double seconds);
 void fz_clock_auto(void);

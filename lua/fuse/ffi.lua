@@ -24,6 +24,7 @@ end
 local _M = { name = "ffi" }
 
 local status = ffi.new("int[1]")
+local idbuf = ffi.new("uint32_t[1]")
 local cfg_buf = ffi.new("fz_config")
 local stats_buf = ffi.new("fz_stats")
 
@@ -50,18 +51,24 @@ function _M.new(cfg)
   return ffi.gc(h, C.fz_breaker_free)
 end
 
--- The registry breaker `name`; status as fz_registry_open's.
+-- The registry breaker `name`, its status as fz_registry_open's, and its identity.
 function _M.open(name, cfg)
-  local h = C.fz_registry_open(name, #name, to_config(cfg), status)
+  local h = C.fz_registry_open_id(name, #name, to_config(cfg), status, idbuf)
   if h == nil then return nil, status[0] end
-  return h, status[0]
+  return h, status[0], tonumber(idbuf[0])
 end
 
+-- The registry breaker `name` and its identity, or nil.
 function _M.find(name)
-  local h = C.fz_registry_find(name, #name)
+  local h = C.fz_registry_find_id(name, #name, idbuf)
   if h == nil then return nil end
-  return h
+  return h, tonumber(idbuf[0])
 end
+
+function _M.remove(name) return C.fz_registry_remove(name, #name) == 1 end
+function _M.id(h) return tonumber(C.fz_breaker_id(h)) end
+function _M.reconfigure(h, cfg) return C.fz_breaker_reconfigure(h, to_config(cfg)) end
+function _M.live() return C.fz_registry_live() end
 
 function _M.count() return C.fz_registry_count() end
 
@@ -79,7 +86,7 @@ function _M.config(h)
 end
 
 -- The hot path: plain calls, compiled into the caller's trace.
-function _M.enter(h) return C.fz_enter(h) end
+function _M.enter(h, id) return C.fz_enter_id(h, id) end
 function _M.done(h, ticket, outcome, elapsed) return C.fz_done(h, ticket, outcome, elapsed) end
 
 function _M.state(h) return C.fz_state(h) end
@@ -112,6 +119,11 @@ function _M.peek(h, t)
 end
 
 function _M.init_shared(capacity) return C.fz_registry_init_shared(capacity) end
+function _M.init(capacity, shared, idle) return C.fz_registry_init(capacity, shared and 1 or 0, idle) end
+function _M.idle() return C.fz_registry_idle() end
+function _M.full_add() C.fz_registry_full_add() end
+function _M.full_total() return C.fz_registry_full_total() end
+function _M.evictions_total() return C.fz_registry_evictions_total() end
 function _M.is_shared() return C.fz_registry_is_shared() ~= 0 end
 function _M.capacity() return tonumber(C.fz_registry_capacity()) end
 

@@ -21,7 +21,7 @@ local NAMES = {
   "probe_timeout", "is_failure", "on_state_change",
 }
 _M.NAMES = NAMES
-_M.INIT_NAMES = { "shared", "capacity" }
+_M.INIT_NAMES = { "shared", "capacity", "idle" }
 
 -- The numeric fields of C's fz_config, in the order diff reports them (user order).
 local CFG_FIELDS = {
@@ -351,8 +351,15 @@ local function validate_init(opts)
   end
   local msg = check_keys(opts, INIT_KNOWN, _M.INIT_NAMES)
   if msg then return nil, msg end
-  if type(opts.shared) ~= "boolean" then
+  if opts.shared ~= nil and type(opts.shared) ~= "boolean" then
     return nil, bad("shared", "true or false", opts.shared)
+  end
+  local idle = opts.idle
+  if idle ~= nil then
+    if type(idle) ~= "number" or idle ~= idle or idle == huge or idle == -huge then
+      return nil, bad("idle", "a finite number of seconds", idle)
+    end
+    if idle <= 0 or idle > 1e9 then return nil, bad("idle", "seconds above 0", idle) end
   end
   local cap = opts.capacity
   if cap ~= nil then
@@ -367,7 +374,11 @@ local function validate_init(opts)
       return nil, bad("capacity", "an integer from 1 to " .. fmt_num(MAX_CAPACITY), cap)
     end
   end
-  return { shared = opts.shared, capacity = cap or 1024 }
+  if opts.shared == nil and cap == nil and idle == nil then
+    return nil, "fuse: fuse.init needs capacity, shared or idle"
+  end
+  return { shared = opts.shared or false, capacity = cap or (opts.shared and 1024 or 4096),
+    idle = idle or 0 }
 end
 
 -- check_init(opts [, level]) -> { shared = bool, capacity = n }, or raises as check.

@@ -1,0 +1,22 @@
+/*
+ * fz_internal.h -- what the registry (fz_registry.c) needs of a breaker (fz.c).
+ * Not exported: every symbol here is hidden (-fvisibility=hidden).
+ */
+#ifndef FZ_INTERNAL_H
+#define FZ_INTERNAL_H
+
+#include "fz.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+size_t fzi_breaker_size(void);  /* bytes of a breaker, a multiple of a cache line */
+void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t len, uint32_t *ring);
+void fzi_set_ring(fz_breaker *b, uint32_t *ring);
+void fzi_set_id(fz_breaker *b, uint64_t id);
+int64_t fzi_unused_ns(fz_breaker *b);
+int fzi_retire(fz_breaker *b, int only_closed);
+int fzi_is_removed(const fz_breaker *b);
+void fzi_reconfigure(fz_breaker *b, const fz_config *c);
+
+#endif /* FZ_INTERNAL_H */
