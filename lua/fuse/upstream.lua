@@ -186,7 +186,7 @@ function Pool:set_peers(peers)
   for addr, peer in pairs(self._by_addr) do
     if not by_addr[addr] then
       peer.removed = true
-      if fuse.remove then fuse.remove(peer.b.name) end  -- TODO: drop the guard once fuse.remove is merged
+      fuse.remove(peer.b.name)
     end
   end
   self._peers, self._by_addr = new, by_addr
