@@ -167,7 +167,7 @@ function _M.new(name, peers, opts)
   local o, bopts = check_opts(opts, 2)
   local list = check_peers(name, peers, 2)
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
-    _fail = o.fail, _bopts = bopts, _ex = {}, _pan = {} }, Pool)
+    _fail = o.fail, _bopts = bopts, _slow = bopts.slow ~= nil, _ex = {}, _pan = {} }, Pool)
   local ok, peers_or_err, by_addr = pcall(build, self, list)
   if not ok then error(peers_or_err, 2) end
   self._peers, self._by_addr = peers_or_err, by_addr
@@ -322,12 +322,23 @@ function Pool:balance()
     -- or a status in proxy_next_upstream; "next": 403/404 with http_403/http_404).
     local state, code = balancer.get_last_failure()
     local prev = st[st.n]
-    if prev then prev.failure, prev.code = state, code end
+    if prev then
+      prev.failure, prev.code = state, code
+      -- A sure failure (no response at all, or a status in fail_statuses) is reported
+      -- now, not in the log phase, so that the next requests see it at once; the log
+      -- phase judges the rest with $upstream_header_time (did the peer answer?).
+      if prev.ticket and not prev.peer.removed and (code == nil or code == 0 or self._fail[code]) then
+        local seconds
+        if prev.t0 then ngx.update_time(); seconds = ngx.now() - prev.t0 end
+        prev.peer.b:report(prev.ticket, false, seconds)
+        prev.ticket = nil
+      end
+    end
   end
   local peer, ticket = self:pick(st.tried)
   if not peer then return no_peer(ticket) end
   st.n = st.n + 1
-  st[st.n] = { peer = peer, ticket = ticket }
+  st[st.n] = { peer = peer, ticket = ticket, t0 = self._slow and ticket and ngx.now() or nil }
   st.tried[peer] = true
   local ok, err = balancer.set_current_peer(peer.host, peer.port)
   if not ok then

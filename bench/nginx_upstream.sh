@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# bench/nginx_upstream.sh -- fuse.upstream against nginx's own balancer, side by side in
+# one run (`make bench-nginx`). Bounded: about 2 minutes.
+#
+# One nginx serves three fake peers A B C (examples/nginx/peers.conf). A second nginx
+# (2 workers) fronts them twice, with the same peers, timeouts and proxy_next_upstream:
+#   fuse   balancer_by_lua: fuse.upstream, fails = 3, window = 10, open_for = 5, probes = 1
+#   nginx  upstream { zone; server ... max_fails=3 fail_timeout=5s; }  (passive checks)
+#   rr     upstream { server ...; }  plain round robin (the throughput baseline)
+#
+# 1. Failure script, under wrk load (16 connections), the same for fuse and nginx:
+#    3 s healthy, then B answers 500 for 12 s, then B heals; 10 s more. Reported: the
+#    requests that reached B while it was sick, the errors clients saw (non-2xx and socket
+#    errors), and the time from the heal until B answered a request again.
+# 2. Throughput with every peer healthy: fuse vs rr, ROUNDS interleaved 3 s wrk rounds
+#    each (16 connections, keepalive to the peers on both); the median of each and the
+#    ratio of the medians.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+ROUNDS=${ROUNDS:-7}
+# FAILURES=0 skips part 1
+die() { echo "bench-nginx: $*" >&2; exit 1; }
+[ -x "$NGINX" ] || die "nginx is not installed"
+command -v wrk >/dev/null || die "wrk is not installed"
+command -v curl >/dev/null || die "curl is not installed"
+[ -r "$ROOT/build/fuse/core.so" ] || die "build/fuse/core.so is missing: run make first"
+
+T=$(mktemp -d /tmp/fuse-bench-nginx.XXXXXX) || die "mktemp failed"
+P=$T/examples/nginx
+PIDS=()
+alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+stop() {
+  local pid
+  for pid in "${PIDS[@]}"; do
+    alive "$pid" || continue
+    kill -QUIT "$pid"
+    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
+    alive "$pid" && kill -KILL "$pid"
+  done
+  rm -rf "$T"
+}
+trap stop EXIT
+trap 'exit 1' INT TERM HUP
+
+mkdir -p "$P/logs-peers" "$P/logs-front" "$P/temp" "$T/build/fuse"
+cp -R "$ROOT/lua" "$T/lua"
+cp "$ROOT/build/fuse/core.so" "$T/build/fuse/"
+cp "$ROOT/examples/nginx/peers.lua" "$P/"
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for _ in $(seq 100); do
+  BASE=$((20000 + RANDOM % 40000)); ok=1
+  for i in 0 1 2 3 4 5 6 7; do port_free $((BASE + i)) || { ok=0; break; }; done
+  [ $ok = 1 ] && break
+done
+FUSE=$BASE NGX=$((BASE + 1)) CTL=$((BASE + 2)) A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5))
+RR=$((BASE + 7))
+sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" \
+  -e "s/127\.0\.0\.1:18092/127.0.0.1:$B/g" -e "s/127\.0\.0\.1:18093/127.0.0.1:$C/g" \
+  -e "s/127\.0\.0\.1:18094/127.0.0.1:$((BASE + 6))/g" \
+  "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
+
+cat > "$P/front.conf" <<EOF
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+worker_processes 2;
+pid logs-front/nginx.pid;
+error_log logs-front/error.log crit;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path temp/body;
+    proxy_temp_path temp/proxy;
+    lua_package_path "\$prefix/../../lua/?.lua;;";
+    lua_package_cpath "\$prefix/../../build/?.so;;";
+    init_by_lua_block {
+        require("fuse").init{ shared = true, capacity = 64 }
+        package.loaded.pool = require("fuse.upstream").new("bench", {
+            "127.0.0.1:$A", "127.0.0.1:$B", "127.0.0.1:$C",
+        }, { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5 })
+    }
+    upstream fuse_pool {
+        server 0.0.0.1;
+        balancer_by_lua_block { require("pool"):balance() }
+        keepalive 32;
+    }
+    upstream nginx_pool {
+        zone nginx_pool 64k;
+        server 127.0.0.1:$A max_fails=3 fail_timeout=5s;
+        server 127.0.0.1:$B max_fails=3 fail_timeout=5s;
+        server 127.0.0.1:$C max_fails=3 fail_timeout=5s;
+        keepalive 32;
+    }
+    upstream rr_pool {
+        server 127.0.0.1:$A;
+        server 127.0.0.1:$B;
+        server 127.0.0.1:$C;
+        keepalive 32;
+    }
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_next_upstream error timeout http_500 http_502 http_503 http_504;
+    proxy_connect_timeout 1s;
+    proxy_read_timeout 1s;
+    server {
+        listen 127.0.0.1:$FUSE;
+        location / { proxy_pass http://fuse_pool; log_by_lua_block { require("pool"):log() } }
+    }
+    server {
+        listen 127.0.0.1:$NGX;
+        location / { proxy_pass http://nginx_pool; }
+    }
+    server {
+        listen 127.0.0.1:$RR;
+        location / { proxy_pass http://rr_pool; }
+    }
+}
+EOF
+chmod -R a+rX "$T"
+"$NGINX" -p "$P/" -c peers.conf || die "the peers did not start"
+PIDS+=("$(cat "$P/logs-peers/nginx.pid")")
+"$NGINX" -p "$P/" -c front.conf || die "the front did not start"
+PIDS+=("$(cat "$P/logs-front/nginx.pid")")
+for _ in $(seq 50); do curl -s -m 1 -o /dev/null "http://127.0.0.1:$FUSE/" && break; sleep 0.1; done
+
+mode() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1&$2" > /dev/null; }
+hits() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1" | sed -n 's/^hits=\([0-9]*\).*/\1/p'; }
+now() { date +%s.%N; }
+non2xx() { # wrk output -> non-2xx + socket errors
+  awk '/Non-2xx/ { n += $5 } /Socket errors/ { gsub(",", ""); n += $4 + $6 + $8 + $10 } END { print n + 0 }' "$1"
+}
+
+echo "bench-nginx: $(date -u +%Y-%m-%dT%H:%MZ), nginx $("$NGINX" -v 2>&1 | cut -d/ -f2), $(nproc) CPUs"
+echo
+echo "1. failure script (16 connections, 25 s: 3 s healthy, B answers 500 for 12 s, then heals)"
+printf '%-8s %12s %14s %14s %16s\n' side requests "reached sick B" "client errors" "B back after (s)"
+failure_script() { # failure_script NAME PORT
+  local name=$1 port=$2 t_heal back="" h sick total errs
+  for p in $A $B $C; do mode "$p" 'mode=ok&reset=1'; done
+  wrk -t 2 -c 16 -d 25s "http://127.0.0.1:$port/" > "$T/wrk-$name.out" 2>&1 &
+  local wp=$!
+  sleep 3
+  mode "$B" 'mode=fail&reset=1'
+  sleep 12
+  sick=$(hits "$B")
+  mode "$B" 'mode=ok&reset=1'
+  t_heal=$(now)
+  for _ in $(seq 100); do          # B answers again: poll its hits every 50 ms (5 s max)
+    h=$(hits "$B")
+    if [ "${h:-0}" -gt 0 ]; then back=$(echo "$(now) - $t_heal" | bc); break; fi
+    sleep 0.05
+  done
+  wait "$wp"
+  total=$(awk '/requests in/ { print $1 }' "$T/wrk-$name.out")
+  errs=$(non2xx "$T/wrk-$name.out")
+  printf '%-8s %12s %14s %14s %16s\n' "$name" "$total" "$sick" "$errs" "${back:-'>5'}"
+}
+if [ "${FAILURES:-1}" = 1 ]; then
+  failure_script fuse "$FUSE"
+  sleep 6                                  # let every breaker and nginx's peer state settle
+  failure_script nginx "$NGX"
+fi
+
+echo
+echo "2. throughput, every peer healthy ($ROUNDS interleaved rounds of 3 s, 16 connections)"
+for p in $A $B $C; do mode "$p" 'mode=ok&reset=1'; done
+wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$FUSE/" > /dev/null 2>&1   # warm-up (JIT, keepalive)
+wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$RR/" > /dev/null 2>&1
+rps() { wrk -t 2 -c 16 -d 3s "http://127.0.0.1:$1/" 2>&1 | awk '/Requests\/sec/ { print $2 }'; }
+f_all="" r_all=""
+for i in $(seq "$ROUNDS"); do
+  f=$(rps "$FUSE"); r=$(rps "$RR")
+  f_all="$f_all $f" r_all="$r_all $r"
+  printf '   round %d: fuse.upstream %9.0f req/s   round robin %9.0f req/s   ratio %.3f\n' "$i" "$f" "$r" \
+    "$(echo "$f / $r" | bc -l)"
+done
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+fm=$(echo "$f_all" | median) rm=$(echo "$r_all" | median)
+printf '   median: fuse.upstream %.0f req/s, round robin %.0f req/s, ratio %.3f (target >= 0.95)\n' \
+  "$fm" "$rm" "$(echo "$fm / $rm" | bc -l)"
