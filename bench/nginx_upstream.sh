@@ -6,15 +6,16 @@
 # (2 workers) fronts them twice, with the same peers, timeouts and proxy_next_upstream:
 #   fuse   balancer_by_lua: fuse.upstream, fails = 3, window = 10, open_for = 5, probes = 1
 #   nginx  upstream { zone; server ... max_fails=3 fail_timeout=5s; }  (passive checks)
-#   rr     upstream { server ...; }  plain round robin (the throughput baseline)
+#   rr     upstream { server ...; }  plain round robin (the throughput baseline, part 2)
 #
 # 1. Failure script, under wrk load (16 connections), the same for fuse and nginx:
 #    3 s healthy, then B answers 500 for 12 s, then B heals; 10 s more. Reported: the
 #    requests that reached B while it was sick, the errors clients saw (non-2xx and socket
 #    errors), and the time from the heal until B answered a request again.
-# 2. Throughput with every peer healthy: fuse vs rr, ROUNDS interleaved 3 s wrk rounds
-#    each (16 connections, keepalive to the peers on both); the median of each and the
-#    ratio of the medians.
+# 2. Throughput with every peer healthy: fuse vs plain round robin over three static
+#    peers (return 200, in the front nginx), keepalive on both: ROUNDS pairs of 2 s wrk
+#    rounds (16 connections) in alternating order; the median of each side and the
+#    median of the pairs' ratios (the machine's load drifts; a pair shares it).
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,11 +52,11 @@ cp "$ROOT/examples/nginx/peers.lua" "$P/"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 for _ in $(seq 100); do
   BASE=$((20000 + RANDOM % 40000)); ok=1
-  for i in 0 1 2 3 4 5 6 7; do port_free $((BASE + i)) || { ok=0; break; }; done
+  for i in 0 1 2 3 4 5 6 7 8 9 10 11 12; do port_free $((BASE + i)) || { ok=0; break; }; done
   [ $ok = 1 ] && break
 done
 FUSE=$BASE NGX=$((BASE + 1)) CTL=$((BASE + 2)) A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5))
-RR=$((BASE + 7))
+RR=$((BASE + 7)) FS=$((BASE + 8)) RS=$((BASE + 9)) S1=$((BASE + 10)) S2=$((BASE + 11)) S3=$((BASE + 12))
 sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" \
   -e "s/127\.0\.0\.1:18092/127.0.0.1:$B/g" -e "s/127\.0\.0\.1:18093/127.0.0.1:$C/g" \
   -e "s/127\.0\.0\.1:18094/127.0.0.1:$((BASE + 6))/g" \
@@ -79,6 +80,9 @@ http {
         package.loaded.pool = require("fuse.upstream").new("bench", {
             "127.0.0.1:$A", "127.0.0.1:$B", "127.0.0.1:$C",
         }, { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5 })
+        package.loaded.static = require("fuse.upstream").new("static", {
+            "127.0.0.1:$S1", "127.0.0.1:$S2", "127.0.0.1:$S3",
+        }, { fails = 3, window = 10, open_for = 5 })
     }
     upstream fuse_pool {
         server 0.0.0.1;
@@ -114,6 +118,33 @@ http {
     server {
         listen 127.0.0.1:$RR;
         location / { proxy_pass http://rr_pool; }
+    }
+    # part 2: three static peers (cheap, so that the balancers' own cost shows)
+    upstream fuse_static {
+        server 0.0.0.1;
+        balancer_by_lua_block { require("static"):balance() }
+        keepalive 32;
+    }
+    upstream rr_static {
+        server 127.0.0.1:$S1;
+        server 127.0.0.1:$S2;
+        server 127.0.0.1:$S3;
+        keepalive 32;
+    }
+    server {
+        listen 127.0.0.1:$FS;
+        location / { proxy_pass http://fuse_static; log_by_lua_block { require("static"):log() } }
+    }
+    server {
+        listen 127.0.0.1:$RS;
+        location / { proxy_pass http://rr_static; }
+    }
+    server {
+        listen 127.0.0.1:$S1;
+        listen 127.0.0.1:$S2;
+        listen 127.0.0.1:$S3;
+        keepalive_requests 100000;
+        location / { return 200 "ok\n"; }
     }
 }
 EOF
@@ -163,19 +194,41 @@ if [ "${FAILURES:-1}" = 1 ]; then
 fi
 
 echo
-echo "2. throughput, every peer healthy ($ROUNDS interleaved rounds of 3 s, 16 connections)"
-for p in $A $B $C; do mode "$p" 'mode=ok&reset=1'; done
-wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$FUSE/" > /dev/null 2>&1   # warm-up (JIT, keepalive)
-wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$RR/" > /dev/null 2>&1
-rps() { wrk -t 2 -c 16 -d 3s "http://127.0.0.1:$1/" 2>&1 | awk '/Requests\/sec/ { print $2 }'; }
-f_all="" r_all=""
+echo "2. throughput, every peer healthy: $ROUNDS pairs of 2 s wrk rounds (16 connections), in"
+echo "   alternating order, against three static peers (return 200) with keepalive"
+wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$FS/" > /dev/null 2>&1   # warm-up (JIT, keepalive)
+wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$RS/" > /dev/null 2>&1
+FRONT_WORKERS=$(ps -o pid= --ppid "${PIDS[1]}" | tr -d ' ' | tr '\n' ' ')
+ticks() { # CPU time (user + system, clock ticks) of the front nginx's workers
+  local t=0 w
+  for w in $FRONT_WORKERS; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$w/stat"))); done
+  echo "$t"
+}
+HZ=$(getconf CLK_TCK)
+# rps PORT: requests/s of one round; sets US, the front's CPU microseconds per request
+rps() {
+  local t0 t1 out
+  t0=$(ticks)
+  out=$(wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$1/" 2>&1)
+  t1=$(ticks)
+  local n r
+  n=$(awk '/requests in/ { print $1 }' <<< "$out") r=$(awk '/Requests\/sec/ { print $2 }' <<< "$out")
+  US=$(echo "($t1 - $t0) * 1000000 / $HZ / $n" | bc -l)
+  echo "$r $US"
+}
+f_all="" r_all="" q_all="" fu_all="" ru_all=""
 for i in $(seq "$ROUNDS"); do
-  f=$(rps "$FUSE"); r=$(rps "$RR")
-  f_all="$f_all $f" r_all="$r_all $r"
-  printf '   round %d: fuse.upstream %9.0f req/s   round robin %9.0f req/s   ratio %.3f\n' "$i" "$f" "$r" \
-    "$(echo "$f / $r" | bc -l)"
+  if [ $((i % 2)) = 1 ]; then read -r f fu <<< "$(rps "$FS")"; read -r r ru <<< "$(rps "$RS")"
+  else read -r r ru <<< "$(rps "$RS")"; read -r f fu <<< "$(rps "$FS")"; fi
+  q=$(echo "$f / $r" | bc -l)
+  f_all="$f_all $f" r_all="$r_all $r" q_all="$q_all $q" fu_all="$fu_all $fu" ru_all="$ru_all $ru"
+  printf '   pair %d: fuse.upstream %7.0f req/s %5.1f us CPU/req   round robin %7.0f req/s %5.1f us CPU/req   ratio %.3f\n' \
+    "$i" "$f" "$fu" "$r" "$ru" "$q"
 done
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-fm=$(echo "$f_all" | median) rm=$(echo "$r_all" | median)
-printf '   median: fuse.upstream %.0f req/s, round robin %.0f req/s, ratio %.3f (target >= 0.95)\n' \
-  "$fm" "$rm" "$(echo "$fm / $rm" | bc -l)"
+fm=$(echo "$f_all" | median) rm=$(echo "$r_all" | median) qm=$(echo "$q_all" | median)
+fum=$(echo "$fu_all" | median) rum=$(echo "$ru_all" | median)
+printf '   medians: fuse.upstream %.0f req/s, round robin %.0f req/s; median ratio of the pairs %.3f (target >= 0.95)\n' \
+  "$fm" "$rm" "$qm"
+printf '   front nginx CPU per request (median): fuse.upstream %.1f us, round robin %.1f us (+%.1f us)\n' \
+  "$fum" "$rum" "$(echo "$fum - $rum" | bc -l)"

@@ -313,7 +313,7 @@ function Pool:balance()
   local ctx = ngx.ctx
   local st = ctx[self]
   if not st then
-    st = { n = 0, tried = {} }
+    st = { n = 0 }
     ctx[self] = st
     local more = self:tries() - 1
     if more > 0 then balancer.set_more_tries(more) end
@@ -335,11 +335,15 @@ function Pool:balance()
       end
     end
   end
-  local peer, ticket = self:pick(st.tried)
+  local tried = nil
+  if st.n > 0 then  -- a retry: the peers this request tried
+    tried = {}
+    for k = 1, st.n do tried[st[k].peer] = true end
+  end
+  local peer, ticket = self:pick(tried)
   if not peer then return no_peer(ticket) end
   st.n = st.n + 1
   st[st.n] = { peer = peer, ticket = ticket, t0 = self._slow and ticket and ngx.now() or nil }
-  st.tried[peer] = true
   local ok, err = balancer.set_current_peer(peer.host, peer.port)
   if not ok then
     if ticket then peer.b:report(ticket, nil) end
@@ -382,7 +386,19 @@ function Pool:log()
   if not st then return end
   ctx[self] = nil
   local var = ngx.var
-  local statuses, ns = split(var.upstream_status, {})
+  local status = var.upstream_status
+  if st.n == 1 then  -- one try, one upstream: no list to split (the common case)
+    local try = st[1]
+    local ticket, peer = try.ticket, try.peer
+    if not ticket or peer.removed then return end
+    local code = tonumber(status)
+    local header = (code == nil or code == 502 or code == 504) and var.upstream_header_time or nil
+    if code ~= nil then  -- a list ("502, 200") is no number
+      local seconds = self._slow and tonumber(var.upstream_response_time) or nil
+      return peer.b:report(ticket, verdict(self, try, true, status, header or "0"), seconds)
+    end
+  end
+  local statuses, ns = split(status, {})
   local times = split(var.upstream_response_time, {})
   local headers = split(var.upstream_header_time, {})
   local base = ns - st.n  -- earlier upstreams of the request (internal redirects) come first
