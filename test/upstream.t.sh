@@ -231,8 +231,13 @@ if grep -q "backend/127.0.0.1:$B\"" <<< "$m"; then
   nok "set_peers removed B's breaker from the registry (fuse.remove)"
 else ok "set_peers removed B's breaker from the registry (fuse.remove)"; fi
 check "set_peers added E's breaker" grep -q "fuse_state{name=\"backend/127.0.0.1:$E\"} 0" <<< "$m"
-check "A stayed, with its state (open, opens_total $opensA unchanged)" \
-  [ "$(state_of backend $A)" = 1 ] && [ "$(metric "$FRONT" "fuse_opens_total{name=\"backend/127.0.0.1:$A\"}")" = "$opensA" ]
+# (A stays sick: under a slow machine its open period may end and a probe re-open it,
+# so "kept" means not a fresh breaker: not closed, its opens and failures still counted)
+opensA2=$(metric "$FRONT" "fuse_opens_total{name=\"backend/127.0.0.1:$A\"}")
+failsA2=$(metric "$FRONT" "fuse_failures_total{name=\"backend/127.0.0.1:$A\"}")
+stA2=$(state_of backend $A)
+check "A stayed with its state (state $stA2 not closed, opens_total $opensA2 >= $opensA, failures $failsA2 >= 3)" \
+  [ "$stA2" != 0 ] && [ "${opensA2:-0}" -ge "${opensA:-1}" ] && [ "${opensA:-0}" -ge 1 ] && [ "${failsA2:-0}" -ge 3 ]
 allmode 'mode=ok&reset=1'
 seq_req "$FRONT" / 30
 check "after the switch every worker uses the new list: B 0 hits ($(hits $B)), E $(hits $E)" \
