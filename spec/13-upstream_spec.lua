@@ -6,7 +6,7 @@ local upstream = require "fuse.upstream"
 local support = require "spec.support"
 local BACKEND = support.BACKEND
 
-local unique = support.unique_names("s12")
+local unique = support.unique_names("s13")
 
 -- the last port digit of each pick, n picks, each reported as a success
 local function order(pool, n)
@@ -150,7 +150,7 @@ describe("fuse.upstream #" .. BACKEND, function()
       local line = debug.getinfo(1, "l").currentline + 1
       local ok, e = pcall(function(...) local p = upstream.new(...); return p end, ...)
       assert.is_false(ok)
-      assert.truthy(e:find("12-upstream_spec.lua:" .. line .. ":", 1, true), e)
+      assert.truthy(e:find("13-upstream_spec.lua:" .. line .. ":", 1, true), e)
       return e
     end
 
@@ -208,7 +208,7 @@ describe("fuse.upstream #" .. BACKEND, function()
       local line = debug.getinfo(1, "l").currentline + 1
       local ok, e = pcall(function() pool:set_peers({ "a:1", "a:1" }); return 1 end)
       assert.is_false(ok)
-      says(e, "12-upstream_spec.lua:" .. line .. ": fuse.upstream: peer 2: a:1 is listed twice")
+      says(e, "13-upstream_spec.lua:" .. line .. ": fuse.upstream: peer 2: a:1 is listed twice")
       assert.equal(1, #pool:peers())         -- unchanged
     end)
   end)
