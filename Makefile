@@ -70,8 +70,8 @@ TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 # $(call need,FILE): stop with a clear message when FILE does not exist.
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
-.PHONY: all deps cdef check-cdef test check asan tsan bench bench-nginx demo demo-nginx lint \
-        rock clean help
+.PHONY: all deps cdef check-cdef test check asan tsan bench bench-nginx bench-nginx-registry demo \
+        demo-nginx lint rock clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
 
@@ -86,7 +86,7 @@ help:
 	@echo "make asan|tsan  the C tests under ASan+UBSan / the stress test under TSan"
 	@echo "make cdef       regenerate lua/fuse/cdef.lua from csrc/fz.h"
 	@echo "make check-cdef fail if lua/fuse/cdef.lua is stale or core.so exports differ"
-	@echo "make bench | bench-nginx | demo | demo-nginx | lint | rock | clean"
+	@echo "make bench | bench-nginx | bench-nginx-registry | demo | demo-nginx | lint | rock | clean"
 
 # ---- the shared object -------------------------------------------------------------
 
@@ -209,12 +209,12 @@ build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o)
 	$(AR) rcs $@ $^
 endif
 
-build/asan/test_core build/asan/stress: build/asan/%: test/%.c test/tap.h \
+build/asan/test_core build/asan/stress build/asan/registry: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
-build/tsan/stress: test/stress.c test/tap.h build/tsan/libfzcore.a
+build/tsan/stress build/tsan/registry: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) $(DEPFLAGS) -o $@ $< build/tsan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
@@ -223,15 +223,17 @@ san_verdict = sh tools/tapsum $(1) && \
 	if grep -lE '$(SAN_REPORT)' $(1)/*.err; then \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
-asan: build/asan/test_core build/asan/stress
+asan: build/asan/test_core build/asan/stress build/asan/registry
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs stress env $(ASAN_ENV) build/asan/stress
+	@bash tools/runtap build/asan/logs registry env $(ASAN_ENV) build/asan/registry
 	@$(call san_verdict,build/asan/logs)
 
-tsan: build/tsan/stress
+tsan: build/tsan/stress build/tsan/registry
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
+	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------
@@ -243,6 +245,7 @@ build/bench_threads: bench/threads.c build/libfzcore.a
 bench: all
 	$(call need,bench/bench.lua)
 	$(LUA_ENV) $(LUAJIT) bench/bench.lua
+	$(LUA_ENV) $(LUAJIT) bench/registry.lua
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
@@ -251,6 +254,10 @@ bench: all
 bench-nginx: all
 	$(call need,bench/nginx_upstream.sh)
 	bash bench/nginx_upstream.sh
+
+# requests/s of a location that looks its breaker up by name, at 10 and 50,000 names
+bench-nginx-registry: all
+	bash bench/nginx_registry.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all

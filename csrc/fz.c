@@ -108,7 +108,8 @@ struct fz_breaker {
   uint64_t slow[NBUCKETS];                 /* concurrent, tagged */
 
   /* Cold: totals folded out of recycled buckets, backoff state. */
-  _Alignas(LINE) uint64_t folded_succ, folded_rej, folded_fail, folded_slow;
+  _Alignas(LINE) uint64_t folded_succ;  /* (_Alignas on its own: it applies to each declarator) */
+  uint64_t folded_rej, folded_fail, folded_slow;
   uint64_t fold_begin, fold_end;  /* concurrent: recycles begun / ended */
   uint64_t opens_total;           /* concurrent */
   uint64_t cur_open_ns;           /* concurrent: the open period before jitter */
@@ -388,6 +389,16 @@ uint32_t fz_config_diff(const fz_config *a, const fz_config *b) {
   return m;
 }
 
+/* What retire_all does to a breaker no one else sees yet (every count 0): each tagged
+ * word set just behind the window, with plain stores (creation makes no atomic op). */
+static void retire_fresh(fz_breaker *b, uint64_t e) {
+  uint64_t behind = (uint64_t)(uint32_t)(e - SPAN - 2) << 32;
+  for (int i = 0; i < NBUCKETS; i++) {
+    b->fails[i] = b->slow[i] = behind;
+    for (int s = 0; s < NSTRIPES; s++) b->stripes[s].succ[i] = b->stripes[s].rej[i] = behind;
+  }
+}
+
 static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, size_t len) {
   memset(b, 0, sizeof *b);
   b->cfg = *c;
@@ -402,7 +413,7 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
   b->sw = sw_make(0, FZ_CLOSED);
   if (name) memcpy(b->name, name, len);
   b->cur_epoch = (uint64_t)(((u128)now_ns() * b->bucket_inv) >> 64);
-  retire_all(b, b->cur_epoch);
+  retire_fresh(b, b->cur_epoch);
 }
 
 fz_breaker *fz_breaker_new(const fz_config *c, int *err) {
@@ -660,6 +671,7 @@ double fz_enter_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(sw_gen(sw), 0, KIND_NORMAL, 0);
+  if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);  /* its identity goes next */
   if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
   return enter_slow(b, sw);
 }
@@ -964,17 +976,34 @@ void fzi_set_id(fz_breaker *b, uint64_t id) {
   at_store_rel(&b->id, id);  /* release: pairs with the acquire in fz_enter_id and lookups */
 }
 
-/* A breaker in a registry slot, with the slot's ring (room for FZ_MAX_COUNT_WINDOW). The slot's
- * generation goes on from the previous breaker there, so that its tickets are stale here.
- * The identity is left 0 (not live) for the registry to publish. */
+/* A breaker in a registry slot, with the slot's ring (room for FZ_MAX_COUNT_WINDOW).
+ * The slot's generation goes on from the previous breaker there, so that its tickets are
+ * stale here. The identity is left 0 (not live) for the registry to publish. Built aside,
+ * then stored word by word with atomic stores: a stale handle may be reading the slot's
+ * state word and identity meanwhile (fz_enter_id). */
 void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t len, uint32_t *ring) {
-  uint64_t gen = sw_gen(at_load_rlx(&b->sw));
-  breaker_init(b, c, name, len);
-  b->in_registry = 1;
-  b->sw = sw_make(gen + 1, FZ_CLOSED);
-  b->last_use = (uint32_t)(((u128)now_ns() * b->bucket_inv) >> 64);
-  fzi_set_ring(b, ring);
+  typedef uint64_t __attribute__((may_alias)) word;
+  fz_breaker tmp;
+  uint64_t gen = sw_gen(at_load_acq(&b->sw));
+  breaker_init(&tmp, c, name, len);
+  tmp.in_registry = 1;
+  tmp.sw = sw_make(gen + 1, FZ_CLOSED);
+  tmp.id = 0;
+  tmp.last_use = (uint32_t)(((u128)now_ns() * tmp.bucket_inv) >> 64);
+  tmp.cw_ring_off = (int64_t)((char *)ring - (char *)b);
+  word *to = (word *)(void *)b;
+  const word *from = (const word *)(const void *)&tmp;
+  for (size_t i = 0; i < sizeof tmp / sizeof(word); i++) at_store_rlx((uint64_t *)&to[i], from[i]);
   memset(ring, 0, (size_t)c->count_window * sizeof *ring);
+}
+
+/* The options, read word by word with atomic loads: the registry compares them outside
+ * its lock, while a reuse of the slot may be storing new ones (fzi_slot_init). */
+void fzi_config_load(fz_breaker *b, fz_config *out) {
+  typedef uint64_t __attribute__((may_alias)) word;
+  _Static_assert(sizeof(fz_config) % sizeof(word) == 0, "fz_config is whole words");
+  word *from = (word *)(void *)&b->cfg, *to = (word *)(void *)out;
+  for (size_t i = 0; i < sizeof *out / sizeof(word); i++) to[i] = at_load_rlx((uint64_t *)&from[i]);
 }
 
 void fzi_set_ring(fz_breaker *b, uint32_t *ring) {

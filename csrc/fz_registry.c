@@ -25,7 +25,7 @@
  * The index: open addressing with linear probing over 64-bit words hash32 << 32 | slot+1
  * (0 = empty). A lookup reads words with acquire loads, never takes a lock, and checks a
  * candidate slot like a seqlock: its identity (acquire, odd), then the name and hash in
- * its meta (relaxed word loads), an acquire fence, the identity again; equal means the
+ * its meta (acquire word loads), the identity again; equal means the
  * name belonged to that live breaker. Removal is a backward shift (no tombstones, so a
  * miss ends at the first empty word however many names came and went); a shift can move
  * a word behind a reader, so the `moves` counter is odd while one runs, and a reader
@@ -88,6 +88,7 @@ typedef struct registry {
   uint64_t moves;               /* concurrent: odd while the index is being shifted or rebuilt */
   uint64_t free_head, free_tail;/* under the lock: the FIFO of freed slots */
   uint64_t hand;                /* under the lock: where the eviction scan goes on */
+  double barren_until;          /* under the lock: a scan found nothing evictable; none before */
   uint64_t full_total;          /* concurrent: calls run unguarded, registry full */
   uint64_t evictions_total;     /* concurrent */
 } registry;
@@ -176,12 +177,13 @@ static uint32_t tag_of(uint64_t h) { return (uint32_t)(h >> 32) | 1u; }  /* neve
 static int slot_is(registry *r, uint32_t s, const uint64_t *key, size_t len, uint64_t h, uint32_t *id) {
   fz_breaker *b = slot_of(r, s);
   uint32_t id1 = fz_breaker_id(b);  /* acquire: pairs with the release that publishes a breaker */
-  if (!(id1 & 1)) return 0;
+  if (!(id1 & 1) || fzi_is_removed(b)) return 0;  /* removed: its identity goes next */
   meta *m = meta_of(r, s);
-  if (at_load_rlx(&m->hash) != h || at_load_rlx(&m->len) != len) return 0;
+  /* acquire: pairs with the release stores of write_meta, so the identity read below is
+   * at least as new as the removal that came before a name we read */
+  if (at_load_acq(&m->hash) != h || at_load_acq(&m->len) != len) return 0;
   for (size_t i = 0; i < (len + 7) / 8; i++)
-    if (at_load_rlx(&m->name[i]) != key[i]) return 0;
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);  /* pairs with the release fence in write_meta */
+    if (at_load_acq(&m->name[i]) != key[i]) return 0;
   if (fz_breaker_id(b) != id1) return 0;
   if (id) *id = id1;
   return 1;
@@ -189,10 +191,10 @@ static int slot_is(registry *r, uint32_t s, const uint64_t *key, size_t len, uin
 
 static void write_meta(registry *r, uint32_t s, const uint64_t *key, size_t len, uint64_t h) {
   meta *m = meta_of(r, s);
-  __atomic_thread_fence(__ATOMIC_RELEASE);  /* the slot's identity is even before this */
-  at_store_rlx(&m->hash, h);
-  at_store_rlx(&m->len, len);
-  for (size_t i = 0; i < NAME_WORDS; i++) at_store_rlx(&m->name[i], i < (len + 7) / 8 ? key[i] : UINT64_C(0));
+  /* release: the slot's identity was made even before these (see slot_is) */
+  at_store_rel(&m->hash, h);
+  at_store_rel(&m->len, len);
+  for (size_t i = 0; i < NAME_WORDS; i++) at_store_rel(&m->name[i], i < (len + 7) / 8 ? key[i] : UINT64_C(0));
 }
 
 /* ---------------------------------------------------------------- the index */
@@ -226,10 +228,9 @@ static void idx_put(registry *r, uint32_t s, uint64_t h) {
   at_store_rel(&t[i], (uint64_t)tag << 32 | (s + 1));  /* release: the slot before its word */
 }
 
-static void moves_begin(registry *r) {
-  at_add_sc(&r->moves, 1);
-  __atomic_thread_fence(__ATOMIC_RELEASE);  /* odd before any word moves */
-}
+/* Odd before any word moves: the words are stored with release, so a reader that sees a
+ * moved word also sees the odd count when it reads `moves` again. */
+static void moves_begin(registry *r) { at_add_sc(&r->moves, 1); }
 
 static void moves_end(registry *r) { at_add_sc(&r->moves, 1); }
 
@@ -327,9 +328,16 @@ static int64_t claim(registry *r) {
     return top;
   }
   if (r->free_tail != r->free_head) return free_of(r)[r->free_tail++ % r->capacity];
+  /* A scan that found nothing evictable is not repeated for a tenth of `idle` (at most
+   * 0.1 s): a flood of new names into a registry of busy breakers costs no scan each. */
+  double now = r->idle_ns ? fz_clock_now() : 0;
+  if (now < r->barren_until && now > r->barren_until - 1) return -1;
   for (int tries = 0; r->idle_ns && tries < 4; tries++) {
     int64_t s = victim(r);
-    if (s < 0) return -1;
+    if (s < 0) {
+      r->barren_until = now + fmin((double)r->idle_ns / 1e10, 0.1);
+      return -1;
+    }
     if (!fzi_retire(slot_of(r, (uint32_t)s), 1)) continue;  /* it moved meanwhile */
     FAULT("reg-evicting");
     drop(r, (uint32_t)s);
@@ -367,23 +375,28 @@ fz_breaker *fz_registry_open_id(const char *name, size_t len, const fz_config *c
                                 uint32_t *id) {
   registry *r = reg_get();
   uint64_t key[NAME_WORDS], h = 0;
+  uint32_t mine = 0;
   int st = 0;
-  int64_t s = -1;
   fz_breaker *b = NULL;
   if (!name_ok(name, len)) st = FZ_ENAME;
   else if (fz_config_check(c) != FZ_OK) st = FZ_EINVAL;
   else if (!r) st = FZ_ENOMEM;
-  else if ((s = idx_find(r, key, len, h = pack(name, len, key), id)) < 0) {
-    reg_lock(r);
-    if ((s = idx_find(r, key, len, h, id)) < 0) b = create(r, key, name, len, h, c, &st, id);
-    pthread_mutex_unlock(&r->lock);
-  }
-  if (s >= 0) b = slot_of(r, (uint32_t)s);
-  if (st == 0 && b) {
+  else h = pack(name, len, key);
+  for (int tries = 0; st == 0 && !b; tries++) {
+    int64_t s = tries ? -2 : idx_find(r, key, len, h, &mine);
+    if (s < 0) {
+      reg_lock(r);
+      if ((s = idx_find(r, key, len, h, &mine)) < 0) b = create(r, key, name, len, h, c, &st, &mine);
+      pthread_mutex_unlock(&r->lock);
+    }
+    if (s < 0) break;
+    b = slot_of(r, (uint32_t)s);
     fz_config have;
-    fz_breaker_config(b, &have);
-    if (fz_config_diff(&have, c)) st = FZ_EMISMATCH;
+    fzi_config_load(b, &have);
+    if (fz_breaker_id(b) != mine) b = NULL;  /* removed meanwhile: its options were another's */
+    else if (fz_config_diff(&have, c)) st = FZ_EMISMATCH;
   }
+  if (id) *id = mine;
   if (status) *status = st;
   return b;
 }

@@ -20,8 +20,8 @@ else
   B = core
 end
 
-local error, ipairs, pcall, select, setmetatable, tostring, type = error, ipairs, pcall, select,
-  setmetatable, tostring, type
+local error, ipairs, pairs, pcall, select, setmetatable, tostring, type = error, ipairs, pairs, pcall,
+  select, setmetatable, tostring, type
 local floor = math.floor
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
@@ -123,9 +123,9 @@ end
 local function refind(br)
   local h, id = br._h, br._id
   if B.id(h) == id then return h, id end  -- another wrap of this object re-found it
-  local st
   if fake then sync() end
-  h, st, id = B.open(br.name, br.cfg)
+  local _
+  h, _, id = B.open(br.name, br.cfg)  -- other options there: that is the name's breaker now
   if not h then
     B.full_add()
     return nil
@@ -323,12 +323,85 @@ local function create(o, level)
       :format(B.capacity()) or ""
     error(("fuse: cannot create breaker '%s': %s%s"):format(o.name, B.strerror(st), extra), level + 1)
   end
-  return make_breaker(h, id, o.name, B.config(h), o)
+  -- equal options (status 0 or 1): the checked ones serve, no read back through the core
+  return make_breaker(h, id, o.name, (st == 0 or st == 1) and o.cfg or B.config(h), o)
+end
+
+-- The objects of recently used names: two generations of up to 4096 names, so that a
+-- hot set stays while names seen once age out (a weak table would be emptied by the GC).
+local function recent()
+  local cur, prev, n = {}, {}, 0
+  local c = {}
+  function c.put(k, v)
+    if cur[k] == nil then
+      n = n + 1
+      if n > 4096 then prev, cur, n = cur, {}, 1 end
+    end
+    cur[k] = v
+  end
+  function c.get(k)
+    local v = cur[k]
+    if v == nil then
+      v = prev[k]
+      if v ~= nil then c.put(k, v) end
+    end
+    return v
+  end
+  return c
+end
+
+-- fuse.new of a name with the very options (same values, same functions) as a recent
+-- call gives that call's object again while its breaker lives: a gateway that asks for
+-- its breaker by name per request pays a table lookup, not a check of the options.
+local news = recent()
+
+local function same_opts(e, opts)
+  local n, was = 0, e.opts
+  for k, v in pairs(opts) do
+    if was[k] ~= v then return false end
+    n = n + 1
+  end
+  return n == e.n
+end
+
+-- The options last checked for a named breaker (a copy), and the check's result: a
+-- gateway calls fuse.new with one set of options and many names, so only the name is
+-- new and only the name needs a check.
+local memo_opts, memo_n, memo_o
+
+local function checked(opts, name)
+  if memo_o and type(name) == "string" and #name >= 1 and #name <= 127 and not name:find("\0", 1, true) then
+    local n = 0
+    for k, v in pairs(opts) do
+      if k ~= "name" and memo_opts[k] ~= v then n = -1; break end
+      n = n + 1
+    end
+    if n == memo_n then
+      return { name = name, fallback = memo_o.fallback, is_failure = memo_o.is_failure,
+        on_state_change = memo_o.on_state_change, cfg = memo_o.cfg }
+    end
+  end
+  local o = options.check(opts, 4)
+  if o.name then
+    memo_opts, memo_n, memo_o = {}, 0, o
+    for k, v in pairs(opts) do memo_opts[k], memo_n = v, memo_n + 1 end
+  end
+  return o
 end
 
 function _M.new(opts)
-  local o = options.check(opts, 3)
+  local name = type(opts) == "table" and opts.name
+  if type(name) == "string" then
+    local e = news.get(name)
+    if e and same_opts(e, opts) and B.id(e.br._h) == e.br._id then return e.br end
+  end
+  local o = checked(opts, name)
   local br = create(o, 2)  -- not a tail call: create's errors name the caller's line
+  if o.name then
+    local copy, n = {}, 0
+    for k, v in pairs(opts) do copy[k], n = v, n + 1 end
+    news.put(o.name, { br = br, opts = copy, n = n })
+  end
   return br
 end
 
@@ -413,18 +486,19 @@ Breaker.disable = manual("disable")
 
 ---------------------------------------------------------------------------- the registry
 
--- fuse.get returns one object per live breaker (its options are the breaker's), cached
--- by name: a lookup is a table hit and an identity check.
-local got = setmetatable({}, { __mode = "v" })
+-- fuse.get returns one object per live breaker (its options are the breaker's), kept
+-- for recent names: a lookup is a table hit and an identity check.
+local got = recent()
 
 function _M.get(name)
-  local br = got[name]
+  local br = got.get(name)
   if br and B.id(br._h) == br._id then return br end
   if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. type(name), 2) end
-  local h, id = #name > 0 and B.find(name)
+  if #name == 0 then return nil end
+  local h, id = B.find(name)
   if not h then return nil end
   br = make_breaker(h, id, name, B.config(h), {})
-  got[name] = br
+  got.put(name, br)
   return br
 end
 

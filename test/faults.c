@@ -6,6 +6,10 @@
  * hook to die there with _exit, drives the breaker to the point, and dies; the parent
  * then checks that the circuit recovers with real time (open_for and probe_timeout of
  * 0.1 s): a probe is admitted, or the dead probe times out and re-opens.
+ *
+ * Then the registry: a process killed while it holds the registry's lock, in the middle
+ * of an insert, a removal or an eviction, leaves the index consistent: the next writer
+ * repairs it, no name is lost or doubled, no slot leaks.
  */
 #include "../csrc/fz.h"
 #include "tap.h"
@@ -72,9 +76,86 @@ static int recovers(fz_breaker *b, double wait) {
   return state(b) == FZ_CLOSED;
 }
 
+/* ---------------------------------------------------------------- the registry */
+
+static const char *g_name;
+
+static void open_name(fz_breaker *unused) {
+  (void)unused;
+  breaker(g_name);
+}
+
+static void remove_name(fz_breaker *unused) {
+  (void)unused;
+  fz_registry_remove(g_name, strlen(g_name));
+}
+
+/* The names registered, each found at its own slot; -1 when one is not, or is twice. */
+static int consistent_names(void) {
+  int n = 0;
+  for (int i = 0; i < fz_registry_count(); i++) {
+    fz_breaker *b = fz_registry_at(i);
+    if (!b) continue;
+    const char *name = fz_breaker_name(b);
+    if (fz_registry_find(name, strlen(name)) != b) return -1;
+    n++;
+  }
+  return n == fz_registry_live() ? n : -1;
+}
+
+static int die_opening(const char *where, const char *name) {
+  g_name = name;
+  return die_in_child(where, open_name, NULL);
+}
+
+static void registry_faults(void) {
+  int before = consistent_names(), st;
+  ok(before > 0, "registry: consistent before");
+
+  ok(die_opening("reg-claimed", "ins-claimed"), "registry: a process died holding the lock, a slot claimed");
+  fz_breaker *b = breaker("ins-claimed");
+  ok(b && fz_registry_find("ins-claimed", 11) == b, "the next creation repairs and creates the name");
+  is_int(consistent_names(), before + 1, "one more name, every name found (the claimed slot is free again)");
+
+  ok(die_opening("reg-published", "ins-published"), "registry: a process died after publishing a breaker, before indexing it");
+  fz_config c;
+  memset(&c, 0, sizeof c);
+  c.window = 60, c.open_for = 0.1, c.max_open_for = 0.1, c.probe_timeout = 0.1;
+  c.backoff = 1, c.fails = 1, c.min_calls = 10, c.probes = 1;
+  b = fz_registry_open("ins-published", 13, &c, &st);
+  ok(b && st == 0, "the next writer indexes it: the name exists once (status 0, not created again)");
+  is_int(consistent_names(), before + 2, "every name found once");
+
+  g_name = "ins-published";
+  ok(die_in_child("reg-retired", remove_name, NULL), "registry: a process died removing a name, after retiring it");
+  ok(fz_registry_find("ins-published", 13) == NULL, "a retired breaker is not found meanwhile");
+  is_int(fz_registry_remove("ins-published", 13), 0, "removing it again: repaired, it is gone");
+  is_int(consistent_names(), before + 1, "every name found once, the count right");
+
+  g_name = "ins-claimed";
+  ok(die_in_child("reg-unindexed", remove_name, NULL), "registry: a process died after taking a name out of the index");
+  b = breaker("ins-claimed");
+  ok(b && fz_registry_find("ins-claimed", 11) == b, "the name can be created again");
+  is_int(consistent_names(), before + 1, "every name found once, the count right");
+
+  /* Fill the registry, let every breaker go idle (manual clock), and kill an eviction. */
+  char name[32];
+  for (int i = 0; fz_registry_live() < (int)fz_registry_capacity(); i++) {
+    snprintf(name, sizeof name, "filler-%d", i);
+    breaker(name);
+  }
+  fz_clock_manual(1e6);
+  int full = consistent_names();
+  ok(die_opening("reg-evicting", "evicts"), "registry: a process died evicting an idle breaker to make room");
+  b = breaker("evicts");
+  ok(b && fz_registry_find("evicts", 6) == b, "the next creation repairs, evicts and creates");
+  is_int(consistent_names(), full, "still full, every name found once");
+  fz_clock_auto();
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  if (fz_registry_init_shared(16) != FZ_OK) {
+  if (fz_registry_init(16, 1, 1.0) != FZ_OK) {
     printf("Bail out! no shared registry\n");
     return 1;
   }
@@ -115,5 +196,6 @@ int main(void) {
   sleep_s(0.15);
   is_int(state(b), FZ_OPEN, "after probe_timeout the slot is free again: open");
   ok(recovers(b, 0.15), "and after open_for a new probe closes it");
+  registry_faults();
   return done_testing();
 }

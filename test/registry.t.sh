@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# test/registry.t.sh -- many breakers keyed at run time in a real nginx (prints TAP).
+#
+# 4 workers, fuse.init{ shared = true, capacity = 1000, idle = 1 }; a location keys its
+# breaker by the request argument `name`. wrk feeds it 100,000 distinct names (fewer with
+# REGISTRY_T_NAMES=N): every request must be answered 200, the error log must hold no
+# error, the breakers tripped before the flood must still be open after it, and the
+# workers' RSS must stay flat after the warm-up. Then a reload (HUP) with capacity 2000
+# and other options for the tripped breakers: the new workers see the new capacity, the
+# tripped breakers still open, their new options, and a notice in the log.
+# Needs nginx with the Lua module and wrk. KEEP=1 keeps the temp prefix. About 40 s.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+NGINX=${NGINX:-nginx}
+NAMES=${REGISTRY_T_NAMES:-100000}
+
+n=0 failed=0
+ok()   { n=$((n + 1)); echo "ok $n - $1"; }
+nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
+diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
+check() { local d=$1; shift; if "$@"; then ok "$d"; else nok "$d"; fi; }
+bail() { echo "Bail out! $*"; exit 1; }
+
+echo "TAP version 13"
+if ! command -v "$NGINX" >/dev/null && [ -x /usr/sbin/nginx ]; then NGINX=/usr/sbin/nginx; fi
+missing=
+command -v "$NGINX" >/dev/null || missing="nginx"
+[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] || missing="$missing the nginx Lua module"
+command -v wrk >/dev/null || missing="$missing wrk"
+command -v curl >/dev/null || missing="$missing curl"
+if [ -n "$missing" ]; then
+  [ "${CI:-}" = true ] && bail "missing:$missing"
+  echo "1..0 # SKIP missing:$missing"; exit 0
+fi
+[ -r "$ROOT/build/fuse/core.so" ] || bail "build/fuse/core.so missing: run make first"
+
+T=$(mktemp -d /tmp/fuse-registry-test.XXXXXX) || bail "mktemp failed"
+P=$T/prefix
+MASTER=
+alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+cleanup() {
+  local pid=${MASTER:-}
+  if [ -n "$pid" ] && alive "$pid"; then
+    kill -QUIT "$pid" 2>/dev/null
+    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
+    alive "$pid" && kill -KILL "$pid" 2>/dev/null
+  fi
+  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
+  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+trap 'echo "Bail out! interrupted (a signal, or the 150 s watchdog)"; exit 1' INT TERM HUP
+( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+  sleep 150 & sp=$!; wait "$sp" && kill -TERM $$
+) </dev/null >/dev/null 2>&1 &
+WATCHDOG=$!
+
+mkdir -p "$P/logs" "$P/temp" "$T/build/fuse"
+cp -R "$ROOT/lua" "$T/lua"
+cp "$ROOT/build/fuse/core.so" "$T/build/fuse/core.so"
+chmod -R a+rX "$T"
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+PORT=
+for _ in $(seq 100); do
+  p=$((20000 + RANDOM % 40000)); port_free "$p" && { PORT=$p; break; }
+done
+[ -n "$PORT" ] || bail "no free port"
+
+# README's blocks, as printed (the init block gets the tripped breakers before its end)
+INIT=$("$ROOT/tools/readme-block" many-breakers-init) || bail "README block many-breakers-init"
+LOC=$("$ROOT/tools/readme-block" many-breakers-location) || bail "README block many-breakers-location"
+case "$INIT" in *"capacity = 1000, idle = 1"*) ;; *) bail "README's init block no longer says capacity = 1000, idle = 1";; esac
+
+# conf CAPACITY FAILS: the config, with the registry's capacity and the tripped
+# breakers' fails (a reload changes both).
+conf() {
+  local init
+  init=$(printf '%s\n' "$INIT" | sed -e "s/capacity = 1000/capacity = $1/" -e '$d')
+  init="$init
+    -- ten breakers tripped before the flood; a reload reconfigures them
+    for i = 1, 10 do fuse.new{ name = \"trip-\" .. i, fails = $2, window = 60, open_for = 3600 } end
+}"
+  cat > "$P/nginx.conf" <<EOF
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+worker_processes 4;
+pid logs/nginx.pid;
+error_log logs/error.log notice;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path temp/body;
+    proxy_temp_path temp/proxy;
+    fastcgi_temp_path temp/fastcgi;
+    uwsgi_temp_path temp/uwsgi;
+    scgi_temp_path temp/scgi;
+    lua_package_path "$T/lua/?.lua;;";
+    lua_package_cpath "$T/build/?.so;;";
+$init
+    server {
+        listen 127.0.0.1:$PORT reuseport;
+$LOC
+        location /trip {
+            content_by_lua_block {
+                local b = require("fuse").get(ngx.var.arg_name)
+                for _ = 1, 3 do b:call(function() return nil, "down" end) end
+                ngx.say(b:state())
+            }
+        }
+        location /state {
+            content_by_lua_block {
+                local b = require("fuse").get(ngx.var.arg_name)
+                ngx.say(b and (b:state() .. " " .. b.cfg.fails) or "missing")
+            }
+        }
+        location /info {
+            content_by_lua_block {
+                local B = require "fuse.ffi"
+                ngx.say(B.capacity(), " ", B.live(), " ", ngx.shared.stats:get("unguarded") or 0)
+            }
+        }
+    }
+    lua_shared_dict stats 1m;
+}
+EOF
+  chmod a+r "$P/nginx.conf"
+}
+
+get() { curl -s -m 10 "http://127.0.0.1:$PORT$1"; }
+worker_pids() { pgrep -P "$MASTER" | sort; }
+rss_kb() { local s=0 r; for p in $(worker_pids); do r=$(awk '/^VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null); s=$((s + ${r:-0})); done; echo "$s"; }
+
+conf 1000 2
+"$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1 || bail "nginx did not start: $(cat "$T/start.out") $(tail -n 5 "$P/logs/error.log")"
+for _ in $(seq 50); do [ -r "$P/logs/nginx.pid" ] && break; sleep 0.1; done
+MASTER=$(cat "$P/logs/nginx.pid")
+for _ in $(seq 50); do [ "$(get /info | wc -w)" = 3 ] && break; sleep 0.1; done
+
+tripped=0
+for i in $(seq 10); do [ "$(get "/trip?name=trip-$i")" = open ] && tripped=$((tripped + 1)); done
+check "ten breakers tripped before the flood" [ "$tripped" = 10 ]
+
+# wrk: each thread walks names of its own (a prefix per run); every 50th request fails,
+# so breakers trip. Runs of 4 s until NAMES requests (each a new name) were made.
+cat > "$T/names.lua" <<'EOF'
+local counter = 0
+function setup(thread) counter = counter + 1; thread:set("id", counter) end
+function init(args) n = 0; prefix = "/k?name=" .. args[1] .. "-" .. id .. "-" end
+function request()
+  n = n + 1
+  return wrk.format(nil, prefix .. n .. (n % 50 == 0 and "&fail=1" or ""))
+end
+function done(summary)
+  io.write(string.format("requests %d non2xx %d errors %d\n", summary.requests, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
+end
+EOF
+total=0 non2xx=0 errs=0 run=0 rss0=
+start=$(date +%s)
+while [ "$total" -lt "$NAMES" ] && [ $(( $(date +%s) - start )) -lt 90 ]; do
+  run=$((run + 1))
+  wrk -t2 -c8 -d4s -s "$T/names.lua" "http://127.0.0.1:$PORT/k" --timeout 5s -- "r$run" > "$T/wrk.out" 2>&1
+  read -r _ r _ x _ e < <(grep '^requests' "$T/wrk.out")
+  total=$((total + ${r:-0})) non2xx=$((non2xx + ${x:-1})) errs=$((errs + ${e:-1}))
+  [ -z "$rss0" ] && rss0=$(rss_kb)   # the baseline after the first run (warm-up)
+done
+secs=$(( $(date +%s) - start ))
+rss1=$(rss_kb)
+diag "flood: $total requests, each a new name, in ${secs}s ($run runs), non-2xx $non2xx, socket errors $errs"
+check "$NAMES distinct names fed, every request answered 200" \
+  test "$total" -ge "$NAMES" -a "$non2xx" = 0 -a "$errs" = 0
+info=$(get /info)
+diag "capacity, live breakers, requests answered unguarded (registry full): $info"
+still=0
+for i in $(seq 10); do [ "$(get "/state?name=trip-$i")" = "open 2" ] && still=$((still + 1)); done
+check "the ten tripped breakers are still open after the flood" [ "$still" = 10 ]
+diag "workers' RSS: ${rss0} kB after the first run, ${rss1} kB after the flood"
+check "workers' RSS flat after the warm-up (grew < 20 MB in all)" [ $((rss1 - rss0)) -lt 20480 ]
+errors=$(grep -E '\[(error|crit|alert|emerg)\]' "$P/logs/error.log" | head -n 3)
+check "no error in the log" [ -z "$errors" ]
+[ -n "$errors" ] && diag "$errors"
+
+# Reload: capacity 2000, fails 5 for the tripped breakers.
+old=$(worker_pids | tr '\n' ' ')
+conf 2000 5
+kill -HUP "$MASTER"
+for _ in $(seq 100); do
+  now=$(worker_pids | tr '\n' ' ')
+  [ "$now" != "$old" ] && [ "$(get /info | cut -d' ' -f1)" = 2000 ] && break
+  sleep 0.1
+done
+check "after a reload with capacity 2000, the new workers' registry has capacity 2000" \
+  [ "$(get /info | cut -d' ' -f1)" = 2000 ]
+still=0
+for i in $(seq 10); do [ "$(get "/state?name=trip-$i")" = "open 5" ] && still=$((still + 1)); done
+check "the tripped breakers are still open there, with their new options (fails 5)" [ "$still" = 10 ]
+check "a notice in the log for each reconfigured breaker" \
+  [ "$(grep -c "fuse: breaker 'trip-[0-9]*' reconfigured (old vs new): fails (2 vs 5)" "$P/logs/error.log")" -ge 10 ]
+check "a new name after the reload works" [ "$(get "/k?name=after-reload")" = up ]
+errors=$(grep -E '\[(error|crit|alert|emerg)\]' "$P/logs/error.log" | head -n 3)
+check "no error in the log after the reload" [ -z "$errors" ]
+[ -n "$errors" ] && diag "$errors"
+
+echo "1..$n"
+[ "$failed" = 0 ]
