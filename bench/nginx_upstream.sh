@@ -52,11 +52,11 @@ cp "$ROOT/examples/nginx/peers.lua" "$P/"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 for _ in $(seq 100); do
   BASE=$((20000 + RANDOM % 40000)); ok=1
-  for i in 0 1 2 3 4 5 6 7 8 9 10 11 12; do port_free $((BASE + i)) || { ok=0; break; }; done
+  for i in 0 1 2 3 4 5 6 7 8 9 10 11 12 13; do port_free $((BASE + i)) || { ok=0; break; }; done
   [ $ok = 1 ] && break
 done
 FUSE=$BASE NGX=$((BASE + 1)) CTL=$((BASE + 2)) A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5))
-RR=$((BASE + 7)) FS=$((BASE + 8)) RS=$((BASE + 9)) S1=$((BASE + 10)) S2=$((BASE + 11)) S3=$((BASE + 12))
+RR=$((BASE + 7)) FS=$((BASE + 8)) RS=$((BASE + 9)) S1=$((BASE + 10)) S2=$((BASE + 11)) S3=$((BASE + 12)) LS=$((BASE + 13))
 sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" \
   -e "s/127\.0\.0\.1:18092/127.0.0.1:$B/g" -e "s/127\.0\.0\.1:18093/127.0.0.1:$C/g" \
   -e "s/127\.0\.0\.1:18094/127.0.0.1:$((BASE + 6))/g" \
@@ -138,6 +138,20 @@ http {
     server {
         listen 127.0.0.1:$RS;
         location / { proxy_pass http://rr_static; }
+    }
+    # the floor of any Lua balancer: balancer_by_lua with a bare round robin, no log phase
+    upstream lua_static {
+        server 0.0.0.1;
+        balancer_by_lua_block {
+            local i = (package.loaded.lua_rr or 0) % 3 + 1
+            package.loaded.lua_rr = i
+            require("ngx.balancer").set_current_peer("127.0.0.1", ($S1 - 1) + i)
+        }
+        keepalive 32;
+    }
+    server {
+        listen 127.0.0.1:$LS;
+        location / { proxy_pass http://lua_static; }
     }
     server {
         listen 127.0.0.1:$S1;
@@ -228,7 +242,11 @@ done
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 fm=$(echo "$f_all" | median) rm=$(echo "$r_all" | median) qm=$(echo "$q_all" | median)
 fum=$(echo "$fu_all" | median) rum=$(echo "$ru_all" | median)
+lu_all=""
+for i in $(seq 3); do read -r _ lu <<< "$(rps "$LS")"; lu_all="$lu_all $lu"; done
+lum=$(echo "$lu_all" | median)
 printf '   medians: fuse.upstream %.0f req/s, round robin %.0f req/s; median ratio of the pairs %.3f (target >= 0.95)\n' \
   "$fm" "$rm" "$qm"
-printf '   front nginx CPU per request (median): fuse.upstream %.1f us, round robin %.1f us (+%.1f us)\n' \
+printf '   front nginx CPU per request (median): fuse.upstream %.1f us, round robin %.1f us (+%.1f us);\n' \
   "$fum" "$rum" "$(echo "$fum - $rum" | bc -l)"
+printf '   a bare Lua round robin in balancer_by_lua (3 rounds, the floor of any Lua balancer): %.1f us\n' "$lum"
