@@ -6,6 +6,7 @@
 # (2 workers) fronts them twice, with the same peers, timeouts and proxy_next_upstream:
 #   fuse   balancer_by_lua: fuse.upstream, fails = 3, window = 10, open_for = 5, probes = 1
 #   nginx  upstream { zone; server ... max_fails=3 fail_timeout=5s; }  (passive checks)
+#   backoff  fuse.upstream as above plus backoff = 2, max_open_for = 20 (part 1 only)
 #   rr     upstream { server ...; }  plain round robin (the throughput baseline, part 2)
 #
 # 1. Failure script, under wrk load (16 connections), the same for fuse and nginx:
@@ -52,11 +53,11 @@ cp "$ROOT/examples/nginx/peers.lua" "$P/"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 for _ in $(seq 100); do
   BASE=$((20000 + RANDOM % 40000)); ok=1
-  for i in 0 1 2 3 4 5 6 7 8 9 10 11 12 13; do port_free $((BASE + i)) || { ok=0; break; }; done
+  for i in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do port_free $((BASE + i)) || { ok=0; break; }; done
   [ $ok = 1 ] && break
 done
 FUSE=$BASE NGX=$((BASE + 1)) CTL=$((BASE + 2)) A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5))
-RR=$((BASE + 7)) FS=$((BASE + 8)) RS=$((BASE + 9)) S1=$((BASE + 10)) S2=$((BASE + 11)) S3=$((BASE + 12)) LS=$((BASE + 13))
+RR=$((BASE + 7)) FS=$((BASE + 8)) RS=$((BASE + 9)) S1=$((BASE + 10)) S2=$((BASE + 11)) S3=$((BASE + 12)) LS=$((BASE + 13)) FB=$((BASE + 14))
 sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" \
   -e "s/127\.0\.0\.1:18092/127.0.0.1:$B/g" -e "s/127\.0\.0\.1:18093/127.0.0.1:$C/g" \
   -e "s/127\.0\.0\.1:18094/127.0.0.1:$((BASE + 6))/g" \
@@ -80,6 +81,10 @@ http {
         package.loaded.pool = require("fuse.upstream").new("bench", {
             "127.0.0.1:$A", "127.0.0.1:$B", "127.0.0.1:$C",
         }, { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5 })
+        package.loaded.pool2 = require("fuse.upstream").new("backoff", {
+            "127.0.0.1:$A", "127.0.0.1:$B", "127.0.0.1:$C",
+        }, { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5,
+             backoff = 2, max_open_for = 20 })
         package.loaded.static = require("fuse.upstream").new("static", {
             "127.0.0.1:$S1", "127.0.0.1:$S2", "127.0.0.1:$S3",
         }, { fails = 3, window = 10, open_for = 5 })
@@ -88,6 +93,15 @@ http {
         server 0.0.0.1;
         balancer_by_lua_block { require("pool"):balance() }
         keepalive 32;
+    }
+    upstream fuse_backoff {
+        server 0.0.0.1;
+        balancer_by_lua_block { require("pool2"):balance() }
+        keepalive 32;
+    }
+    server {
+        listen 127.0.0.1:$FB;
+        location / { proxy_pass http://fuse_backoff; log_by_lua_block { require("pool2"):log() } }
     }
     upstream nginx_pool {
         zone nginx_pool 64k;
@@ -191,7 +205,7 @@ failure_script() { # failure_script NAME PORT
   sick=$(hits "$B")
   mode "$B" 'mode=ok&reset=1'
   t_heal=$(now)
-  for _ in $(seq 100); do          # B answers again: poll its hits every 50 ms (5 s max)
+  for _ in $(seq 240); do          # B answers again: poll its hits every 50 ms (12 s max)
     h=$(hits "$B")
     if [ "${h:-0}" -gt 0 ]; then back=$(echo "$(now) - $t_heal" | bc); break; fi
     sleep 0.05
@@ -199,12 +213,14 @@ failure_script() { # failure_script NAME PORT
   wait "$wp"
   total=$(awk '/requests in/ { print $1 }' "$T/wrk-$name.out")
   errs=$(non2xx "$T/wrk-$name.out")
-  printf '%-8s %12s %14s %14s %16s\n' "$name" "$total" "$sick" "$errs" "${back:-'>5'}"
+  printf '%-8s %12s %14s %14s %16s\n' "$name" "$total" "$sick" "$errs" "${back:->12}"
 }
 if [ "${FAILURES:-1}" = 1 ]; then
   failure_script fuse "$FUSE"
   sleep 6                                  # let every breaker and nginx's peer state settle
   failure_script nginx "$NGX"
+  sleep 6
+  failure_script backoff "$FB"   # fuse with backoff = 2 (open 5, 10, 20 s): nginx has no such rule
 fi
 
 echo
