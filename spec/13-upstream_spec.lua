@@ -141,8 +141,8 @@ describe("fuse.upstream #" .. BACKEND, function()
 
   it("default tries: min(#peers, 3)", function()
     assert.equal(2, upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2" }):tries())
-    assert.equal(3, upstream.new(unique("p"), { "a:1", "a:2", "a:3", "a:4" }):tries())
-    assert.equal(5, upstream.new(unique("p"), { "a:1" }, { tries = 5 }):tries())
+    assert.equal(3, upstream.new(unique("p"), { "10.9.9.9:1", "10.9.9.9:2", "10.9.9.9:3", "10.9.9.9:4" }):tries())
+    assert.equal(5, upstream.new(unique("p"), { "10.9.9.9:1" }, { tries = 5 }):tries())
   end)
 
   describe("raises at the caller's line, naming what is wrong", function()
@@ -157,58 +157,62 @@ describe("fuse.upstream #" .. BACKEND, function()
     local function says(e, text) assert.truthy(e:find(text, 1, true), e) end
 
     it("for the pool name", function()
-      says(err_of("", { "a:1" }),
+      says(err_of("", { "10.9.9.9:1" }),
         "pool name must be a string of 1 to 100 bytes without '/', got \"\"")
-      assert.truthy(err_of("a/b", { "a:1" }):find("without '/'", 1, true))
-      assert.truthy(err_of(nil, { "a:1" }):find("got nil", 1, true))
+      assert.truthy(err_of("a/b", { "10.9.9.9:1" }):find("without '/'", 1, true))
+      assert.truthy(err_of(nil, { "10.9.9.9:1" }):find("got nil", 1, true))
     end)
 
     it("for peers", function()
       says(err_of("p", {}),
         "fuse.upstream: peers must be a non-empty list, got an empty table")
-      assert.truthy(err_of("p", "a:1"):find("peers must be a non-empty list, got string", 1, true))
+      assert.truthy(err_of("p", "10.9.9.9:1"):find("peers must be a non-empty list, got string", 1, true))
       says(err_of("p", { "a" }),
-        'peer 1: addr must be "host:port" with a port from 1 to 65535, got "a"')
-      assert.truthy(err_of("p", { "a:0" }):find("peer 1: addr must be", 1, true))
-      assert.truthy(err_of("p", { "a:1", "a:1" }):find("peer 2: a:1 is listed twice", 1, true))
-      says(err_of("p", { { addr = "a:1", weight = 0 } }),
-        "peer 1 (a:1): weight must be an integer from 1 to 1000, got 0")
-      assert.truthy(err_of("p", { { addr = "a:1", weight = 1.5 } }):find("got 1.5", 1, true))
-      says(err_of("p", { { addr = "a:1", wieght = 2 } }),
+        'peer 1: addr must be "IP:port" or "[IPv6]:port" with a port from 1 to 65535, got "a"')
+      assert.truthy(err_of("p", { "10.9.9.9:0" }):find("peer 1: addr must be", 1, true))
+      assert.truthy(err_of("p", { "10.9.9.9:1", "10.9.9.9:1" }):find("peer 2: 10.9.9.9:1 is listed twice", 1, true))
+      says(err_of("p", { { addr = "10.9.9.9:1", weight = 0 } }),
+        "peer 1 (10.9.9.9:1): weight must be an integer from 1 to 1000, got 0")
+      assert.truthy(err_of("p", { { addr = "10.9.9.9:1", weight = 1.5 } }):find("got 1.5", 1, true))
+      says(err_of("p", { { addr = "10.9.9.9:1", wieght = 2 } }),
         'peer 1: unknown key "wieght"')
-      assert.truthy(err_of("p", { ("x"):rep(130) .. ":1" }):find("longer than 127 bytes", 1, true))
+      local v6 = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
+      says(err_of(("p"):rep(100), { v6 }), "longer than 127 bytes")
+      says(err_of("p", { "example.com:80" }), 'got "example.com:80"')
+      says(err_of("p", { "10.0.0.256:80" }), 'got "10.0.0.256:80"')
+      says(err_of("p", { "[10.0.0.1]:80" }), 'got "[10.0.0.1]:80"')
       assert.truthy(upstream.new(unique("p"), { "[::1]:8080" }))
     end)
 
     it("for pool options", function()
-      says(err_of("p", { "a:1" }, { max_ejected = 2 }),
+      says(err_of("p", { "10.9.9.9:1" }, { max_ejected = 2 }),
         "fuse.upstream: option 'max_ejected' must be a number from 0 to 1, got 2")
-      says(err_of("p", { "a:1" }, { max_ejected = 0 / 0 }),
+      says(err_of("p", { "10.9.9.9:1" }, { max_ejected = 0 / 0 }),
         "option 'max_ejected'")
-      says(err_of("p", { "a:1" }, { tries = 0 }),
+      says(err_of("p", { "10.9.9.9:1" }, { tries = 0 }),
         "option 'tries' must be an integer from 1 to 100, got 0")
-      says(err_of("p", { "a:1" }, { fail_statuses = 500 }),
+      says(err_of("p", { "10.9.9.9:1" }, { fail_statuses = 500 }),
         "option 'fail_statuses' must be a list of HTTP statuses, got number")
-      says(err_of("p", { "a:1" }, { fail_statuses = { 500, 99 } }),
+      says(err_of("p", { "10.9.9.9:1" }, { fail_statuses = { 500, 99 } }),
         "(100 to 599), got 99")
-      says(err_of("p", { "a:1" }, { name = "x" }),
+      says(err_of("p", { "10.9.9.9:1" }, { name = "x" }),
         "option 'name' is not allowed")
-      assert.truthy(err_of("p", { "a:1" }, 5):find("options must be a table, got number", 1, true))
+      assert.truthy(err_of("p", { "10.9.9.9:1" }, 5):find("options must be a table, got number", 1, true))
     end)
 
     it("for breaker options, with fuse's own message", function()
-      says(err_of(unique("p"), { "a:1" }, { fails = "x" }),
+      says(err_of(unique("p"), { "10.9.9.9:1" }, { fails = "x" }),
         "fuse: option 'fails' must be a positive integer, got \"x\"")
-      says(err_of(unique("p"), { "a:1" }, { fail = 3 }),
+      says(err_of(unique("p"), { "10.9.9.9:1" }, { fail = 3 }),
         "fuse: unknown option 'fail' (did you mean 'fails'?)")
     end)
 
     it("in set_peers", function()
-      local pool = upstream.new(unique("p"), { "a:1" })
+      local pool = upstream.new(unique("p"), { "10.9.9.9:1" })
       local line = debug.getinfo(1, "l").currentline + 1
-      local ok, e = pcall(function() pool:set_peers({ "a:1", "a:1" }); return 1 end)
+      local ok, e = pcall(function() pool:set_peers({ "10.9.9.9:1", "10.9.9.9:1" }); return 1 end)
       assert.is_false(ok)
-      says(e, "13-upstream_spec.lua:" .. line .. ": fuse.upstream: peer 2: a:1 is listed twice")
+      says(e, "13-upstream_spec.lua:" .. line .. ": fuse.upstream: peer 2: 10.9.9.9:1 is listed twice")
       assert.equal(1, #pool:peers())         -- unchanged
     end)
   end)

@@ -46,15 +46,27 @@ end
 
 ---------------------------------------------------------------------------- validation
 
--- "host:port" or "[v6]:port": host, port; or nil and why.
-local function parse_addr(addr)
-  if type(addr) ~= "string" then return nil, "must be a string \"host:port\", got " .. type(addr) end
-  local host, port = addr:match("^%[([%x:.]+)%]:(%d+)$")
-  if not host then host, port = addr:match("^([^:%s]+):(%d+)$") end
-  port = tonumber(port)
-  if not host or not port or port < 1 or port > 65535 then
-    return nil, "must be \"host:port\" with a port from 1 to 65535, got " .. show(addr)
+local function is_ipv4(h)
+  local a, b, c, d = h:match("^(%d+)%.(%d+)%.(%d+)%.(%d+)$")
+  if not a then return false end
+  for _, x in ipairs({ a, b, c, d }) do
+    if #x > 3 or tonumber(x) > 255 then return false end
   end
+  return true
+end
+
+-- "IPv4:port" or "[IPv6]:port" (ngx.balancer takes addresses, not names): host, port;
+-- or nil and why.
+local function parse_addr(addr)
+  local why = "must be \"IP:port\" or \"[IPv6]:port\" with a port from 1 to 65535, got "
+  if type(addr) ~= "string" then return nil, why .. type(addr) end
+  local host, port = addr:match("^%[([%x:.]+)%]:(%d+)$")
+  if not (host and host:find(":", 1, true)) then
+    host, port = addr:match("^([%d.]+):(%d+)$")
+    if host and not is_ipv4(host) then host = nil end
+  end
+  port = tonumber(port)
+  if not host or not port or port < 1 or port > 65535 then return nil, why .. show(addr) end
   return host, port
 end
 
