@@ -68,39 +68,48 @@ cp "$ROOT/build/fuse/core.so" "$T/build/fuse/core.so"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# Ten free ports in a row: front, pools, control, A, B, C, E, D (closed)
-for _ in $(seq 100); do
-  BASE=$((20000 + RANDOM % 40000)); free=1
-  for i in 0 1 2 3 4 5 6 7 8 9; do port_free $((BASE + i)) || { free=0; break; }; done
-  [ $free = 1 ] && break
-done
-[ $free = 1 ] || bail "no free ports"
-FRONT=$BASE POOLS=$((BASE + 1)) CTL=$((BASE + 2))
-A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5)) E=$((BASE + 6)) D=$((BASE + 7))
 ports() {
   sed -e "s/127\.0\.0\.1:18088/127.0.0.1:$FRONT/g" -e "s/127\.0\.0\.1:18089/127.0.0.1:$POOLS/g" \
     -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" \
     -e "s/127\.0\.0\.1:18092/127.0.0.1:$B/g" -e "s/127\.0\.0\.1:18093/127.0.0.1:$C/g" \
     -e "s/127\.0\.0\.1:18094/127.0.0.1:$E/g" -e "s/127\.0\.0\.1:18095/127.0.0.1:$D/g"
 }
-ports < "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
-ports < "$ROOT/test/upstream-pools.conf" > "$P/pools.conf"
 "$ROOT/tools/readme-block" upstream-nginx > "$T/readme.conf" || bail "README has no upstream-nginx block"
-ports < "$T/readme.conf" | sed -e "s#/path/to/fuse/#$T/#g" > "$F/nginx.conf"
-chmod -R a+rX "$T"
-
-start() { # start NAME PREFIX CONF [GLOBALS]
-  local out
-  if ! out=$("$NGINX" -p "$2/" -c "$3" ${4:+-g "$4"} 2>&1); then
-    bail "nginx ($1) did not start: $out"
-  fi
+start() { # start NAME PREFIX CONF [GLOBALS]: 0, or 1 with the reason in START_ERR
+  START_ERR=$("$NGINX" -p "$2/" -c "$3" ${4:+-g "$4"} 2>&1)
 }
-start peers "$P" peers.conf
-PIDS+=("$(cat "$P/logs-peers/nginx.pid")")
-start front "$F" nginx.conf "pid logs/nginx.pid; error_log logs/error.log warn;"
-PIDS+=("$(cat "$F/logs/nginx.pid")")
-start pools "$P" pools.conf
-PIDS+=("$(cat "$P/logs-pools/nginx.pid")")
+# Ten free ports in a row (front, pools, control, A, B, C, E, D closed); a port another
+# process takes between the check and the bind: new ports, up to three times.
+started=0
+for attempt in 1 2 3; do
+  for _ in $(seq 100); do
+    BASE=$((20000 + RANDOM % 40000)); free=1
+    for i in 0 1 2 3 4 5 6 7 8 9; do port_free $((BASE + i)) || { free=0; break; }; done
+    [ $free = 1 ] && break
+  done
+  [ $free = 1 ] || bail "no free ports"
+  FRONT=$BASE POOLS=$((BASE + 1)) CTL=$((BASE + 2))
+  A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5)) E=$((BASE + 6)) D=$((BASE + 7))
+  ports < "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
+  ports < "$ROOT/test/upstream-pools.conf" > "$P/pools.conf"
+  ports < "$T/readme.conf" | sed -e "s#/path/to/fuse/#$T/#g" > "$F/nginx.conf"
+  chmod -R a+rX "$T"
+  PIDS=()
+  if start peers "$P" peers.conf; then
+    PIDS+=("$(cat "$P/logs-peers/nginx.pid")")
+    if start front "$F" nginx.conf "pid logs/nginx.pid; error_log logs/error.log warn;"; then
+      PIDS+=("$(cat "$F/logs/nginx.pid")")
+      if start pools "$P" pools.conf; then
+        PIDS+=("$(cat "$P/logs-pools/nginx.pid")")
+        started=1
+        break
+      fi
+    fi
+  fi
+  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  case $START_ERR in *"Address already in use"*) diag "ports taken meanwhile, retrying" ;; *) break ;; esac
+done
+[ $started = 1 ] || bail "nginx did not start: $START_ERR"
 for _ in $(seq 50); do
   curl -s -m 1 -o /dev/null "http://127.0.0.1:$FRONT/metrics" &&
     curl -s -m 1 -o /dev/null "http://127.0.0.1:$POOLS/metrics" &&
