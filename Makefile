@@ -71,8 +71,8 @@ TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 # $(call need,FILE): stop with a clear message when FILE does not exist.
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
-.PHONY: all deps cdef check-cdef test check asan tsan bench bench-nginx-registry demo demo-nginx \
-        lint rock dist clean help
+.PHONY: all deps cdef check-cdef test check asan tsan bench bench-nginx bench-nginx-registry demo \
+        demo-nginx lint rock dist clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
 
@@ -89,7 +89,7 @@ help:
 	@echo "make check-cdef fail if lua/fuse/cdef.lua is stale or core.so exports differ"
 	@echo "make dist       build/$(ROCKSPEC:.rockspec=.src.rock): a source rock of the working"
 	@echo "                tree, which luarocks installs offline (test/dist.t.sh tries it)"
-	@echo "make bench | bench-nginx-registry | demo | demo-nginx | lint | rock | clean"
+	@echo "make bench | bench-nginx | bench-nginx-registry | demo | demo-nginx | lint | rock | clean"
 
 # ---- the shared object -------------------------------------------------------------
 
@@ -270,6 +270,11 @@ bench: all
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
+
+# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min)
+bench-nginx: all
+	$(call need,bench/nginx_upstream.sh)
+	bash bench/nginx_upstream.sh
 
 # requests/s of a location that looks its breaker up by name, at 10 and 50,000 names
 bench-nginx-registry: all

@@ -161,6 +161,12 @@ int fz_events_read(double seq, fz_event *out);
 void fz_clock_manual(double seconds);
 void fz_clock_auto(void);
 double fz_clock_now(void);
+
+enum { FZ_COUNTERS_MAX = 256 };
+int fz_counter_open(const char *name, size_t len);
+void fz_counter_add(int i, double n);
+double fz_counter_value(int i);
+const char *fz_counter_name(int i);
 /* FZ_CDEF_END */
 
 #pragma GCC visibility pop
@@ -362,6 +368,16 @@ double fz_clock_now(void);
  * fz_clock_manual(s): from now on every clock read in this process returns s seconds
  *   (tests). fz_clock_auto(): back to the real clock. fz_clock_now(): seconds of
  *   CLOCK_MONOTONIC (precise), or the manual value; for measuring slow calls.
+ *
+ * Shared counters (csrc/fz_counters.c): FZ_COUNTERS_MAX named counters in one
+ * MAP_SHARED mapping made when the library loads, so every process forked afterwards
+ * (nginx workers) adds into the same counters. Thread- and process-safe; lock-free.
+ * fz_counter_open(name, len): the index (>= 0) of the counter `name` (1 to FZ_NAME_MAX
+ *   bytes, no NUL), created at 0 when missing; FZ_EINVAL for a bad name, FZ_EFULL when
+ *   every slot is taken. Counters are never removed.
+ * fz_counter_add(i, n): adds n (a whole number >= 1) to counter i; a bad i is ignored.
+ * fz_counter_value(i): its value (0 for a bad i).
+ * fz_counter_name(i): its name, or NULL when slot i holds no counter (0 <= i < MAX).
  */
 
 #ifdef __cplusplus

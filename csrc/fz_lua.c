@@ -549,6 +549,30 @@ static int l_bounds(lua_State *L) {
   return 1;
 }
 
+/* Shared counters (fz_counters.c). */
+static int l_counter_open(lua_State *L) {
+  size_t len;
+  const char *name = luaL_checklstring(L, 1, &len);
+  lua_pushinteger(L, fz_counter_open(name, len));
+  return 1;
+}
+
+static int l_counter_add(lua_State *L) {
+  fz_counter_add((int)check_int(L, 1, INT32_MIN, INT32_MAX), luaL_checknumber(L, 2));
+  return 0;
+}
+
+static int l_counter_value(lua_State *L) {
+  lua_pushnumber(L, fz_counter_value((int)check_int(L, 1, INT32_MIN, INT32_MAX)));
+  return 1;
+}
+
+static int l_counter_name(lua_State *L) {
+  const char *name = fz_counter_name((int)check_int(L, 1, INT32_MIN, INT32_MAX));
+  if (name) lua_pushstring(L, name); else lua_pushnil(L);
+  return 1;
+}
+
 static const luaL_Reg FUNCS[] = {
   { "strerror", l_strerror }, { "new", l_new }, { "open", l_open }, { "find", l_find },
   { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
@@ -562,7 +586,9 @@ static const luaL_Reg FUNCS[] = {
   { "clock_manual", l_clock_manual }, { "clock_auto", l_clock_auto },
   { "clock_now", l_clock_now }, { "bounds", l_bounds }, { "force_open_for", l_force_open_for },
   { "events_init_shared", l_events_init_shared }, { "event", l_event },
-  { "events_last", l_events_last }, { "event_at", l_event_at }, { NULL, NULL }
+  { "events_last", l_events_last }, { "event_at", l_event_at }, 
+  { "counter_open", l_counter_open }, { "counter_add", l_counter_add },
+  { "counter_value", l_counter_value }, { "counter_name", l_counter_name }, { NULL, NULL }
 };
 
 int luaopen_fuse_core(lua_State *L) {
@@ -577,5 +603,7 @@ int luaopen_fuse_core(lua_State *L) {
   new_lib(L, FUNCS);
   lua_pushliteral(L, "capi");
   lua_setfield(L, -2, "name");
+  lua_pushinteger(L, FZ_COUNTERS_MAX);
+  lua_setfield(L, -2, "counters_max");
   return 1;
 }

@@ -734,7 +734,42 @@ function _M.metrics()
   out[#out + 1] = ("# HELP fuse_registry_evictions_total Idle breakers evicted to make room.\n"
     .. "# TYPE fuse_registry_evictions_total counter\nfuse_registry_evictions_total %.17g\n")
     :format(B.evictions_total())
-  return concat(out)
+  return concat(out) .. _M._counter_metrics()
+end
+
+---------------------------------------------------------------------------- shared counters
+-- Internal, for fuse.upstream: counters shared by every thread and by every nginx worker
+-- forked after fuse loaded (csrc/fz_counters.c), shown by fuse.metrics().
+
+local PANIC = "upstream_panic:"
+
+-- fuse._counter(name) -> index for fuse._count; raises when the name is bad or the
+-- table is full.
+function _M._counter(name)
+  local i = B.counter_open(name)
+  if i < 0 then
+    error(("fuse: cannot create counter '%s': %s"):format(name,
+      i == E_FULL and ("all " .. B.counters_max .. " counters are taken") or B.strerror(i)), 2)
+  end
+  return i
+end
+
+function _M._count(i, n) B.counter_add(i, n or 1) end
+function _M._counter_value(i) return B.counter_value(i) end
+
+-- fuse_upstream_panic_total{pool="..."}, one row per pool; "" when there is none.
+function _M._counter_metrics()
+  local out = {}
+  for i = 0, B.counters_max - 1 do
+    local name = B.counter_name(i)
+    if name and name:sub(1, #PANIC) == PANIC then
+      out[#out + 1] = ('fuse_upstream_panic_total{pool="%s"} %.17g\n')
+        :format(label(name:sub(#PANIC + 1)), B.counter_value(i))
+    end
+  end
+  if #out == 0 then return "" end
+  return "# HELP fuse_upstream_panic_total Open peers picked because max_ejected was reached.\n"
+    .. "# TYPE fuse_upstream_panic_total counter\n" .. concat(out)
 end
 
 return _M

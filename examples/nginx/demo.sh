@@ -153,3 +153,7 @@ get /metrics
 printf '%s\n' "$BODY" | grep 'name="upstream"' | head -n 12 | sed 's/^/   /'
 
 say "stopping nginx (pid $MASTER)"
+
+# ---- fuse.upstream: a breaker per upstream peer (README "Upstream peers")
+stop
+bash "$ROOT/examples/nginx/upstream-demo.sh"

@@ -135,5 +135,11 @@ int fz_events_read(double seq, fz_event *out);
 void fz_clock_manual(double seconds);
 void fz_clock_auto(void);
 double fz_clock_now(void);
+
+enum { FZ_COUNTERS_MAX = 256 };
+int fz_counter_open(const char *name, size_t len);
+void fz_counter_add(int i, double n);
+double fz_counter_value(int i);
+const char *fz_counter_name(int i);
 ]=],
 }

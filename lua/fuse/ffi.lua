@@ -159,4 +159,15 @@ function _M.bounds()
   end
 end
 
+-- Shared counters (csrc/fz_counters.c).
+_M.counters_max = C.FZ_COUNTERS_MAX
+function _M.counter_open(name) return C.fz_counter_open(name, #name) end
+function _M.counter_add(i, n) C.fz_counter_add(i, n) end
+function _M.counter_value(i) return C.fz_counter_value(i) end
+function _M.counter_name(i)
+  local s = C.fz_counter_name(i)
+  if s == nil then return nil end
+  return ffi.string(s)
+end
+
 return _M

@@ -1,0 +1,57 @@
+-- examples/nginx/peers.lua: three fake peers whose behaviour a test or a demo switches at
+-- run time (examples/nginx/peers.conf serves them). State lives in the lua_shared_dict
+-- `peers`, so every worker answers alike. Per peer (its listening port):
+--   mode  ok (200) | fail (500) | status (answers `status`) | hang (sleeps `delay` s, then 200)
+--         | slowfail (sleeps `delay` s, then 500)
+--   hits  requests that reached it; `max` the most it ever served at once.
+local ngx = ngx
+local d = ngx.shared.peers
+
+local _M = {}
+
+local MODES = { ok = true, fail = true, status = true, hang = true, slowfail = true }
+
+function _M.serve()
+  local port = ngx.var.server_port
+  local mode = d:get("mode:" .. port) or "ok"
+  d:incr("hits:" .. port, 1, 0)
+  local now = d:incr("now:" .. port, 1, 0)
+  d:set("reached:" .. port .. ":" .. now, true)      -- concurrency levels seen
+  if mode == "hang" or mode == "slowfail" then ngx.sleep(d:get("delay:" .. port) or 1) end
+  d:incr("now:" .. port, -1, 0)
+  ngx.header["X-Peer"] = port
+  if mode == "fail" or mode == "slowfail" then
+    ngx.status = 500
+  elseif mode == "status" then
+    ngx.status = d:get("status:" .. port) or 200
+  end
+  ngx.say("peer ", port, " ", mode)
+end
+
+local function max_reached(port)
+  local m = 0
+  while d:get("reached:" .. port .. ":" .. (m + 1)) do m = m + 1 end
+  return m
+end
+
+-- /control?port=P&mode=M[&delay=S][&status=N][&reset=1]  (reset: hits and max of P to 0)
+-- /control?port=P  prints "hits=N max=N mode=M"
+function _M.control()
+  local a = ngx.req.get_uri_args()
+  local port = a.port
+  if not port then ngx.status = 400; return ngx.say("port=P needed") end
+  if a.reset then
+    d:set("hits:" .. port, 0)
+    for i = 1, max_reached(port) do d:delete("reached:" .. port .. ":" .. i) end
+  end
+  if a.mode then
+    if not MODES[a.mode] then ngx.status = 400; return ngx.say("unknown mode") end
+    d:set("mode:" .. port, a.mode)
+    d:set("delay:" .. port, tonumber(a.delay) or 1)
+    d:set("status:" .. port, tonumber(a.status) or 200)
+  end
+  ngx.say(("hits=%d max=%d mode=%s"):format(d:get("hits:" .. port) or 0, max_reached(port),
+    d:get("mode:" .. port) or "ok"))
+end
+
+return _M

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# examples/nginx/upstream-demo.sh -- fuse.upstream narrated: a peer fails, is skipped,
+# probed and restored. Run by `make demo-nginx` (after demo.sh's single breaker).
+# Starts README's "Upstream peers" config (tools/readme-block upstream-nginx, 4 workers)
+# and examples/nginx/peers.conf (three fake peers) in a temp prefix on free loopback
+# ports, and stops both by their pids.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+die() { echo "upstream-demo: $*" >&2; exit 1; }
+[ -x "$NGINX" ] || die "nginx is not installed (Debian: nginx libnginx-mod-http-lua lua-resty-core)"
+command -v curl >/dev/null || die "curl is not installed"
+[ -r "$ROOT/build/fuse/core.so" ] || die "build/fuse/core.so is missing: run make first"
+
+T=$(mktemp -d /tmp/fuse-upstream-demo.XXXXXX) || die "mktemp failed"
+P=$T/examples/nginx F=$T/front
+PIDS=()
+alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+stop() {
+  local pid
+  for pid in "${PIDS[@]}"; do
+    alive "$pid" || continue
+    kill -QUIT "$pid"
+    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
+    alive "$pid" && kill -KILL "$pid"
+  done
+  rm -rf "$T"
+}
+trap stop EXIT
+trap 'exit 1' INT TERM HUP
+
+mkdir -p "$P/logs-peers" "$P/temp" "$F/logs" "$T/build/fuse"
+cp -R "$ROOT/lua" "$T/lua"
+cp "$ROOT/build/fuse/core.so" "$T/build/fuse/"
+cp "$ROOT/examples/nginx/peers.lua" "$P/"
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for _ in $(seq 100); do
+  BASE=$((20000 + RANDOM % 40000)); ok=1
+  for i in 0 1 2 3 4 5 6; do port_free $((BASE + i)) || { ok=0; break; }; done
+  [ $ok = 1 ] && break
+done
+FRONT=$BASE CTL=$((BASE + 2)) A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5)) E=$((BASE + 6))
+ports() {
+  sed -e "s/127\.0\.0\.1:18088/127.0.0.1:$FRONT/g" -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" \
+    -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" -e "s/127\.0\.0\.1:18092/127.0.0.1:$B/g" \
+    -e "s/127\.0\.0\.1:18093/127.0.0.1:$C/g" -e "s/127\.0\.0\.1:18094/127.0.0.1:$E/g"
+}
+ports < "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
+"$ROOT/tools/readme-block" upstream-nginx | ports | sed "s#/path/to/fuse/#$T/#g" > "$F/nginx.conf"
+chmod -R a+rX "$T"
+"$NGINX" -p "$P/" -c peers.conf || die "the peers did not start"
+PIDS+=("$(cat "$P/logs-peers/nginx.pid")")
+"$NGINX" -p "$F/" -c nginx.conf -g "pid logs/nginx.pid; error_log logs/error.log warn;" ||
+  die "nginx did not start: $(tail -n 5 "$F/logs/error.log")"
+PIDS+=("$(cat "$F/logs/nginx.pid")")
+for _ in $(seq 50); do curl -s -m 1 -o /dev/null "http://127.0.0.1:$FRONT/metrics" && break; sleep 0.1; done
+
+name() { case $1 in "$A") echo A ;; "$B") echo B ;; "$C") echo C ;; "$E") echo E ;; *) echo "-" ;; esac; }
+get() { # one request; prints "status from peer X"
+  local out
+  out=$(curl -s -m 5 -o /dev/null -w '%{http_code} %header{x-peer}' "http://127.0.0.1:$FRONT/")
+  printf '%s from peer %s' "${out%% *}" "$(name "${out#* }")"
+}
+mode() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1&$2" > /dev/null; }
+hits() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1" | sed -n 's/^hits=\([0-9]*\).*/\1/p'; }
+states() {
+  local m s
+  m=$(curl -s -m 5 "http://127.0.0.1:$FRONT/metrics")
+  for p in $A $B $C; do
+    s=$(grep -F "fuse_state{name=\"backend/127.0.0.1:$p\"}" <<< "$m" | awk '{ print $2 }')
+    case $s in 0) s=closed ;; 1) s=open ;; 2) s=half_open ;; esac
+    printf '   %s (127.0.0.1:%s): %s\n' "$(name "$p")" "$p" "$s"
+  done
+}
+say() { printf '\n== %s\n' "$*"; }
+round() { local i line=""; for i in $(seq "$1"); do line="$line  $(get | cut -d' ' -f1,4)"; done; echo "  $line"; }
+
+say "pool 'backend': peers A B C, 4 nginx workers sharing one breaker per peer"
+echo "   fails=3 open_for=5 probes=1, max_ejected 0.5 (at most 1 of 3 peers skipped)"
+echo "   each request below shows: status, peer that answered"
+say "healthy: 9 requests"
+round 9
+
+say "peer B starts failing (HTTP 500); requests one after another:"
+mode "$B" 'mode=fail&reset=1'
+for i in $(seq 12); do
+  printf '   #%-2d %s\n' "$i" "$(get)"
+  sleep 0.02
+done
+echo "   -> B saw $(hits "$B") requests: its 3rd failure opened its breaker in every worker;"
+echo "      each failure was retried on another peer (proxy_next_upstream), so clients saw 200"
+states
+
+say "B still sick; after open_for, 20 requests at once: one probe reaches B"
+mode "$B" 'mode=slowfail&delay=0.5&reset=1'
+sleep 5
+curl -s -m 10 --no-progress-meter --parallel --parallel-immediate -o /dev/null \
+  -w '%{http_code}\n' "http://127.0.0.1:$FRONT/?i=[1-20]" | sort | uniq -c | sed 's/^/   /'
+echo "   -> B saw $(hits "$B") request (probes=1, across all workers); it failed and B re-opened"
+
+say "B heals; after its open period the next probe succeeds and B is back:"
+mode "$B" 'mode=ok&reset=1'
+sleep 5
+round 9
+echo "   -> B served $(hits "$B") of them"
+states
+
+say "/metrics (excerpt):"
+curl -s -m 5 "http://127.0.0.1:$FRONT/metrics" | grep -E "^fuse_(state|failures_total|opens_total)\{name=\"backend/127.0.0.1:$B\"|^fuse_upstream_panic_total" | sed 's/^/   /'
+say "stopping nginx"
