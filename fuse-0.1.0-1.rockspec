@@ -30,6 +30,7 @@ build = {
     ["fuse.ffi"] = "lua/fuse/ffi.lua",
     ["fuse.cdef"] = "lua/fuse/cdef.lua",
     ["fuse.options"] = "lua/fuse/options.lua",
+    ["fuse.pending"] = "lua/fuse/pending.lua",
     -- The C core. luarocks cannot pass -fvisibility=hidden: fz.h's visibility
     -- pragma marks the API for export either way.
     ["fuse.core"] = {

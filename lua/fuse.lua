@@ -20,7 +20,10 @@ else
   B = core
 end
 
+local pending = require "fuse.pending"
+
 local error, pcall, select, setmetatable, tostring, type = error, pcall, select, setmetatable, tostring, type
+local getmetatable = getmetatable
 local floor = math.floor
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
@@ -35,7 +38,21 @@ local HALF_TO_OPEN = 64 + HALF_OPEN * 8 + OPEN
 local PLAIN_OPEN_REJECTION = -(1 + OPEN * 4)
 local E_MISMATCH, E_FULL, E_TICKET = -4, -3, -7
 
-local enter, done, clock_now = B.enter, B.done, B.clock_now
+-- The core's functions that guarded calls use, called straight from the guarded-call
+-- code: under LuaJIT the ffi namespace of the core library (B.lib), so that no small Lua
+-- function stands between a call and the core. LuaJIT starts traces at the entries of
+-- functions that interpreted code (request handlers, new call sites) calls often, and
+-- blacklists an entry whose traces keep aborting; every guarded call would then run
+-- interpreted for the rest of the process (spec/12-longlived_spec.lua). Under PUC Lua,
+-- the C module's functions under the same names.
+local core = B.lib or { fz_enter = B.enter, fz_done = B.done, fz_clock_now = B.clock_now,
+  fz_clock_manual = B.clock_manual, fz_retry_after = B.retry_after }
+
+-- OpenResty: guarded calls in flight are noted with their request, so that a function
+-- that ends the request (ngx.exit, ngx.exec, ngx.redirect) is still counted, by fuse.log()
+-- in the log phase. False elsewhere, and then the branches on it compile away.
+local TRACK = pending.enabled
+local track, untrack = pending.track, pending.untrack
 
 ---------------------------------------------------------------------------- the clock
 
@@ -47,7 +64,7 @@ local function sync()
     error("fuse: the clock function must return seconds as a number within 4.5e9 of 0, got "
       .. tostring(s), 0)
   end
-  B.clock_manual(s)
+  core.fz_clock_manual(s)
 end
 
 -- fuse.clock(fn): read time (seconds) from fn, for tests; fuse.clock() restores.
@@ -61,8 +78,21 @@ end
 
 local function now()
   if fake then sync() end
-  return clock_now()
+  return (core.fz_clock_now())
 end
+
+---------------------------------------------------------------------------- protected calls
+
+-- pcall(call, fn, ...) is pcall(fn, ...) with every result, for the functions fuse calls
+-- on the user's behalf (the guarded function, is_failure, listeners). Under LuaJIT a
+-- function that pcall calls directly cannot be a trace root: a trace that starts at its
+-- entry (interpreted callers make it hot) cannot return into pcall's frame and aborts,
+-- and after a dozen aborts the function is blacklisted: it runs interpreted, and every
+-- trace that reaches it aborts, for the rest of the process. Here fn returns into
+-- `call`, a Lua frame; and LuaJIT never starts a trace at a vararg function's entry, so
+-- `call` itself is never a root. select(1, ...) keeps the call to fn from being a tail
+-- call (a tail call would return into pcall again) and passes every result.
+local function call(fn, ...) return select(1, fn(...)) end
 
 ---------------------------------------------------------------------------- listeners
 
@@ -75,7 +105,7 @@ end
 local function fire(listener, name, code)
   if listener == nil or code < 64 then return end
   local from, to = STATES[floor((code - 64) / 8)], STATES[(code - 64) % 8]
-  local ok, err = pcall(listener, name, from, to)
+  local ok, err = pcall(call, listener, name, from, to)
   if not ok then
     _M.report_error("fuse: on_state_change of breaker '" .. (name or "anonymous") .. "' ("
       .. from .. " -> " .. to .. ") failed: " .. tostring(err))
@@ -84,19 +114,28 @@ end
 
 ---------------------------------------------------------------------------- rejections
 
+-- A rejection is made once per breaker and state and shared by every call it rejects,
+-- so it is read-only: its fields live under a private key, and assigning any field
+-- raises (__newindex runs for every key but that one).
 local REJ = {}
 local rej_handle = setmetatable({}, { __mode = "k" })
+local FIELDS = {}  -- the private key of a rejection's { name = ..., state = ... }
 
 REJ.__index = function(r, k)
   if k == "retry_after" then
     if fake then sync() end
-    return B.retry_after(rej_handle[r])
+    return (core.fz_retry_after(rej_handle[r]))
   end
+  return r[FIELDS][k]
+end
+REJ.__newindex = function(_, k)
+  error("fuse: a rejection is read-only (it is shared by every call its breaker rejects): cannot set "
+    .. (type(k) == "string" and "'" .. k .. "'" or "a field"), 2)
 end
 REJ.__tostring = function(r) return "fuse: circuit '" .. (r.name or "anonymous") .. "' is open" end
 
 local function rejection(h, name, state)
-  local r = setmetatable({ name = name, state = state }, REJ)
+  local r = setmetatable({ [FIELDS] = { name = name, state = state } }, REJ)
   rej_handle[r] = h
   return r
 end
@@ -129,7 +168,7 @@ local function classify(is_failure, ok, ...)
     if r1 == nil and r2 ~= nil then return FAILURE end
     return SUCCESS
   end
-  return judged(pcall(is_failure, ok, ...))
+  return judged(pcall(call, is_failure, ok, ...))
 end
 
 -- The failure a fallback is given: the raised error, or of `nil, err` the err.
@@ -139,10 +178,42 @@ local function failure_of(ok, r1, r2)
   return r1
 end
 
+-- values(t, n): t[1], ..., t[n], for any n a bare call could pass. unpack gives at most
+-- 8000 values under LuaJIT and Lua 5.1; beyond MAX_UNPACK the rest are put in front,
+-- CHUNK at a time, by a tail call that takes them as fixed arguments (generated below),
+-- so the stack never holds more than two copies of them, as a bare call's would.
+local MAX_UNPACK, CHUNK = 7000, 100
+local prepend  -- prepend(t, i, ...): t[1], ..., t[i], ...
+do
+  local slots = {}
+  for j = CHUNK - 1, 0, -1 do slots[#slots + 1] = "t[i - " .. j .. "]" end
+  local src = ([[
+local step
+step = function(t, i, ...)
+  if i >= %d then return step(t, i - %d, %s, ...) end
+  if i == 0 then return ... end
+  return step(t, i - 1, t[i], ...)
+end
+return step]]):format(CHUNK, CHUNK, concat(slots, ", "))
+  prepend = assert((rawget(_G, "loadstring") or load)(src, "=fuse.values"))()
+end
+
+local function values(t, n)
+  if n <= MAX_UNPACK then return unpack(t, 1, n) end
+  return prepend(t, n - MAX_UNPACK, unpack(t, n - MAX_UNPACK + 1, n))
+end
+
+-- Above MANY arguments a guarded call keeps them in a table while fn runs, not on the
+-- stack (where a Lua state has room for about 65,000 values), so that it holds no more
+-- copies of them than a bare call does: whatever the bare call can pass, it can.
+local MANY = 1000
+-- (vararg only so that it is never a trace root either, as `call`)
+local function call_unpacked(fn, rest, n, ...) return fn(values(rest, n)) end  -- luacheck: ignore 212
+
 -- fallback(err, ...) with the call's arguments, kept in fixed slots for up to eight
 -- (no allocation); only a call with more arguments keeps them in a table.
 local function call_fallback(fb, err, n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
-  if rest then return fb(err, unpack(rest, 1, n)) end
+  if rest then return fb(err, values(rest, n)) end
   if n <= 4 then
     if n == 0 then return fb(err) elseif n == 1 then return fb(err, a1)
     elseif n == 2 then return fb(err, a1, a2) elseif n == 3 then return fb(err, a1, a2, a3) end
@@ -165,7 +236,7 @@ local function make_run(br, fallback, is_failure, listener)
   local function record(t, t0, outcome)
     local elapsed = -1
     if slow then elapsed = now() - t0 elseif fake then sync() end
-    local code = done(h, t, outcome, elapsed)
+    local code = core.fz_done(h, t, outcome, elapsed)
     if code ~= 0 then fire(listener, name, code) end
   end
 
@@ -176,7 +247,9 @@ local function make_run(br, fallback, is_failure, listener)
     error(err, 0)
   end
 
-  local function finish(t, t0, ok, ...)
+  -- (p, k): under OpenResty, the call's entry in its request's calls in flight, or nil.
+  local function finish(t, t0, p, k, ok, ...)
+    if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
     if not outcome then misjudged(t, err) end
     record(t, t0, outcome)
@@ -185,7 +258,8 @@ local function make_run(br, fallback, is_failure, listener)
     error((...), 0)
   end
 
-  local function finish_fb(t, t0, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
+  local function finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
+    if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
     if not outcome then misjudged(t, err) end
     record(t, t0, outcome)
@@ -196,30 +270,48 @@ local function make_run(br, fallback, is_failure, listener)
     error((...), 0)
   end
 
+  -- More than MANY arguments: they wait in `rest`, off the stack, while fn runs.
+  local function run_many(t, t0, p, k, fn, rest, n)
+    if fb_fn then
+      return finish_fb(t, t0, p, k, n, nil, nil, nil, nil, nil, nil, nil, nil, rest,
+        pcall(call_unpacked, fn, rest, n))
+    end
+    return finish(t, t0, p, k, pcall(call_unpacked, fn, rest, n))
+  end
+
   if fb_fn then
     return function(fn, ...)
       if fake then sync() end
-      local t = enter(h)
+      local t = core.fz_enter(h)
       if t < 0 then
         return fallback(t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t), ...)
       end
       if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
+      local t0 = slow and now() or 0
+      local p, k
+      if TRACK then p, k = track(record, t, t0) end
       local n = select("#", ...)
       local a1, a2, a3, a4, a5, a6, a7, a8 = ...
       local rest = n > 8 and { ... } or nil
-      return finish_fb(t, slow and now() or 0, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, pcall(fn, ...))
+      if n > MANY then return run_many(t, t0, p, k, fn, rest, n) end
+      return finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, pcall(call, fn, ...))
     end
   end
   return function(fn, ...)
     if fake then sync() end
-    local t = enter(h)
+    local t = core.fz_enter(h)
     if t < 0 then
       local rej = t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t)
       if has_fallback then return fallback end
       return nil, rej
     end
     if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
-    return finish(t, slow and now() or 0, pcall(fn, ...))
+    local t0 = slow and now() or 0
+    local p, k
+    if TRACK then p, k = track(record, t, t0) end
+    local n = select("#", ...)
+    if n > MANY then return run_many(t, t0, p, k, fn, { ... }, n) end
+    return finish(t, t0, p, k, pcall(call, fn, ...))
   end
 end
 
@@ -278,12 +370,23 @@ function _M.wrap(fn, opts)
   return function(...) return run(fn, ...) end, br
 end
 
+-- Every method checks its self first: under LuaJIT a self that is not a breaker would
+-- hand the core a NULL breaker (a crash pcall cannot catch). The usual cause is
+-- b.method() for b:method(), which passes nil, or the first argument, as self. In a
+-- trace the check is one compare of the metatable.
+local function not_a_breaker(method, self)
+  local got = self == nil and "nil" or type(self) == "table" and "a table" or "a " .. type(self)
+  error(("fuse: call b:%s(), not b.%s(): self is %s, not a breaker"):format(method, method, got), 3)
+end
+
 function Breaker:call(fn, ...)
+  if getmetatable(self) ~= Breaker then not_a_breaker("call", self) end
   check_callable(fn, "call", 2)
   return self._run(fn, ...)
 end
 
 function Breaker:wrap(fn, fallback)
+  if getmetatable(self) ~= Breaker then not_a_breaker("wrap", self) end
   check_callable(fn, "wrap", 2)
   local run = self._run
   if fallback ~= nil then run = make_run(self, fallback, self.is_failure, self.on_state_change) end
@@ -292,14 +395,16 @@ end
 
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
 function Breaker:allow()
+  if getmetatable(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
-  local t = enter(self._h)
+  local t = core.fz_enter(self._h)
   if t < 0 then return nil, rejected(self, self.on_state_change, t) end
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
   return t
 end
 
 function Breaker:report(ticket, ok, seconds)
+  if getmetatable(self) ~= Breaker then not_a_breaker("report", self) end
   if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. type(ticket), 2) end
   local outcome = ok == true and SUCCESS or ok == false and FAILURE or ok == nil and IGNORE
   if not outcome then error("fuse: report's ok must be true, false or nil, got " .. type(ok), 2) end
@@ -307,12 +412,13 @@ function Breaker:report(ticket, ok, seconds)
     error("fuse: report's seconds must be a number, got " .. tostring(seconds), 2)
   end
   if fake then sync() end
-  local code = done(self._h, ticket, outcome, seconds or -1)
+  local code = core.fz_done(self._h, ticket, outcome, seconds or -1)
   if code == E_TICKET then error("fuse: report needs the ticket from allow, got " .. tostring(ticket), 2) end
   fire(self.on_state_change, self.name, code)
 end
 
 function Breaker:state()
+  if getmetatable(self) ~= Breaker then not_a_breaker("state", self) end
   if fake then sync() end
   local code = B.state(self._h)
   fire(self.on_state_change, self.name, floor(code / 256))
@@ -320,6 +426,7 @@ function Breaker:state()
 end
 
 function Breaker:stats()
+  if getmetatable(self) ~= Breaker then not_a_breaker("stats", self) end
   if fake then sync() end
   local s = {}
   fire(self.on_state_change, self.name, B.stats(self._h, s))
@@ -330,6 +437,7 @@ end
 
 local function manual(method)
   return function(self)
+    if getmetatable(self) ~= Breaker then not_a_breaker(method, self) end
     if fake then sync() end
     fire(self.on_state_change, self.name, B[method](self._h))
   end
@@ -371,6 +479,20 @@ function _M.init(opts)
     error("fuse: fuse.init cannot share the registry: " .. why, 2)
   end
   return true
+end
+
+---------------------------------------------------------------------------- OpenResty: calls that end the request
+
+-- fuse.log(): in nginx's log phase (`log_by_lua_block { require("fuse").log() }`), counts
+-- the guarded calls of this request whose function ended the request (ngx.exit, ngx.exec,
+-- ngx.redirect) and so never returned to the guard, by the response status: 500 and
+-- above a failure, 499 ignored, anything else a success. Does nothing elsewhere, or when
+-- every call returned. See fuse.pending.
+function _M.log()
+  if TRACK then
+    local ngx = rawget(_G, "ngx")
+    pending.settle_request(tonumber(ngx.status) or 0)
+  end
 end
 
 ---------------------------------------------------------------------------- metrics
