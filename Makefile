@@ -70,8 +70,8 @@ TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 # $(call need,FILE): stop with a clear message when FILE does not exist.
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
-.PHONY: all deps cdef check-cdef test check asan tsan bench demo demo-nginx lint rock \
-        clean help
+.PHONY: all deps cdef check-cdef test check asan tsan bench bench-nginx-jit demo demo-nginx \
+        lint rock clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
 
@@ -87,6 +87,7 @@ help:
 	@echo "make cdef       regenerate lua/fuse/cdef.lua from csrc/fz.h"
 	@echo "make check-cdef fail if lua/fuse/cdef.lua is stale or core.so exports differ"
 	@echo "make bench | demo | demo-nginx | lint | rock | clean"
+	@echo "make bench-nginx-jit  the guarded call's cost in an nginx worker, fresh and after traffic"
 
 # ---- the shared object -------------------------------------------------------------
 
@@ -246,6 +247,10 @@ bench: all
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
+
+# The hot loop inside a real nginx worker, fresh and after sustained wrk traffic.
+bench-nginx-jit: all
+	bash bench/nginx_jit.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all
