@@ -93,6 +93,22 @@ end
 -- `call` itself is never a root. select(1, ...) keeps the call to fn from being a tail
 -- call (a tail call would return into pcall again) and passes every result.
 local function call(fn, ...) return select(1, fn(...)) end
+local function protected(fn, ...) return pcall(call, fn, ...) end
+
+-- A C function (or a callable table) is pcall'd directly, as before: it is never a trace
+-- root, and through `call` an error it raises with a position (error("x"), luaL_error)
+-- would name fuse's line. Only LuaJIT needs the trampoline.
+local TRAMPOLINE = B.name == "ffi"
+local direct_fns = setmetatable({}, { __mode = "k" })
+local function is_direct(fn)
+  if not TRAMPOLINE then return true end
+  local d = direct_fns[fn]
+  if d == nil then
+    d = type(fn) ~= "function" or debug.getinfo(fn, "S").what == "C"
+    direct_fns[fn] = d
+  end
+  return d
+end
 
 ---------------------------------------------------------------------------- listeners
 
@@ -226,8 +242,9 @@ end
 
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
 -- and listener. Immutable upvalues let the JIT fold the branches on options away.
-local function make_run(br, fallback, is_failure, listener)
+local function make_run(br, fallback, is_failure, listener, direct)
   local h, name, rejs = br._h, br.name, br.rejs
+  local protect = direct and pcall or protected
   local rej_open = rejs[OPEN]
   local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
@@ -294,7 +311,7 @@ local function make_run(br, fallback, is_failure, listener)
       local a1, a2, a3, a4, a5, a6, a7, a8 = ...
       local rest = n > 8 and { ... } or nil
       if n > MANY then return run_many(t, t0, p, k, fn, rest, n) end
-      return finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, pcall(call, fn, ...))
+      return finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, protect(fn, ...))
     end
   end
   return function(fn, ...)
@@ -311,7 +328,7 @@ local function make_run(br, fallback, is_failure, listener)
     if TRACK then p, k = track(record, t, t0) end
     local n = select("#", ...)
     if n > MANY then return run_many(t, t0, p, k, fn, { ... }, n) end
-    return finish(t, t0, p, k, pcall(call, fn, ...))
+    return finish(t, t0, p, k, protect(fn, ...))
   end
 end
 
@@ -324,8 +341,20 @@ local function make_breaker(h, name, cfg, o)
   local br = setmetatable({ _h = h, name = name, cfg = cfg, fallback = o.fallback,
     is_failure = o.is_failure, on_state_change = o.on_state_change }, Breaker)
   br.rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
-  br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change)
+  br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change, not TRAMPOLINE)
   return br
+end
+
+-- The run of breaker br for fn: through the trampoline for a Lua function under LuaJIT,
+-- else pcall'd directly (made on first need).
+local function run_for(br, fn)
+  if not TRAMPOLINE or not is_direct(fn) then return br._run end
+  local run = br._run_direct
+  if not run then
+    run = make_run(br, br.fallback, br.is_failure, br.on_state_change, true)
+    br._run_direct = run
+  end
+  return run
 end
 
 local function check_callable(fn, what, level)
@@ -366,7 +395,7 @@ function _M.wrap(fn, opts)
   check_callable(fn, "fuse.wrap", 2)
   local o = options.check(opts, 3)
   local br = create(o, 2)
-  local run = br._run
+  local run = run_for(br, fn)
   return function(...) return run(fn, ...) end, br
 end
 
@@ -382,14 +411,16 @@ end
 function Breaker:call(fn, ...)
   if getmetatable(self) ~= Breaker then not_a_breaker("call", self) end
   check_callable(fn, "call", 2)
-  return self._run(fn, ...)
+  return run_for(self, fn)(fn, ...)
 end
 
 function Breaker:wrap(fn, fallback)
   if getmetatable(self) ~= Breaker then not_a_breaker("wrap", self) end
   check_callable(fn, "wrap", 2)
-  local run = self._run
-  if fallback ~= nil then run = make_run(self, fallback, self.is_failure, self.on_state_change) end
+  local run = run_for(self, fn)
+  if fallback ~= nil then
+    run = make_run(self, fallback, self.is_failure, self.on_state_change, not TRAMPOLINE or is_direct(fn))
+  end
   return function(...) return run(fn, ...) end
 end
 

@@ -76,9 +76,8 @@ local function leftover(p)
   settle_all(p, IGNORE)
 end
 
--- The list of the current request, or nil outside a request; made or reused as needed.
-local function list_of(r, key)
-  local start = req_start(r)
+-- The list of request r (at address key, started at start); made or reused as needed.
+local function list_of(key, start)
   local p = lists[key]
   if p == nil then
     local n = #spare
@@ -102,7 +101,9 @@ end
 function _M.track(settle, ticket, t0)
   local r = exdata()
   if r == nil then return nil end
-  local p = list_of(r, tonumber(cast(UINTPTR, r)))
+  local start = req_start(r)
+  if start == 0 then return nil end  -- a fake request (timer, init_worker): no log phase
+  local p = list_of(tonumber(cast(UINTPTR, r)), start)
   local n = p.n + 1
   p.n = n
   local i = 3 * n
