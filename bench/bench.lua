@@ -182,8 +182,9 @@ local function age_process()
   end
   local sites = { g1, g2 }
   for k = 1, 2000 do
-    local site = assert(load(("local g = ... return function(n) local s = 0 for i = 1, n do local r = g(i) if r then s = s + 1 end end return s end -- %d")
-      :format(k), "=site<" .. k .. ">"))(sites[k % 2 + 1])
+    local src = "local g = ... return function(n) local s = 0 for i = 1, n do "
+      .. "local r = g(i) if r then s = s + 1 end end return s end -- %d"
+    local site = assert(load(src:format(k), "=site<" .. k .. ">"))(sites[k % 2 + 1])
     site(60)
   end
   aged = now() - t0
@@ -388,10 +389,14 @@ else
   print()
   local function ratio(a, b)
     local x, y = by_name[a], by_name[b]
-    if x and y then print(("  %-38s %6.2f ns fresh, %6.2f ns long-lived: x%.2f"):format(a, x.median, y.median, y.median / x.median)) end
+    if x and y then
+      print(("  %-38s %6.2f ns fresh, %6.2f ns long-lived: x%.2f"):format(a, x.median, y.median,
+        y.median / x.median))
+    end
   end
   if aged then
-    print(("Long-lived process (100,000 interpreted calls of each kind and 2,000 call sites first, %.1f s):"):format(aged))
+    print(("Long-lived process (100,000 interpreted calls of each kind and 2,000 call sites first,"
+      .. " %.1f s):"):format(aged))
     ratio("fuse.wrap, closed", "long-lived: closed")
     ratio("fuse.wrap, open (rejected)", "long-lived: rejected")
     ratio("b:allow() + b:report(t, true)", "long-lived: allow + report")
