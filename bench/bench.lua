@@ -262,7 +262,9 @@ local function trace_watch(into, casename)
     elseif what == "abort" then
       local st = started[tr] or { at = "?", root = true }
       local inloop = st.at:sub(1, #loopsrc) == loopsrc
-      local infuse = st.at:find("^fuse%.lua:") or st.at:find("^ffi%.lua:") or st.at:find("^pending%.lua:")
+      -- a side trace that aborts blacklists nothing: only root traces count here
+      local infuse = st.root and (st.at:find("^fuse%.lua:") or st.at:find("^ffi%.lua:")
+        or st.at:find("^pending%.lua:"))
       into.aborts[#into.aborts + 1] = ("%s trace %d started at %s%s, aborted at %s: %s"):format(
         st.root and "root" or "side", tr, st.at, inloop and " (THE LOOP)" or infuse and " (IN FUSE)" or "",
         loc(func, pc), abort_reason(otr, oex))
@@ -404,8 +406,9 @@ else
   end
   print("JIT, during warm-up: the root trace of each case's loop and how it links (\"loop\" = the")
   print("whole iteration compiled into one trace), then any trace aborts. An abort marked (THE LOOP)")
-  print("slows the loop; one marked (IN FUSE) started in a function of fuse: a fault, since an entry")
-  print("whose traces keep aborting gets blacklisted, and every loop through it then runs interpreted.")
+  print("slows the loop; a root trace marked (IN FUSE) started in a function of fuse: a fault, since an")
+  print("entry whose traces keep aborting gets blacklisted, and every loop through it then runs")
+  print("interpreted. (A side trace that aborts blacklists nothing.)")
   for _, c in ipairs(results) do
     local flag = c.jit.loop_link == "loop" and "" or "   <-- not a closed loop trace: "
       .. table.concat(c.jit.stops, ", ")
