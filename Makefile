@@ -71,8 +71,8 @@ TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 # $(call need,FILE): stop with a clear message when FILE does not exist.
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
-.PHONY: all deps cdef check-cdef test check asan tsan bench bench-nginx bench-nginx-registry demo \
-        demo-nginx lint rock dist clean help
+.PHONY: all deps cdef check-cdef test check asan tsan bench bench-nginx bench-nginx-registry \
+        bench-nginx-jit demo demo-nginx lint rock dist clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
 
@@ -90,6 +90,7 @@ help:
 	@echo "make dist       build/$(ROCKSPEC:.rockspec=.src.rock): a source rock of the working"
 	@echo "                tree, which luarocks installs offline (test/dist.t.sh tries it)"
 	@echo "make bench | bench-nginx | bench-nginx-registry | demo | demo-nginx | lint | rock | clean"
+	@echo "make bench-nginx-jit  the guarded call's cost in an nginx worker, fresh and after traffic"
 
 # ---- the shared object -------------------------------------------------------------
 
@@ -279,6 +280,10 @@ bench-nginx: all
 # requests/s of a location that looks its breaker up by name, at 10 and 50,000 names
 bench-nginx-registry: all
 	bash bench/nginx_registry.sh
+
+# The hot loop inside a real nginx worker, fresh and after sustained wrk traffic.
+bench-nginx-jit: all
+	bash bench/nginx_jit.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all

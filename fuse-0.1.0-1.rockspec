@@ -32,6 +32,7 @@ build = {
     ["fuse.options"] = "lua/fuse/options.lua",
     ["fuse.admin"] = "lua/fuse/admin.lua",
     ["fuse.upstream"] = "lua/fuse/upstream.lua",
+    ["fuse.pending"] = "lua/fuse/pending.lua",
     -- The C core. luarocks cannot pass -fvisibility=hidden: fz.h's visibility
     -- pragma marks the API for export either way.
     ["fuse.core"] = {

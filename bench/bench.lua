@@ -155,6 +155,63 @@ rule("rule: count_window", { count_window = 100 })
 rule("rule: named breaker", { name = "bench.named", fails = 5, window = 10 })
 rule("rule: with a fallback", { fails = 5, window = 10, fallback = function() return 0 end })
 
+-- A long-lived process: request handlers often run interpreted, and a gateway has
+-- thousands of call sites. LuaJIT starts traces at the entries of the functions they
+-- call and blacklists an entry whose traces keep aborting, after which everything that
+-- reaches it runs interpreted for the rest of the process. age_process() makes 100,000
+-- guarded calls of each kind below from code the JIT never compiles, then runs 2,000
+-- call sites of their own; the "long-lived" cases then measure the same loops as the
+-- fresh ones. They should cost what the fresh ones cost (target: within 20%).
+local aged
+local function age_process()
+  if aged then return aged end
+  local t0 = now()
+  local g1 = fuse.wrap(tiny, { fails = 5, window = 10 })
+  local g2, b2 = fuse.wrap(flaky, { fails = 5, window = 10, open_for = 86400 })
+  drive_open(g2, 5)
+  assert(b2:state() == "open", "fuse breaker did not open: " .. b2:state())
+  local b3 = fuse.new { fails = 5, window = 10 }
+  local callers = {
+    assert(load("local g = ... return function(i) return g(i) end", "=interpreted<closed>"))(g1),
+    assert(load("local g = ... return function(i) return g(i) end", "=interpreted<rejected>"))(g2),
+    assert(load("local b = ... return function() b:report(b:allow(), true) end", "=interpreted<allow>"))(b3),
+  }
+  for _, caller in ipairs(callers) do
+    jit.off(caller)
+    for i = 1, 100000 do caller(i) end
+  end
+  local sites = { g1, g2 }
+  for k = 1, 2000 do
+    local src = "local g = ... return function(n) local s = 0 for i = 1, n do "
+      .. "local r = g(i) if r then s = s + 1 end end return s end -- %d"
+    local site = assert(load(src:format(k), "=site<" .. k .. ">"))(sites[k % 2 + 1])
+    site(60)
+  end
+  aged = now() - t0
+  return aged
+end
+
+local function long_lived(name, setup)
+  case("long-lived", "long-lived: " .. name, function(lname)
+    age_process()
+    return setup(lname)
+  end)
+end
+long_lived("closed", function(name)
+  local g, b = fuse.wrap(tiny, { fails = 5, window = 10 })
+  return loop_of(name, "g", CALL, g), sum_tiny, function() return b:state() == "closed" end
+end)
+long_lived("rejected", function(name)
+  local g, b = fuse.wrap(flaky, { fails = 5, window = 10, open_for = 86400 })
+  drive_open(g, 5)
+  return loop_of(name, "g", REJECTED, g), count, function() return b:state() == "open" end
+end)
+long_lived("allow + report", function(name)
+  local b = fuse.new { fails = 5, window = 10 }
+  local body = "local t = b:allow(); b:report(t, true); if t then s = s + 1 end"
+  return loop_of(name, "b", body, b), count, function() return b:state() == "closed" end
+end)
+
 -- What reading the time costs, for reference (which clock a breaker reads matters).
 local function clock_case(name, clk)
   case("clock", name, function(lname)
@@ -168,7 +225,9 @@ clock_case("clock: FFI CLOCK_MONOTONIC_COARSE", coarse_clock_fn())
 
 -- JIT trace events during warm-up. What matters is the case's own loop: its root trace
 -- should start in loop<case> and link to itself ("loop"). Aborts of traces started
--- elsewhere (a hot function entered from the interpreter, say) are listed too, marked.
+-- elsewhere are listed too, marked: one that started in a function of fuse is a fault
+-- (an entry whose traces keep aborting gets blacklisted, and then every loop through it
+-- runs interpreted: see the long-lived cases).
 local vmdef = require "jit.vmdef"
 local jutil = require "jit.util"
 local function loc(func, pc)
@@ -195,6 +254,7 @@ local function trace_watch(into, casename)
     elseif what == "stop" then
       into.traces = into.traces + 1
       local st = started[tr]
+      into.stops[#into.stops + 1] = ("#%d at %s -> %s"):format(tr, st and st.at or "?", jutil.traceinfo(tr).linktype)
       if st and st.root and st.at:sub(1, #loopsrc) == loopsrc then
         into.loop = ("#%d -> %s"):format(tr, jutil.traceinfo(tr).linktype)
         into.loop_link = jutil.traceinfo(tr).linktype
@@ -202,8 +262,11 @@ local function trace_watch(into, casename)
     elseif what == "abort" then
       local st = started[tr] or { at = "?", root = true }
       local inloop = st.at:sub(1, #loopsrc) == loopsrc
+      -- a side trace that aborts blacklists nothing: only root traces count here
+      local infuse = st.root and (st.at:find("^fuse%.lua:") or st.at:find("^ffi%.lua:")
+        or st.at:find("^pending%.lua:"))
       into.aborts[#into.aborts + 1] = ("%s trace %d started at %s%s, aborted at %s: %s"):format(
-        st.root and "root" or "side", tr, st.at, inloop and " (THE LOOP)" or "",
+        st.root and "root" or "side", tr, st.at, inloop and " (THE LOOP)" or infuse and " (IN FUSE)" or "",
         loc(func, pc), abort_reason(otr, oex))
     end
   end
@@ -237,7 +300,7 @@ local load_start = loadavg()
 local sink = 0
 local function run(c)
   local loop, expected, still_ok = c.setup(c.name)
-  local jitinfo = { traces = 0, aborts = {}, loop = "none compiled", loop_link = "none" }
+  local jitinfo = { traces = 0, aborts = {}, stops = {}, loop = "none compiled", loop_link = "none" }
   local watch = trace_watch(jitinfo, c.name)
   jit.attach(watch, "trace")
   -- warm-up, unrolled: a loop here would be traced too and add its own events
@@ -326,12 +389,29 @@ else
       ("%.2f"):format(c.vs_pcall), ("%+.2f"):format(c.over_bare), ("%.0e"):format(c.n)))
   end
   print()
+  local function ratio(a, b)
+    local x, y = by_name[a], by_name[b]
+    if x and y then
+      print(("  %-38s %6.2f ns fresh, %6.2f ns long-lived: x%.2f"):format(a, x.median, y.median,
+        y.median / x.median))
+    end
+  end
+  if aged then
+    print(("Long-lived process (100,000 interpreted calls of each kind and 2,000 call sites first,"
+      .. " %.1f s):"):format(aged))
+    ratio("fuse.wrap, closed", "long-lived: closed")
+    ratio("fuse.wrap, open (rejected)", "long-lived: rejected")
+    ratio("b:allow() + b:report(t, true)", "long-lived: allow + report")
+    print()
+  end
   print("JIT, during warm-up: the root trace of each case's loop and how it links (\"loop\" = the")
-  print("whole iteration compiled into one trace), then any trace aborts. An abort of a trace that")
-  print("started outside the loop (at a function's entry, during warm-up) does not slow the loop;")
-  print("one marked (THE LOOP) does.")
+  print("whole iteration compiled into one trace), then any trace aborts. An abort marked (THE LOOP)")
+  print("slows the loop; a root trace marked (IN FUSE) started in a function of fuse: a fault, since an")
+  print("entry whose traces keep aborting gets blacklisted, and every loop through it then runs")
+  print("interpreted. (A side trace that aborts blacklists nothing.)")
   for _, c in ipairs(results) do
-    local flag = c.jit.loop_link == "loop" and "" or "   <-- not a closed loop trace"
+    local flag = c.jit.loop_link == "loop" and "" or "   <-- not a closed loop trace: "
+      .. table.concat(c.jit.stops, ", ")
     print(("  %-36s loop trace %s, %d traces%s"):format(c.name, c.jit.loop, c.jit.traces, flag))
     for _, a in ipairs(c.jit.aborts) do print("      abort: " .. a) end
   end

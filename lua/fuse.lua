@@ -20,8 +20,11 @@ else
   B = core
 end
 
+local pending = require "fuse.pending"
+
 local error, ipairs, pairs, pcall, select, setmetatable, tostring, type = error, ipairs, pairs, pcall,
   select, setmetatable, tostring, type
+local getmetatable = getmetatable
 local floor = math.floor
 local huge = math.huge
 local byte = string.byte
@@ -41,7 +44,21 @@ local STALE = -(1 + 7 * 4)  -- fz_enter_id: the handle's breaker was removed or 
 local PASS_TICKET = 3 * 2   -- a ticket fz_done counts nowhere (kind 3, generation 0)
 local E_MISMATCH, E_FULL, E_TICKET, E_REPORTED = -4, -3, -7, -9
 
-local enter, allow, done, clock_now = B.enter, B.allow, B.done, B.clock_now
+-- The core's functions that guarded calls use, called straight from the guarded-call
+-- code: under LuaJIT the ffi namespace of the core library (B.lib), so that no small Lua
+-- function stands between a call and the core. LuaJIT starts traces at the entries of
+-- functions that interpreted code (request handlers, new call sites) calls often, and
+-- blacklists an entry whose traces keep aborting; every guarded call would then run
+-- interpreted for the rest of the process (spec/12-longlived_spec.lua). Under PUC Lua,
+-- the C module's functions under the same names.
+local core = B.lib or { fz_enter_id = B.enter, fz_allow_id = B.allow, fz_done = B.done, fz_clock_now = B.clock_now,
+  fz_clock_manual = B.clock_manual, fz_retry_after = B.retry_after }
+
+-- OpenResty: guarded calls in flight are noted with their request, so that a function
+-- that ends the request (ngx.exit, ngx.exec, ngx.redirect) is still counted, by fuse.log()
+-- in the log phase. False elsewhere, and then the branches on it compile away.
+local TRACK = pending.enabled
+local track, untrack = pending.track, pending.untrack
 
 ---------------------------------------------------------------------------- the clock
 
@@ -59,7 +76,7 @@ local function sync()
   local s = fake()
   local msg = bad_clock(s)
   if msg then error(msg, 0) end
-  B.clock_manual(s)
+  core.fz_clock_manual(s)
 end
 
 -- fuse.clock(fn): read time (seconds) from fn, for tests; fuse.clock() restores. fn is
@@ -83,7 +100,36 @@ end
 
 local function now()
   if fake then sync() end
-  return clock_now()
+  return (core.fz_clock_now())
+end
+
+---------------------------------------------------------------------------- protected calls
+
+-- pcall(call, fn, ...) is pcall(fn, ...) with every result, for the functions fuse calls
+-- on the user's behalf (the guarded function, is_failure, listeners). Under LuaJIT a
+-- function that pcall calls directly cannot be a trace root: a trace that starts at its
+-- entry (interpreted callers make it hot) cannot return into pcall's frame and aborts,
+-- and after a dozen aborts the function is blacklisted: it runs interpreted, and every
+-- trace that reaches it aborts, for the rest of the process. Here fn returns into
+-- `call`, a Lua frame; and LuaJIT never starts a trace at a vararg function's entry, so
+-- `call` itself is never a root. select(1, ...) keeps the call to fn from being a tail
+-- call (a tail call would return into pcall again) and passes every result.
+local function call(fn, ...) return select(1, fn(...)) end
+local function protected(fn, ...) return pcall(call, fn, ...) end
+
+-- A C function (or a callable table) is pcall'd directly, as before: it is never a trace
+-- root, and through `call` an error it raises with a position (error("x"), luaL_error)
+-- would name fuse's line. Only LuaJIT needs the trampoline.
+local TRAMPOLINE = B.name == "ffi"
+local direct_fns = setmetatable({}, { __mode = "k" })
+local function is_direct(fn)
+  if not TRAMPOLINE then return true end
+  local d = direct_fns[fn]
+  if d == nil then
+    d = type(fn) ~= "function" or debug.getinfo(fn, "S").what == "C"
+    direct_fns[fn] = d
+  end
+  return d
 end
 
 ---------------------------------------------------------------------------- listeners
@@ -115,7 +161,7 @@ local function fire(listener, name, code)
   if name ~= nil then B.event(name, f, t) end  -- fuse.events: every transition of a named breaker
   if listener == nil then return end
   local from, to = STATES[f], STATES[t]
-  local ok, err = pcall(listener, name, from, to)
+  local ok, err = pcall(call, listener, name, from, to)
   if not ok then
     report("fuse: on_state_change of breaker '" .. (name or "anonymous") .. "' ("
       .. from .. " -> " .. to .. ") failed: " .. tostring(err))
@@ -124,19 +170,28 @@ end
 
 ---------------------------------------------------------------------------- rejections
 
+-- A rejection is made once per breaker and state and shared by every call it rejects,
+-- so it is read-only: its fields live under a private key, and assigning any field
+-- raises (__newindex runs for every key but that one).
 local REJ = {}
 local rej_handle = setmetatable({}, { __mode = "k" })
+local FIELDS = {}  -- the private key of a rejection's { name = ..., state = ... }
 
 REJ.__index = function(r, k)
   if k == "retry_after" then
     if fake then sync() end
-    return B.retry_after(rej_handle[r])
+    return (core.fz_retry_after(rej_handle[r]))
   end
+  return r[FIELDS][k]
+end
+REJ.__newindex = function(_, k)
+  error("fuse: a rejection is read-only (it is shared by every call its breaker rejects): cannot set "
+    .. (type(k) == "string" and "'" .. k .. "'" or "a field"), 2)
 end
 REJ.__tostring = function(r) return "fuse: circuit '" .. (r.name or "anonymous") .. "' is open" end
 
 local function rejection(h, name, state)
-  local r = setmetatable({ name = name, state = state }, REJ)
+  local r = setmetatable({ [FIELDS] = { name = name, state = state } }, REJ)
   rej_handle[r] = h
   return r
 end
@@ -197,7 +252,7 @@ local function classify(is_failure, ok, ...)
     if r1 == nil and r2 ~= nil then return FAILURE end
     return SUCCESS
   end
-  return judged(pcall(is_failure, ok, ...))
+  return judged(pcall(call, is_failure, ok, ...))
 end
 
 -- The failure a fallback is given: the raised error, or of `nil, err` the err.
@@ -207,10 +262,42 @@ local function failure_of(ok, r1, r2)
   return r1
 end
 
+-- values(t, n): t[1], ..., t[n], for any n a bare call could pass. unpack gives at most
+-- 8000 values under LuaJIT and Lua 5.1; beyond MAX_UNPACK the rest are put in front,
+-- CHUNK at a time, by a tail call that takes them as fixed arguments (generated below),
+-- so the stack never holds more than two copies of them, as a bare call's would.
+local MAX_UNPACK, CHUNK = 7000, 100
+local prepend  -- prepend(t, i, ...): t[1], ..., t[i], ...
+do
+  local slots = {}
+  for j = CHUNK - 1, 0, -1 do slots[#slots + 1] = "t[i - " .. j .. "]" end
+  local src = ([[
+local step
+step = function(t, i, ...)
+  if i >= %d then return step(t, i - %d, %s, ...) end
+  if i == 0 then return ... end
+  return step(t, i - 1, t[i], ...)
+end
+return step]]):format(CHUNK, CHUNK, concat(slots, ", "))
+  prepend = assert((rawget(_G, "loadstring") or load)(src, "=fuse.values"))()
+end
+
+local function values(t, n)
+  if n <= MAX_UNPACK then return unpack(t, 1, n) end
+  return prepend(t, n - MAX_UNPACK, unpack(t, n - MAX_UNPACK + 1, n))
+end
+
+-- Above MANY arguments a guarded call keeps them in a table while fn runs, not on the
+-- stack (where a Lua state has room for about 65,000 values), so that it holds no more
+-- copies of them than a bare call does: whatever the bare call can pass, it can.
+local MANY = 1000
+-- (vararg only so that it is never a trace root either, as `call`)
+local function call_unpacked(fn, rest, n, ...) return fn(values(rest, n)) end  -- luacheck: ignore 212
+
 -- fallback(err, ...) with the call's arguments, kept in fixed slots for up to eight
 -- (no allocation); only a call with more arguments keeps them in a table.
 local function call_fallback(fb, err, n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
-  if rest then return fb(err, unpack(rest, 1, n)) end
+  if rest then return fb(err, values(rest, n)) end
   if n <= 4 then
     if n == 0 then return fb(err) elseif n == 1 then return fb(err, a1)
     elseif n == 2 then return fb(err, a1, a2) elseif n == 3 then return fb(err, a1, a2, a3) end
@@ -223,8 +310,9 @@ end
 
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
 -- and listener. Immutable upvalues let the JIT fold the branches on options away.
-local function make_run(br, fallback, is_failure, listener)
+local function make_run(br, fallback, is_failure, listener, direct)
   local h, id, name, rejs = br._h, br._id, br.name, br.rejs
+  local protect = direct and pcall or protected
   local rej_open = rejs[OPEN]
   local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
@@ -233,7 +321,7 @@ local function make_run(br, fallback, is_failure, listener)
   local function record(t, t0, outcome)
     local elapsed = -1
     if slow then elapsed = now() - t0 elseif fake then sync() end
-    local code = done(h, t, outcome, elapsed)
+    local code = core.fz_done(h, t, outcome, elapsed)
     if code ~= 0 then fire(listener, name, code) end
   end
 
@@ -244,7 +332,9 @@ local function make_run(br, fallback, is_failure, listener)
     error(err, 0)
   end
 
-  local function finish(t, t0, ok, ...)
+  -- (p, k): under OpenResty, the call's entry in its request's calls in flight, or nil.
+  local function finish(t, t0, p, k, ok, ...)
+    if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
     if not outcome then misjudged(t, err) end
     record(t, t0, outcome)
@@ -253,7 +343,8 @@ local function make_run(br, fallback, is_failure, listener)
     error((...), 0)
   end
 
-  local function finish_fb(t, t0, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
+  local function finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
+    if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
     if not outcome then misjudged(t, err) end
     record(t, t0, outcome)
@@ -262,6 +353,15 @@ local function make_run(br, fallback, is_failure, listener)
     end
     if ok then return ... end
     error((...), 0)
+  end
+
+  -- More than MANY arguments: they wait in `rest`, off the stack, while fn runs.
+  local function run_many(t, t0, p, k, fn, rest, n)
+    if fb_fn then
+      return finish_fb(t, t0, p, k, n, nil, nil, nil, nil, nil, nil, nil, nil, rest,
+        pcall(call_unpacked, fn, rest, n))
+    end
+    return finish(t, t0, p, k, pcall(call_unpacked, fn, rest, n))
   end
 
   local run
@@ -278,22 +378,26 @@ local function make_run(br, fallback, is_failure, listener)
   if fb_fn then
     run = function(fn, ...)
       if fake then sync() end
-      local t = enter(h, id)
+      local t = core.fz_enter_id(h, id)
       if t < 0 then
         if t == STALE then return rerun(fn, ...) end
         return fallback(t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t), ...)
       end
       if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
+      local t0 = slow and now() or 0
+      local p, k
+      if TRACK then p, k = track(record, t, t0) end
       local n = select("#", ...)
       local a1, a2, a3, a4, a5, a6, a7, a8 = ...
       local rest = n > 8 and { ... } or nil
-      return finish_fb(t, slow and now() or 0, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, pcall(fn, ...))
+      if n > MANY then return run_many(t, t0, p, k, fn, rest, n) end
+      return finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, protect(fn, ...))
     end
     return run
   end
   run = function(fn, ...)
     if fake then sync() end
-    local t = enter(h, id)
+    local t = core.fz_enter_id(h, id)
     if t < 0 then
       if t == STALE then return rerun(fn, ...) end
       local rej = t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t)
@@ -301,7 +405,12 @@ local function make_run(br, fallback, is_failure, listener)
       return nil, rej
     end
     if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
-    return finish(t, slow and now() or 0, pcall(fn, ...))
+    local t0 = slow and now() or 0
+    local p, k
+    if TRACK then p, k = track(record, t, t0) end
+    local n = select("#", ...)
+    if n > MANY then return run_many(t, t0, p, k, fn, { ... }, n) end
+    return finish(t, t0, p, k, protect(fn, ...))
   end
   return run
 end
@@ -315,8 +424,20 @@ local function make_breaker(h, id, name, cfg, o)
   local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, fallback = o.fallback,
     is_failure = o.is_failure, on_state_change = o.on_state_change }, Breaker)
   br.rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
-  br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change)
+  br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change, not TRAMPOLINE)
   return br
+end
+
+-- The run of breaker br for fn: through the trampoline for a Lua function under LuaJIT,
+-- else pcall'd directly (made on first need).
+local function run_for(br, fn)
+  if not TRAMPOLINE or not is_direct(fn) then return br._run end
+  local run = br._run_direct
+  if not run then
+    run = make_run(br, br.fallback, br.is_failure, br.on_state_change, true)
+    br._run_direct = run
+  end
+  return run
 end
 
 local function check_callable(fn, what, level)
@@ -448,30 +569,44 @@ function _M.wrap(fn, opts)
   check_callable(fn, "fuse.wrap", 2)
   local o = options.check(opts, 3)
   local br = create(o, 2)
-  local run = br._run
+  local run = run_for(br, fn)
   return function(...) return run(fn, ...) end, br
 end
 
+-- Every method checks its self first: under LuaJIT a self that is not a breaker would
+-- hand the core a NULL breaker (a crash pcall cannot catch). The usual cause is
+-- b.method() for b:method(), which passes nil, or the first argument, as self. In a
+-- trace the check is one compare of the metatable.
+local function not_a_breaker(method, self)
+  local got = self == nil and "nil" or type(self) == "table" and "a table" or "a " .. type(self)
+  error(("fuse: call b:%s(), not b.%s(): self is %s, not a breaker"):format(method, method, got), 3)
+end
+
 function Breaker:call(fn, ...)
+  if getmetatable(self) ~= Breaker then not_a_breaker("call", self) end
   check_callable(fn, "call", 2)
-  return self._run(fn, ...)
+  return run_for(self, fn)(fn, ...)
 end
 
 function Breaker:wrap(fn, fallback)
+  if getmetatable(self) ~= Breaker then not_a_breaker("wrap", self) end
   check_callable(fn, "wrap", 2)
-  local run = self._run
-  if fallback ~= nil then run = make_run(self, fallback, self.is_failure, self.on_state_change) end
+  local run = run_for(self, fn)
+  if fallback ~= nil then
+    run = make_run(self, fallback, self.is_failure, self.on_state_change, not TRAMPOLINE or is_direct(fn))
+  end
   return function(...) return run(fn, ...) end
 end
 
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
 function Breaker:allow()
+  if getmetatable(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
-  local t = allow(self._h, self._id)
+  local t = core.fz_allow_id(self._h, self._id)
   if t == STALE then
     local h, id = refind(self)
     if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
-    t = allow(h, id)
+    t = core.fz_allow_id(h, id)
   end
   if t < 0 then return nil, rejected(self, self.on_state_change, t) end
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
@@ -479,6 +614,7 @@ function Breaker:allow()
 end
 
 function Breaker:report(ticket, ok, seconds)
+  if getmetatable(self) ~= Breaker then not_a_breaker("report", self) end
   if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. type(ticket), 2) end
   local outcome = ok == true and SUCCESS or ok == false and FAILURE or ok == nil and IGNORE
   if not outcome then error("fuse: report's ok must be true, false or nil, got " .. type(ok), 2) end
@@ -487,7 +623,7 @@ function Breaker:report(ticket, ok, seconds)
   end
   if ticket == PASS_TICKET then return end  -- allow's answer when the registry was full: counts nowhere
   if fake then sync() end
-  local code = done(self._h, ticket, outcome, seconds or -1)
+  local code = core.fz_done(self._h, ticket, outcome, seconds or -1)
   if code == E_REPORTED or code == E_TICKET then
     local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or tostring(ticket)
     if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
@@ -498,6 +634,7 @@ function Breaker:report(ticket, ok, seconds)
 end
 
 function Breaker:state()
+  if getmetatable(self) ~= Breaker then not_a_breaker("state", self) end
   if fake then sync() end
   local h = live(self)
   if not h then return "closed" end  -- a full registry: nothing guards its calls
@@ -507,6 +644,7 @@ function Breaker:state()
 end
 
 function Breaker:stats()
+  if getmetatable(self) ~= Breaker then not_a_breaker("stats", self) end
   if fake then sync() end
   local s = {}
   -- gone and the registry full: the stats of a fresh breaker, never another's
@@ -519,6 +657,7 @@ end
 
 local function manual(method)
   return function(self)
+    if getmetatable(self) ~= Breaker then not_a_breaker(method, self) end
     if fake then sync() end
     local h = live(self)
     if h then fire(self.on_state_change, self.name, B[method](h)) end
@@ -530,6 +669,7 @@ Breaker.reset = manual("reset")
 -- b:force_open([seconds]): forced_open until reset, or for `seconds`, then probes decide.
 local MAX_FORCE_OPEN = 2764800
 function Breaker:force_open(seconds)
+  if getmetatable(self) ~= Breaker then not_a_breaker("force_open", self) end
   if seconds ~= nil and (type(seconds) ~= "number" or not (seconds > 0 and seconds <= MAX_FORCE_OPEN)) then
     error("fuse: force_open's seconds must be a number in (0, " .. MAX_FORCE_OPEN .. "], got "
       .. tostring(seconds), 2)
@@ -642,6 +782,20 @@ end
 function _M.admin(...) return require("fuse.admin").admin(...) end
 function _M.reject(...) return require("fuse.admin").reject(...) end
 function _M.watch(...) return require("fuse.admin").watch(...) end
+
+---------------------------------------------------------------------------- OpenResty: calls that end the request
+
+-- fuse.log(): in nginx's log phase (`log_by_lua_block { require("fuse").log() }`), counts
+-- the guarded calls of this request whose function ended the request (ngx.exit, ngx.exec,
+-- ngx.redirect) and so never returned to the guard, by the response status: 500 and
+-- above a failure, 499 ignored, anything else a success. Does nothing elsewhere, or when
+-- every call returned. See fuse.pending.
+function _M.log()
+  if TRACK then
+    local ngx = rawget(_G, "ngx")
+    pending.settle_request(tonumber(ngx.status) or 0)
+  end
+end
 
 ---------------------------------------------------------------------------- metrics
 

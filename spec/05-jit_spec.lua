@@ -1,123 +1,15 @@
--- The hot path stays compiled: loops of guarded calls record traces and never abort.
--- Trace events come from jit.attach(cb, "trace"); aborts are printed with their reason.
+-- The hot path stays compiled: loops of guarded calls record traces and never abort,
+-- wherever a trace starts (spec/jit_support.lua). Trace events come from
+-- jit.attach(cb, "trace"); aborts are printed with their reason. A process that lives
+-- long, with interpreted callers and many call sites: spec/12-longlived_spec.lua.
 local fuse = require "fuse"
 local support = require "spec.support"
 
--- the trace callback runs at odd moments: it uses no globals of the spec environment
-local type, tostring, pcall, format = type, tostring, pcall, string.format
-
-local N = 20000
-
 local has_jit = type(jit) == "table" and type(jit.attach) == "function"
-local jutil, vmdef
-if has_jit then
-  jutil = require "jit.util"
-  local ok, m = pcall(require, "jit.vmdef")
-  vmdef = ok and m or nil
-end
-
--- where a trace event happened, as "source:line"
-local function location(func, pc)
-  if type(func) ~= "function" then return "?" end
-  local fi = jutil.funcinfo(func, pc)
-  if fi.loc then return fi.loc end
-  if fi.ffid and vmdef then return vmdef.ffnames[fi.ffid] or "?" end
-  if fi.addr then return ("C:%x"):format(fi.addr) end
-  return "?"
-end
-
--- the abort reason, as `luajit -jv` prints it
-local function reason(err, info)
-  if type(err) ~= "number" then return tostring(err) end
-  if type(info) == "function" then info = location(info) end
-  local fmt = vmdef and vmdef.traceerr[err]
-  if not fmt then return ("error %d (%s)"):format(err, tostring(info)) end
-  local ok, s = pcall(format, fmt, info)
-  return ok and s or fmt
-end
-
--- The bytecode name at func/pc ("FORL", "FUNCF", ...).
-local function opname(func, pc)
-  local ins = jutil.funcbc(func, pc)
-  if not ins or not vmdef then return "?" end
-  local op = ins % 256
-  return (vmdef.bcnames:sub(op * 6 + 1, op * 6 + 6):gsub(" +$", ""))
-end
-
--- The one abort that is no fault of the code under test: a root trace that LuaJIT began
--- at a function's entry (its hot counter, shared with other code through a small hash,
--- ran out before the loop's did) and that cannot return into the not yet compiled frame
--- below. LuaJIT gives up on it and compiles the loop instead; whether it happens at all
--- depends on addresses, so it varies from run to run.
-local BENIGN = {}
-if vmdef then
-  for i, msg in pairs(vmdef.traceerr) do
-    if msg == "NYI: return to lower frame" or msg == "leaving loop in root trace" then
-      BENIGN[i] = true
-    end
-  end
-end
-
-local MAX_TRACES = 12  -- a loop over one path needs a handful; more is a trace explosion
-
--- Runs loop(n) with trace events recorded; returns what happened. loop(n) first runs a
--- few times with the JIT off, so that the interpreter resolves the FFI symbols as any
--- program's first calls do; then traces are flushed and the hot counters reset
--- (setting hotloop resets them), so the loop starts cold and is compiled the way a
--- fresh program would compile it.
-local function traced(loop)
-  local ev = { started = 0, stopped = 0, looped = 0, aborts = {}, benign = {}, traces = {} }
-  local starts = {}
-  local function cb(what, tr, func, pc, otr, oex)
-    if what == "start" then
-      ev.started = ev.started + 1
-      starts[tr] = { func = func, loc = location(func, pc),
-        root = not otr or otr == 0, entry = opname(func, pc):find("FUNC") ~= nil,
-        parent = otr, exit = oex }
-    elseif what == "stop" then
-      ev.stopped = ev.stopped + 1
-      local st, info = starts[tr] or {}, jutil.traceinfo(tr)
-      local link = info and info.linktype or "?"
-      if st.func == loop and st.root and link == "loop" then ev.looped = ev.looped + 1 end
-      ev.traces[#ev.traces + 1] = ("trace %d %sat %s -> %s"):format(tr,
-        st.root and "" or ("(%s/%s) "):format(tostring(st.parent), tostring(st.exit)),
-        st.loc or "?", link)
-    elseif what == "abort" then
-      local st = starts[tr] or {}
-      local msg = ("trace %d (started at %s) aborted at %s: %s"):format(tr, st.loc or "?",
-        location(func, pc), reason(otr, oex))
-      if st.root and st.entry and BENIGN[otr] then
-        ev.benign[#ev.benign + 1] = msg
-      else
-        ev.aborts[#ev.aborts + 1] = msg
-      end
-    end
-  end
-  jit.off()
-  loop(20)
-  jit.on()
-  jit.flush()
-  jit.opt.start("hotloop=56")
-  jit.attach(cb, "trace")
-  local ok, err = pcall(loop, N)
-  jit.attach(cb)
-  assert(ok, err)
-  return ev
-end
-
--- the loop compiled into a trace that loops back to itself, nothing aborted, and it
--- took a handful of traces
-local function assert_compiled(ev)
-  local function dump()
-    return ("\ntraces:\n  %s\nfunction-entry aborts (tolerated):\n  %s"):format(
-      table.concat(ev.traces, "\n  "), table.concat(ev.benign, "\n  "))
-  end
-  assert.is_true(#ev.aborts == 0, ("%d trace abort(s):\n  %s"):format(#ev.aborts,
-    table.concat(ev.aborts, "\n  ")) .. dump())
-  assert.is_true(ev.stopped >= 1, ("no trace was recorded (%d started)"):format(ev.started))
-  assert.is_true(ev.looped >= 1, "the loop itself did not compile to a looping trace" .. dump())
-  assert.is_true(ev.stopped <= MAX_TRACES, ("%d traces for one loop"):format(ev.stopped) .. dump())
-end
+local jit_support = has_jit and require "spec.jit_support"
+local traced = has_jit and jit_support.traced
+local assert_compiled = has_jit and jit_support.assert_compiled
+local N = has_jit and jit_support.N or 20000
 
 local function add(a, b) return a + b end
 local function failing() return nil, "boom" end

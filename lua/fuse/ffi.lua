@@ -13,7 +13,10 @@ local function find_library()
   return path
 end
 
-ffi.cdef(cdef.cdef)
+-- Declared once per VM: a second `require "fuse"` (package.loaded cleared for a code
+-- reload, or a vendored second copy) finds the declarations in place, and ffi.cdef
+-- cannot redefine them.
+if not pcall(ffi.typeof, "fz_config") then ffi.cdef(cdef.cdef) end
 local C = ffi.load(find_library())
 
 if C.fz_abi_version() ~= cdef.abi then
@@ -21,7 +24,13 @@ if C.fz_abi_version() ~= cdef.abi then
     C.fz_abi_version(), cdef.abi), 2)
 end
 
-local _M = { name = "ffi" }
+-- `lib`: the core's namespace itself. The facade calls the functions of the guarded-call
+-- path (fz_enter, fz_done, the clock) through it, with no Lua function in between: LuaJIT
+-- starts traces at the entries of small functions that interpreted code calls often, and
+-- blacklists an entry whose traces keep aborting (a one-line `return C.fz_enter(h)` is
+-- one: a tail call into C from a trace's first frame aborts); every guarded call would
+-- then run interpreted for the rest of the process.
+local _M = { name = "ffi", lib = C }
 
 local status = ffi.new("int[1]")
 local idbuf = ffi.new("uint32_t[1]")
@@ -67,10 +76,10 @@ end
 
 function _M.remove(name) return C.fz_registry_remove(name, #name) == 1 end
 function _M.id(h) return tonumber(C.fz_breaker_id(h)) end
-function _M.reconfigure(h, cfg) return C.fz_breaker_reconfigure(h, to_config(cfg)) end
-function _M.live() return C.fz_registry_live() end
+function _M.reconfigure(h, cfg) return (C.fz_breaker_reconfigure(h, to_config(cfg))) end
+function _M.live() return (C.fz_registry_live()) end
 
-function _M.count() return C.fz_registry_count() end
+function _M.count() return (C.fz_registry_count()) end
 
 function _M.at(i)
   local h = C.fz_registry_at(i)
@@ -85,16 +94,14 @@ function _M.config(h)
   return from_config(cfg_buf)
 end
 
--- The hot path: plain calls, compiled into the caller's trace.
-function _M.enter(h, id) return C.fz_enter_id(h, id) end
-function _M.allow(h, id) return C.fz_allow_id(h, id) end
-function _M.done(h, ticket, outcome, elapsed) return C.fz_done(h, ticket, outcome, elapsed) end
-
-function _M.state(h) return C.fz_state(h) end
-function _M.retry_after(h) return C.fz_retry_after(h) end
-function _M.reset(h) return C.fz_reset(h) end
-function _M.force_open(h) return C.fz_force_open(h) end
-function _M.disable(h) return C.fz_disable(h) end
+-- The guarded-call path (fz_enter, fz_done) goes through `lib`, not through functions
+-- here. The results below are parenthesized: `return (C.f(x))` is a call and a return,
+-- never a tail call into C, which a trace starting at the function's entry cannot record.
+function _M.state(h) return (C.fz_state(h)) end
+function _M.retry_after(h) return (C.fz_retry_after(h)) end
+function _M.reset(h) return (C.fz_reset(h)) end
+function _M.force_open(h) return (C.fz_force_open(h)) end
+function _M.disable(h) return (C.fz_disable(h)) end
 
 local function fill(t)
   local s = stats_buf
@@ -119,12 +126,12 @@ function _M.peek(h, t)
   fill(t)
 end
 
-function _M.init_shared(capacity) return C.fz_registry_init_shared(capacity) end
-function _M.init(capacity, shared, idle) return C.fz_registry_init(capacity, shared and 1 or 0, idle) end
-function _M.idle() return C.fz_registry_idle() end
+function _M.init_shared(capacity) return (C.fz_registry_init_shared(capacity)) end
+function _M.init(capacity, shared, idle) return (C.fz_registry_init(capacity, shared and 1 or 0, idle)) end
+function _M.idle() return (C.fz_registry_idle()) end
 function _M.full_add() C.fz_registry_full_add() end
-function _M.full_total() return C.fz_registry_full_total() end
-function _M.evictions_total() return C.fz_registry_evictions_total() end
+function _M.full_total() return (C.fz_registry_full_total()) end
+function _M.evictions_total() return (C.fz_registry_evictions_total()) end
 function _M.is_shared() return C.fz_registry_is_shared() ~= 0 end
 function _M.capacity() return tonumber(C.fz_registry_capacity()) end
 
@@ -144,7 +151,7 @@ end
 
 function _M.clock_manual(s) C.fz_clock_manual(s) end
 function _M.clock_auto() C.fz_clock_auto() end
-function _M.clock_now() return C.fz_clock_now() end
+function _M.clock_now() return (C.fz_clock_now()) end
 
 -- The core's option bounds (fz_config_bound), in fz_config order.
 function _M.bounds()

@@ -1,0 +1,141 @@
+-- fuse.pending: guarded calls that end their request (OpenResty), counted by fuse.log().
+--
+-- ngx.exit, ngx.exec and ngx.redirect yield out of the request's coroutine, which nginx
+-- never resumes: a guarded function that calls one never returns to its guard, so the
+-- call would count nowhere (and a probe would hold its slot until probe_timeout, then
+-- count as a failure). So under nginx the guard notes each call in flight with its
+-- request before it runs the function (track) and strikes it off when the function
+-- returns (untrack). What is left when the request ends was ended by the request, and
+-- fuse.log(), in the log phase, counts it by the response status (settle_request).
+--
+-- Without fuse.log(), the next request that nginx places at the same address finds the
+-- leftovers of the earlier one (another start time): they are counted as ignored (a
+-- probe gives its slot back) and a warning goes to the error log, once per worker.
+--
+-- A list per request address: { start = the request's start time, n = entries, then
+-- entry j in slots 3j-2 (the guard's settle function, false once struck off), 3j-1
+-- (the ticket) and 3j (the start of the call, for the slow rule) }. Outside nginx (or
+-- without OpenResty's LuaJIT and lua-resty-core) `enabled` is false and the guard never
+-- calls in here.
+local _M = { enabled = false }
+
+local ngx = rawget(_G, "ngx")
+local ok_ffi, ffi = pcall(require, "ffi")
+local ok_ex, exdata = pcall(require, "thread.exdata")  -- OpenResty's LuaJIT: the request of this coroutine
+
+if not (ngx and ok_ffi and ok_ex and type(ngx.config) == "table"
+    and ngx.config.subsystem == "http") then
+  return _M
+end
+
+local C = ffi.C
+local ok_sym = pcall(function() return C.ngx_http_lua_ffi_req_start_time end)  -- declared by resty.core
+if not ok_sym then return _M end
+
+_M.enabled = true
+
+local tonumber, cast = tonumber, ffi.cast
+local UINTPTR = ffi.typeof("uintptr_t")
+local req_start = C.ngx_http_lua_ffi_req_start_time
+
+local lists = {}   -- request address -> list
+local spare = {}   -- lists of ended requests, for reuse
+local warned = false
+
+local SUCCESS, FAILURE, IGNORE = 0, 1, 2
+
+local HOOK = 'log_by_lua_block { require("fuse").log() }'
+
+-- Counts the entries of `p` as `outcome` and empties it.
+local function settle_all(p, outcome)
+  for j = 1, p.n do
+    local i = 3 * j
+    local settle = p[i - 2]
+    if settle then
+      p[i - 2] = false
+      settle(p[i - 1], p[i], outcome)
+    end
+  end
+  p.n = 0
+end
+
+-- The entries of a request that ended without fuse.log(): counted as ignored, and said.
+local function leftover(p)
+  for j = 1, p.n do
+    if p[3 * j - 2] then
+      if not warned then
+        warned = true
+        ngx.log(ngx.WARN, "fuse: a guarded function ended its request (ngx.exit, ngx.exec or ",
+          "ngx.redirect) and no fuse.log() ran in the log phase to count the call by the ",
+          "response status: it was counted as ignored. Add ", HOOK, " to the http block (or to ",
+          "every location that has a log_by_lua* of its own). This is logged once per worker.")
+      end
+      break
+    end
+  end
+  settle_all(p, IGNORE)
+end
+
+-- The list of request r (at address key, started at start); made or reused as needed.
+local function list_of(key, start)
+  local p = lists[key]
+  if p == nil then
+    local n = #spare
+    if n > 0 then p = spare[n]; spare[n] = nil else p = { n = 0 } end
+    p.start = start
+    lists[key] = p
+  elseif p.start ~= start then
+    if p.n > 0 then leftover(p) end
+    p.start = start
+  end
+  return p
+end
+
+local function trim(p, n)
+  repeat n = n - 1 until n == 0 or p[3 * n - 2]
+  p.n = n
+end
+
+-- Notes a call in flight (the guard's settle(ticket, t0, outcome), its ticket and start);
+-- returns the list and the entry, to strike it off with untrack, or nil outside a request.
+function _M.track(settle, ticket, t0)
+  local r = exdata()
+  if r == nil then return nil end
+  local start = req_start(r)
+  if start == 0 then return nil end  -- a fake request (timer, init_worker): no log phase
+  local p = list_of(tonumber(cast(UINTPTR, r)), start)
+  local n = p.n + 1
+  p.n = n
+  local i = 3 * n
+  p[i - 2], p[i - 1], p[i] = settle, ticket, t0
+  return p, n
+end
+
+-- Strikes off entry n of list p: the function returned to the guard.
+function _M.untrack(p, n)
+  p[3 * n - 2] = false
+  if n == p.n then
+    if n > 1 and not p[3 * n - 5] then return trim(p, n) end
+    p.n = n - 1
+  end
+end
+
+-- fuse.log(): in the log phase, counts the calls of this request that ended it: a
+-- failure for a status of 500 or above, ignored for 499 (the client went away) or no
+-- status at all, else a success.
+function _M.settle_request(status)
+  local r = exdata()
+  if r == nil then return end
+  local key = tonumber(cast(UINTPTR, r))
+  local p = lists[key]
+  if p == nil then return end
+  if p.start ~= req_start(r) then
+    leftover(p)
+  else
+    settle_all(p, status >= 500 and FAILURE or (status == 499 or status < 100) and IGNORE or SUCCESS)
+  end
+  lists[key] = nil
+  if #spare < 64 then spare[#spare + 1] = p end
+end
+
+return _M

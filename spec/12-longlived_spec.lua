@@ -1,0 +1,184 @@
+-- A long-lived process keeps the guarded call compiled. Request handlers often run
+-- interpreted, and a gateway has thousands of call sites: LuaJIT then starts traces at
+-- the entries of the functions they call, and blacklists an entry whose traces keep
+-- aborting; from then on every guarded call runs interpreted (20 times slower) for the
+-- rest of the process. So: after 100,000 guarded calls made from interpreted code, and
+-- after 2,000 distinct call sites, no function of fuse is blacklisted, and a hot loop
+-- over a guarded call still compiles into one clean trace.
+local fuse = require "fuse"
+local support = require "spec.support"
+
+local BACKEND = support.BACKEND
+if BACKEND ~= "ffi" then
+  describe("fuse #" .. BACKEND, function()
+    pending("the JIT specs need LuaJIT (the ffi backend); this run is on " .. BACKEND)
+  end)
+  return
+end
+
+local jit_support = require "spec.jit_support"
+
+local INTERPRETED_CALLS = 100000
+local CALL_SITES = 2000
+local SITE_ITERATIONS = 60  -- a call site's loop runs about as long as LuaJIT's hotloop
+
+local function add(a, b) return a + (b or 1) end
+local function failing() return nil, "down" end
+local function raising() error("boom", 0) end
+
+-- The paths of a guarded call, each as a function(i) making one call or one two-step
+-- call, over breakers that stay in the state the path needs. `clock` is the spec's fake
+-- clock; the half-open path moves it.
+local function paths(clock)
+  local p, keep = {}, {}
+  local function path(name, fn, ...) p[#p + 1] = { name = name, fn = fn }; keep[#keep + 1] = { ... } end
+
+  local g1, b1 = fuse.wrap(add, { fails = 5 })
+  path("closed", function(i) return g1(i) end, g1, b1)
+
+  local g2, b2 = fuse.wrap(add, { name = "s12-named", fails = 5, fallback = function() return 0 end })
+  path("closed, named, with a fallback", function(i) return g2(i, 2) end, g2, b2)
+
+  local g3, b3 = fuse.wrap(failing, { fails = 1000000, fallback = function(_, x) return x end })
+  path("failure (nil, err) to the fallback", function(i) return g3(i) end, g3, b3)
+
+  local g4, b4 = fuse.wrap(failing, { fails = 1000000 })
+  path("failure (nil, err), no fallback", function(i) return g4(i) end, g4, b4)
+
+  local g5, b5 = fuse.wrap(raising, { fails = 1000000 })
+  path("raised error, re-raised", function(i) return pcall(g5, i) end, g5, b5)
+
+  local g6, b6 = fuse.wrap(raising, { fails = 1000000, fallback = 7 })
+  path("raised error, fallback value", function(i) return g6(i) end, g6, b6)
+
+  local g7, b7 = fuse.wrap(failing, { fails = 1, open_for = 86400 })
+  g7()
+  path("rejection, no fallback", function(i)
+    local _, rej = g7(i)
+    return rej.retry_after, tostring(rej), fuse.is_rejection(rej)
+  end, g7, b7)
+
+  local g8, b8 = fuse.wrap(failing, { fails = 1, open_for = 86400, fallback = function(r) return r end })
+  g8()
+  path("rejection to the fallback", function(i) return g8(i) end, g8, b8)
+
+  local b9 = fuse.new { fails = 5 }
+  b9:force_open()
+  local g9 = b9:wrap(add)
+  path("forced_open rejection", function(i) return g9(i) end, g9, b9)
+
+  local b10 = fuse.new { fails = 5 }
+  path("b:call", function(i) return b10:call(add, i, 1) end, b10)
+
+  local b11 = fuse.new { fails = 1000000 }
+  path("allow + report", function(i)
+    local t = b11:allow()
+    b11:report(t, i % 2 == 0, 0.001)
+  end, b11)
+
+  local b12 = fuse.new { fails = 1, open_for = 86400 }
+  support.fail(b12)
+  path("allow, rejected", function() return b12:allow() end, b12)
+
+  local g13, b13 = fuse.wrap(add, { fails = 5, slow = 1, is_failure = function(ok) return not ok end,
+    on_state_change = function() end })
+  path("slow rule, is_failure, listener", function(i) return g13(i) end, g13, b13)
+
+  local g14, b14 = fuse.wrap(add, { failure_rate = 0.5, min_calls = 10 })
+  path("failure_rate rule", function(i) return g14(i) end, g14, b14)
+
+  local g15, b15 = fuse.wrap(add, { count_window = 20 })
+  path("count window", function(i) return g15(i) end, g15, b15)
+
+  local g16, b16 = fuse.wrap(add, { fails = 5, fallback = function() return 0 end })
+  path("nine arguments", function(i) return g16(i, 1, 2, 3, 4, 5, 6, 7, 8) end, g16, b16)
+
+  -- a trip and a recovery every few calls: open -> half_open (a probe) -> closed
+  local up = true
+  local g17, b17 = fuse.wrap(function(x) if up then return x end return nil, "down" end,
+    { fails = 1, open_for = 1, on_state_change = function() end })
+  path("trip, rejection, probe, close", function(i)
+    local k = i % 4
+    if k == 0 then up = false elseif k == 2 then up = true; clock:advance(2) end
+    return g17(i)
+  end, g17, b17)
+
+  local b18 = fuse.new { fails = 5 }
+  path("state and stats", function() return b18:state(), b18:stats().calls end, b18)
+
+  return p, keep
+end
+
+-- the guarded objects of `keep`, flattened, as roots for jit_support.fuse_roots
+local function flat(keep)
+  local out = {}
+  for _, objs in ipairs(keep) do for _, o in ipairs(objs) do out[#out + 1] = o end end
+  return out
+end
+
+local function assert_none_blacklisted(roots, aborts)
+  local bad, n = jit_support.blacklisted(roots)
+  assert.is_true(n > 50, ("only %d functions of fuse were found: the walk is broken"):format(n))
+  assert.is_true(#bad == 0, ("%d blacklisted entries or loops in fuse's functions:\n  %s\n"
+    .. "aborts of traces that started in fuse (%d):\n  %s"):format(#bad, table.concat(bad, "\n  "),
+    #aborts, table.concat(aborts, "\n  ", 1, math.min(#aborts, 20))))
+end
+
+-- after all that, a fresh hot loop over a guarded call compiles into one clean trace
+local function assert_hot_loop_compiles()
+  local f, b = fuse.wrap(add, { fails = 5 })
+  local sum
+  local ev = jit_support.traced(function(n)
+    sum = 0
+    for i = 1, n do sum = sum + f(i, 1) end
+  end)
+  local N = jit_support.N
+  assert.equal(N * (N + 1) / 2 + N, sum)
+  assert.equal("closed", b:state())
+  jit_support.assert_compiled(ev)
+end
+
+describe("fuse #ffi", function()
+  local clock = support.fake_clock(1000)
+
+  support.it_runs_on_backend()
+
+  if not (jit and jit.attach) then
+    pending("not running under LuaJIT: no JIT to check")
+    return
+  end
+
+  it("no function of fuse is blacklisted after 100,000 guarded calls of each kind from interpreted code", function()
+    local p, keep = paths(clock)
+    -- each path is called from its own caller, which the JIT never compiles
+    local callers = {}
+    for k, path in ipairs(p) do
+      callers[k] = assert(load("local fn = ... return function(i) return fn(i) end",
+        "=interpreted<" .. path.name .. ">"))(path.fn)
+      jit.off(callers[k])
+    end
+    local aborts = jit_support.fuse_aborts(function()
+      for k = 1, #p do
+        local caller = callers[k]
+        for i = 1, INTERPRETED_CALLS do caller(i) end
+      end
+    end)
+    assert_none_blacklisted(jit_support.fuse_roots(flat(keep)), aborts)
+    assert_hot_loop_compiles()
+  end)
+
+  it("no function of fuse is blacklisted after 2,000 distinct call sites", function()
+    local p, keep = paths(clock)
+    local aborts = jit_support.fuse_aborts(function()
+      for site = 1, CALL_SITES do
+        local path = p[site % #p + 1]
+        -- a call site of its own: a new prototype, with its own loop
+        local loop = assert(load(("local fn = ... return function(n) for i = 1, n do fn(i) end end -- %d")
+          :format(site), "=site<" .. site .. ">"))(path.fn)
+        loop(SITE_ITERATIONS)
+      end
+    end)
+    assert_none_blacklisted(jit_support.fuse_roots(flat(keep)), aborts)
+    assert_hot_loop_compiles()
+  end)
+end)

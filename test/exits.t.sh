@@ -1,0 +1,254 @@
+#!/usr/bin/env bash
+# test/exits.t.sh -- guarded functions that end the request (ngx.exit, ngx.exec,
+# ngx.redirect) are counted by fuse.log() in the log phase (prints TAP).
+#
+# Such a function never returns to its guard (the exit yields out of the request's
+# coroutine, and nginx never resumes it). With `log_by_lua_block { require("fuse").log() }`
+# the call counts by the response status; without it, it counts as ignored and a warning
+# says so. Starts nginx with 4 workers and a shared registry in a temp prefix, talks to
+# it over 127.0.0.1 on free ports, stops it by its pid; a watchdog stops it after 90 s.
+# KEEP=1 keeps the temp prefix. FUSE_LUA_DIR / FUSE_CORE_SO try another tree.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+NGINX=${NGINX:-nginx}
+command -v "$NGINX" >/dev/null || { [ -x /usr/sbin/nginx ] && NGINX=/usr/sbin/nginx; }
+LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}
+SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
+
+n=0 failed=0
+ok()   { n=$((n + 1)); echo "ok $n - $1"; }
+nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
+diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
+check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
+  local d=$1; shift
+  if "$@"; then ok "$d"; else nok "$d"; fi
+}
+bail() { echo "Bail out! $*"; exit 1; }
+skip_all() { # a suite that cannot run: a skip, but a failure under CI
+  if [ "${CI:-}" = true ]; then bail "$1 (CI=true: a suite may not skip)"; fi
+  echo "1..0 # SKIP $1"; exit 0
+}
+
+echo "TAP version 13"
+command -v "$NGINX" >/dev/null || skip_all "nginx not installed"
+[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] || skip_all "the nginx Lua module is not installed"
+command -v curl >/dev/null || skip_all "curl not installed"
+[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
+[ -r "$LUA_SRC/fuse.lua" ] || bail "$LUA_SRC/fuse.lua missing"
+
+# ---------------------------------------------------------------- setup
+T=$(mktemp -d /tmp/fuse-exits-test.XXXXXX) || bail "mktemp failed"
+P=$T/prefix
+MASTER=
+alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+cleanup() {
+  local pid=${MASTER:-}
+  [ -z "$pid" ] && [ -r "$P/logs/nginx.pid" ] && pid=$(cat "$P/logs/nginx.pid")
+  if [ -n "$pid" ] && alive "$pid"; then
+    kill -QUIT "$pid" 2>/dev/null
+    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
+    alive "$pid" && kill -KILL "$pid" 2>/dev/null
+  fi
+  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
+  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+trap 'echo "Bail out! interrupted (a signal, or the 90 s watchdog)"; exit 1' INT TERM HUP
+( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+  sleep 90 & sp=$!; wait "$sp" && kill -TERM $$
+) </dev/null >/dev/null 2>&1 &
+WATCHDOG=$!
+
+mkdir -p "$P/logs" "$P/temp" "$T/build/fuse"
+cp -R "$LUA_SRC" "$T/lua"
+cp "$SO_SRC" "$T/build/fuse/core.so"
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+pick_port() {
+  local p
+  for _ in $(seq 100); do
+    p=$((20000 + RANDOM % 40000))
+    port_free "$p" && port_free "$((p + 1))" && { echo "$p"; return 0; }
+  done
+  return 1
+}
+
+# Two servers share one http block. The first has the hook (at http level, inherited);
+# the second overrides it with a log phase of its own that forgets fuse.log(), as a
+# location with its own log_by_lua* does.
+write_conf() {
+  cat > "$P/nginx.conf" <<EOF
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+worker_processes 4;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 256; }
+http {
+    access_log off;
+    lua_package_path "$T/lua/?.lua;;";
+    lua_package_cpath "$T/build/?.so;;";
+    init_by_lua_block {
+        local fuse = require "fuse"
+        fuse.init{ shared = true, capacity = 64 }
+        local app = {}
+        for _, name in ipairs { "exit", "probe", "reprobe", "exec", "redirect", "plain", "nohook" } do
+            app[name] = fuse.new{ name = name, fails = 3, window = 60, open_for = 1 }
+        end
+        -- the guarded function of every location: it ends the request as told
+        app.ending = function(how, status)
+            if how == "exit" then
+                ngx.status = status
+                ngx.say("ended with ", status)
+                return ngx.exit(status)
+            elseif how == "exec" then
+                return ngx.exec("/target", "status=" .. status)
+            elseif how == "redirect" then
+                return ngx.redirect("/elsewhere")
+            end
+            return status   -- returns normally
+        end
+        package.loaded.exits_app = app
+    }
+    log_by_lua_block { require("fuse").log() }
+
+    server {
+        listen 127.0.0.1:$PORT;
+        location /call {   # /call?b=NAME&how=exit|exec|redirect|return&status=N
+            content_by_lua_block {
+                local app = require "exits_app"
+                local status = tonumber(ngx.var.arg_status) or 200
+                local res, rej = app[ngx.var.arg_b]:call(app.ending, ngx.var.arg_how, status)
+                if res == nil and rej then return ngx.exit(503) end
+                ngx.say("returned ", res)
+            }
+        }
+        location = /target {
+            content_by_lua_block { ngx.exit(tonumber(ngx.var.arg_status)) }
+        }
+        location = /state {   # NAME STATE SUCCESSES FAILURES REJECTIONS
+            content_by_lua_block {
+                local s = require("exits_app")[ngx.var.arg_b]:stats()
+                ngx.say(ngx.var.arg_b, " ", s.state, " ", s.successes_total, " ",
+                        s.failures_total, " ", s.rejections_total)
+            }
+        }
+    }
+    server {
+        listen 127.0.0.1:$PORT2;
+        log_by_lua_block { local _ = ngx.status }   # no fuse.log(): the hook is missing
+        location /call {
+            content_by_lua_block {
+                local app = require "exits_app"
+                app.nohook:call(app.ending, "exit", tonumber(ngx.var.arg_status) or 200)
+            }
+        }
+    }
+}
+EOF
+  chmod -R a+rX "$T"
+}
+
+start_nginx() {
+  for _ in 1 2 3; do
+    PORT=$(pick_port) || bail "no free port"
+    PORT2=$((PORT + 1))
+    write_conf
+    : > "$P/logs/error.log"
+    if "$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1; then return 0; fi
+    grep -q "Address already in use" "$T/start.out" "$P/logs/error.log" || break
+  done
+  diag "nginx did not start:" "$(cat "$T/start.out")" "$(tail -n 20 "$P/logs/error.log")"
+  return 1
+}
+
+get() { curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1$2"; }
+state() { curl -s -m 5 "http://127.0.0.1:$PORT/state?b=$1"; }
+# wait_state NAME EXPECTED: the log phase runs just after the response: poll up to 2 s
+wait_state() {
+  local s
+  for _ in $(seq 40); do
+    s=$(state "$1")
+    [ "$s" = "$2" ] && break
+    sleep 0.05
+  done
+  echo "$s"
+}
+expect_state() { # expect_state DESCRIPTION NAME "STATE SUCC FAIL REJ"
+  local got
+  got=$(wait_state "$2" "$2 $3")
+  check "$1" [ "$got" = "$2 $3" ]
+  [ "$got" = "$2 $3" ] || diag "got:      $got" "expected: $2 $3"
+}
+
+start_nginx || bail "cannot start nginx"
+MASTER=$(cat "$P/logs/nginx.pid" 2>/dev/null)
+for _ in $(seq 50); do [ "$(get "$PORT" "/state?b=exit")" = 200 ] && break; sleep 0.1; done
+workers=$(grep -l "^PPid:[[:space:]]*$MASTER\$" /proc/[0-9]*/status 2>/dev/null | wc -l)
+check "nginx started, master $MASTER with 4 workers" [ "$workers" -eq 4 ]
+
+# ---------------------------------------------------------------- closed state
+codes=""
+for _ in 1 2 3; do codes="$codes$(get "$PORT" '/call?b=exit&how=exit&status=502') "; done
+check "three calls that end the request with ngx.exit(502) answered 502" [ "$codes" = "502 502 502 " ]
+expect_state "they count as three failures, and the circuit opened (fails = 3)" exit "open 0 3 0"
+check "the next call is rejected (503)" [ "$(get "$PORT" '/call?b=exit&how=exit&status=502')" = 503 ]
+
+codes=""
+for _ in 1 2; do codes="$codes$(get "$PORT" '/call?b=plain&how=exit&status=200') "; done
+check "two calls that end the request with ngx.exit(200) answered 200" [ "$codes" = "200 200 " ]
+expect_state "they count as two successes" plain "closed 2 0 0"
+get "$PORT" '/call?b=plain&how=return&status=7' > /dev/null
+expect_state "a call that returns normally counts once, not twice (guard and log phase)" plain "closed 3 0 0"
+
+# ---------------------------------------------------------------- ngx.exec and ngx.redirect
+check "ngx.exec to a location that answers 502" [ "$(get "$PORT" '/call?b=exec&how=exec&status=502')" = 502 ]
+get "$PORT" '/call?b=exec&how=exec&status=204' > /dev/null
+expect_state "ngx.exec counts by the final status: a 502 failure, a 204 success" exec "closed 1 1 0"
+check "ngx.redirect answers 302" [ "$(get "$PORT" '/call?b=redirect&how=redirect')" = 302 ]
+expect_state "ngx.redirect counts as a success" redirect "closed 1 0 0"
+
+# ---------------------------------------------------------------- half-open: the probe
+for _ in 1 2 3; do get "$PORT" '/call?b=probe&how=exit&status=500' > /dev/null; done
+expect_state "probe breaker: opened by three ngx.exit(500)" probe "open 0 3 0"
+sleep 1.2   # open_for = 1 s
+check "after open_for, the probe ends its request with ngx.exit(200)" \
+  [ "$(get "$PORT" '/call?b=probe&how=exit&status=200')" = 200 ]
+expect_state "the probe counts as a success and closes the circuit (not held until probe_timeout)" \
+  probe "closed 1 3 0"
+codes=""
+for _ in 1 2 3 4; do codes="$codes$(get "$PORT" '/call?b=probe&how=return&status=1') "; done
+check "after it, calls go through again" [ "$codes" = "200 200 200 200 " ]
+
+# a probe that ends the request with a 502 counts as the failure it is
+for _ in 1 2 3; do get "$PORT" '/call?b=reprobe&how=exit&status=502' > /dev/null; done
+expect_state "reprobe breaker: opened by three ngx.exit(502)" reprobe "open 0 3 0"
+sleep 1.2
+check "a probe that ends its request with ngx.exit(502)" \
+  [ "$(get "$PORT" '/call?b=reprobe&how=exit&status=502')" = 502 ]
+expect_state "counts as a failure and re-opens the circuit" reprobe "open 0 4 0"
+
+# ---------------------------------------------------------------- no hook
+# Without fuse.log() the call ends with its request, uncounted. The next request nginx
+# places at the same address finds it: it is counted as ignored (never a failure), and
+# a warning names the missing hook. Sequential requests reuse addresses quickly.
+codes=""
+for _ in $(seq 24); do codes="$codes$(get "$PORT2" '/call?status=502')"; done
+check "24 calls that end their request with ngx.exit(502) where fuse.log() is missing" \
+  [ "$codes" = "$(printf '502%.0s' $(seq 24))" ]
+s=$(state nohook)
+check "none counts as a failure: nohook stays closed with 0 failures" [ "${s% *}" = "nohook closed 0 0" ]
+[ "${s% *}" = "nohook closed 0 0" ] || diag "state: $s"
+warns=$(grep -c 'no fuse.log() ran in the log phase' "$P/logs/error.log")
+check "the missing hook is reported in the error log" [ "$warns" -ge 1 ]
+check "at most once per worker" [ "$warns" -le 4 ]
+grep -m 1 'no fuse.log() ran' "$P/logs/error.log" | sed 's/^/# /'
+
+# ---------------------------------------------------------------- error log
+errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$P/logs/error.log")
+check "no [error], [alert], [crit] or [emerg] in the error log" [ -z "$errs" ]
+[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+
+echo "1..$n"
+[ "$failed" -eq 0 ]
