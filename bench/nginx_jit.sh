@@ -15,7 +15,7 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-nginx}
+NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
 command -v "$NGINX" >/dev/null || NGINX=/usr/sbin/nginx
 SECONDS_OF_TRAFFIC=${1:-${SECONDS_OF_TRAFFIC:-10}}
 [ -x "$NGINX" ] || command -v "$NGINX" >/dev/null || { echo "nginx not installed" >&2; exit 1; }

@@ -11,7 +11,7 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-nginx}
+NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
 command -v "$NGINX" >/dev/null || { [ -x /usr/sbin/nginx ] && NGINX=/usr/sbin/nginx; }
 LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}
 SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
