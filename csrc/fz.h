@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FZ_ABI_VERSION 1
+#define FZ_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
