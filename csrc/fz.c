@@ -1406,6 +1406,9 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t l
     return;
   }
   breaker_init(&tmp, c, name, len);
+  /* the slot's key goes on too: a ticket of an earlier breaker here is then stale by its
+   * generation (counts nothing, no error), as it was between the removal and the reuse */
+  tmp.key = at_load_rlx(&b->key);
   tmp.in_registry = 1;
   tmp.sw = sw_make(gen + 1, FZ_CLOSED);
   tmp.id = 0;

@@ -223,6 +223,11 @@ local function refind(br)
     B.full_add()
     return nil
   end
+  -- the handles it had before, newest first: b:report of a ticket one of them issued
+  local was = br._was or {}
+  table.insert(was, 1, br._h)
+  was[5] = nil
+  br._was = was
   br._h, br._id = h, id
   for _, r in ipairs(br.rejs) do rej_handle[r] = h end
   return h, id
@@ -613,6 +618,18 @@ function Breaker:allow()
   return t
 end
 
+-- A ticket that object br's current breaker refused may be one an earlier breaker of its
+-- name issued (before a removal or eviction found the name again): reported to the
+-- handle that issued it, it counts nothing there (stale) and is not refused.
+local function earlier(br, ticket, outcome, seconds)
+  local code = E_TICKET
+  for _, h in ipairs(br._was) do
+    code = core.fz_done(h, ticket, outcome, seconds)
+    if code ~= E_TICKET then return code end
+  end
+  return code
+end
+
 function Breaker:report(ticket, ok, seconds)
   if getmetatable(self) ~= Breaker then not_a_breaker("report", self) end
   if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. type(ticket), 2) end
@@ -624,6 +641,7 @@ function Breaker:report(ticket, ok, seconds)
   if ticket == PASS_TICKET then return end  -- allow's answer when the registry was full: counts nowhere
   if fake then sync() end
   local code = core.fz_done(self._h, ticket, outcome, seconds or -1)
+  if code == E_TICKET and self._was then code = earlier(self, ticket, outcome, seconds or -1) end
   if code == E_REPORTED or code == E_TICKET then
     local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or tostring(ticket)
     if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end

@@ -1,0 +1,88 @@
+-- Seams between the registry (stale handles, slot reuse), the core's ticket checks and
+-- the allow ledger, timed force-open and the Lua facade: cases no single feature's spec
+-- covers (integration review after issues 7-11).
+local fuse = require "fuse"
+local support = require "spec.support"
+local BACKEND = support.BACKEND
+
+local unique = support.unique_names("s16")
+
+-- The interpreter running this spec, for a script in a process of its own (a registry
+-- sized before any named breaker exists).
+local function interpreter()
+  local i = 0
+  while arg and arg[i - 1] do i = i - 1 end
+  return arg and arg[i] or (jit and "luajit" or "lua")
+end
+
+-- Runs `body` in a fresh process with fuse loaded; returns what it printed.
+local function run_child(body)
+  local script = os.tmpname()
+  local f = assert(io.open(script, "w"))
+  f:write(("package.path = %q; package.cpath = %q\n"):format(package.path, package.cpath))
+  f:write('local fuse = require "fuse"\n', body)
+  f:close()
+  local p = assert(io.popen(("%q %q 2>&1"):format(interpreter(), script)))
+  local out = p:read("*a")
+  p:close()
+  os.remove(script)
+  return out
+end
+
+describe("seams #" .. BACKEND, function()
+  local clock = support.fake_clock(1000, 1)
+  support.it_runs_on_backend()
+
+  describe("an allow ticket taken before a removal, reported after the name is back", function()
+    it("counts nothing and is not refused when the object found its name again meanwhile", function()
+      local name = unique("refound")
+      local b = fuse.new{ name = name, fails = 1 }
+      local t = assert(b:allow())
+      fuse.remove(name)
+      assert.equal("closed", b:state())  -- finds its name again: a fresh breaker
+      b:report(t, false)                 -- the old breaker's ticket: stale there, no error
+      assert.equal("closed", b:state())
+      assert.equal(0, b:stats().failures_total)
+      assert.has_error(function() b:report(t, false) end)  -- still only once
+    end)
+
+    it("counts nothing and is not refused when another object re-created the name", function()
+      local name = unique("recreated")
+      local b = fuse.new{ name = name, fails = 1 }
+      local t = assert(b:allow())
+      fuse.remove(name)
+      local other = fuse.new{ name = name, fails = 1 }
+      b:report(t, false)
+      assert.equal("closed", other:state())
+      assert.equal(0, other:stats().failures_total)
+    end)
+
+    it("counts nothing and is not refused when another name took its slot", function()
+      -- one slot: the second name must take the first one's
+      local out = run_child([[
+fuse.init{ capacity = 1 }
+local b = fuse.new{ name = "first", fails = 1 }
+local t = assert(b:allow())
+fuse.remove("first")
+local other = fuse.new{ name = "second", fails = 1 }
+local ok, err = pcall(b.report, b, t, false)
+print(ok, err, other:stats().failures_total, other:state())
+]])
+      assert.equal("true\tnil\t0\tclosed\n", out)
+    end)
+
+    it("still refuses another live breaker's ticket", function()
+      local name = unique("moved")
+      local b = fuse.new{ name = name, fails = 1 }
+      local c = fuse.new{ fails = 1 }
+      fuse.remove(name)
+      b:state()
+      local t = assert(c:allow())
+      assert.has_error(function() b:report(t, false) end)
+      c:report(t, true)
+      assert.equal(1, c:stats().successes_total)
+    end)
+  end)
+
+  it("keeps the fake clock honest", function() assert.is_number(clock.now) end)
+end)
