@@ -1161,13 +1161,21 @@ static int kind_state(int kind) {
   return kind == KIND_NORMAL ? FZ_CLOSED : kind == KIND_PROBE ? FZ_HALF_OPEN : FZ_DISABLED;
 }
 
+/* Whether probe `slot` of half-open generation gen is taken. */
+static int probe_busy(fz_breaker *b, uint64_t gen, unsigned slot) {
+  uint64_t ho = at_load_acq(&b->ho);
+  return (uint32_t)(ho >> 32) == (uint32_t)gen && (ho & 1u << slot);
+}
+
 static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
   int kind = (int)(t >> 1 & 3);
   unsigned slot = (unsigned)(t >> 3 & 15);
-  if (kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || slot >= b->cfg.probes || (t & TK_TRACKED) ||
+  if (kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || (t & TK_TRACKED) ||
       (t & KEY_MASK) != b->key)  /* a ticket of another breaker, or made up */
     return FZ_ETICKET;
   uint64_t gen = t >> 8 & GEN_MASK;
+  /* a slot past `probes`: made up, unless a reload lowered `probes` while it ran */
+  if (slot >= b->cfg.probes && !probe_busy(b, gen, slot)) return FZ_ETICKET;
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
   int current = (sw_gen(sw) & GEN_MASK) == gen;
   /* a generation is one state: a ticket of this generation issued in another cannot be */
@@ -1461,14 +1469,40 @@ int fzi_retire(fz_breaker *b, int only_closed) {
 
 int fzi_is_removed(const fz_breaker *b) { return sw_state(at_load_acq(&b->sw)) == FZ_REMOVED; }
 
+/* After the bucket width changed: epochs of the new width start past every epoch of the
+ * old one (shift), so the windows' words all fall out (a fresh window, and the epoch
+ * remembered for calls that read no clock is one of the new width), and the last use is
+ * one of the new width too (idle eviction). */
+static void reepoch(fz_breaker *b) {
+  uint64_t t = now_ns();
+  uint64_t raw = (uint64_t)(((u128)t * b->bucket_inv) >> 64);
+  uint64_t cur = at_load_rlx(&b->cur_epoch), shift = at_load_rlx(&b->shift);
+  if (raw + shift < cur + NBUCKETS + 1) at_store_rlx(&b->shift, cur + NBUCKETS + 1 - raw);
+  at_store_rlx(&b->last_use, (uint32_t)raw);
+  epoch_at(b, t);
+}
+
+/* Fewer probes than a half-open under way counted: the successes it counted stop one
+ * short of the new number, so that the next success closes (with `==`, as always). */
+static void fewer_probes(fz_breaker *b, uint32_t probes) {
+  uint64_t sw = at_load_acq(&b->sw), ho = at_load_acq(&b->ho);
+  if (sw_state(sw) != FZ_HALF_OPEN) return;
+  while ((uint32_t)(ho >> 32) == (uint32_t)sw_gen(sw) && (ho >> 16 & 0xffff) >= probes) {
+    uint64_t want = (ho & ~(UINT64_C(0xffff) << 16)) | (uint64_t)(probes - 1) << 16;
+    if (at_cas_acqrel(&b->ho, &ho, want)) break;
+  }
+}
+
 /* New numeric options for a live breaker (a reload): state and counts are kept. The
  * count window keeps its ring only when its size is unchanged. */
 void fzi_reconfigure(fz_breaker *b, const fz_config *c) {
-  uint32_t old_cw = b->cfg.count_window;
+  uint32_t old_cw = b->cfg.count_window, old_probes = b->cfg.probes;
+  uint64_t old_bucket = b->bucket_ns;
   fz_breaker tmp;
   breaker_init(&tmp, c, NULL, 0);
   b->cfg = tmp.cfg;
   b->bucket_ns = tmp.bucket_ns, b->bucket_inv = tmp.bucket_inv;
+  if (tmp.bucket_ns != old_bucket) reepoch(b);
   b->open_for_ns = tmp.open_for_ns, b->max_open_ns = tmp.max_open_ns;
   b->probe_timeout_ms = tmp.probe_timeout_ms;
   at_store_rlx(&b->cur_open_ns, tmp.open_for_ns);
@@ -1478,4 +1512,5 @@ void fzi_reconfigure(fz_breaker *b, const fz_config *c) {
     while (!at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
   }
   b->flags = tmp.flags;
+  if (tmp.cfg.probes < old_probes) fewer_probes(b, tmp.cfg.probes);
 }
