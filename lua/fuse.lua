@@ -608,7 +608,7 @@ function Breaker:allow()
   if getmetatable(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
   local t = core.fz_allow_id(self._h, self._id)
-  if t == STALE then
+  while t == STALE do  -- again when another worker removed the name right after the re-find
     local h, id = refind(self)
     if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
     t = core.fz_allow_id(h, id)

@@ -20,7 +20,7 @@ local function run_child(body)
   local script = os.tmpname()
   local f = assert(io.open(script, "w"))
   f:write(("package.path = %q; package.cpath = %q\n"):format(package.path, package.cpath))
-  f:write('local fuse = require "fuse"\n', body)
+  f:write(body:find("^local B") and "local fuse\n" or 'local fuse = require "fuse"\n', body)
   f:close()
   local p = assert(io.popen(("%q %q 2>&1"):format(interpreter(), script)))
   local out = p:read("*a")
@@ -81,6 +81,33 @@ print(ok, err, other:stats().failures_total, other:state())
       assert.has_error(function() b:report(t, false) end)
       c:report(t, true)
       assert.equal(1, c:stats().successes_total)
+    end)
+  end)
+
+  describe("b:allow whose breaker is removed again right after it found its name again", function()
+    it("finds it again, and answers a ticket, not nil, nil", function()
+      -- the core answers FZ_STALE to the first two allows: a removal in another worker
+      -- between the re-find and the allow (a proxy in front of the backend's core)
+      local out = run_child([[
+local B = jit and require("fuse.ffi") or require("fuse.core")
+local real = B.lib or { fz_allow_id = B.allow }
+local stale = 2
+local proxy = setmetatable({}, { __index = function(_, k)
+  if k == "fz_allow_id" then
+    return function(h, id)
+      if stale > 0 then stale = stale - 1; return -(1 + 7 * 4) end
+      return real.fz_allow_id(h, id)
+    end
+  end
+  return B.lib and B.lib[k]
+end })
+if B.lib then B.lib = proxy else B.allow = proxy.fz_allow_id end
+fuse = package.loaded.fuse or require "fuse"
+local b = fuse.new{ name = "again", fails = 1 }
+local t, rej = b:allow()
+print(type(t), type(rej), stale)
+]])
+      assert.equal("number\tnil\t0\n", out)
     end)
   end)
 
