@@ -886,12 +886,17 @@ local METRICS = {
 -- Prometheus text exposition of every breaker in the registry.
 function _M.metrics()
   if fake then sync() end
-  local rows = {}
+  local rows, at = {}, {}
   each_breaker(function(h, name, still)
     local s = {}
     B.peek(h, s)  -- makes no transition: those are made, and reported, by calls
     s.state_n, s.calls_total = s.state, s.successes_total + s.failures_total
-    if still() then rows[#rows + 1] = { label(name), s } end
+    -- a name removed and made again in a later slot during the walk (another worker)
+    -- is seen twice: one series per name, the later breaker's
+    if still() then
+      local i = at[name] or #rows + 1
+      at[name], rows[i] = i, { label(name), s }
+    end
   end)
   local out = {}
   for _, m in ipairs(METRICS) do

@@ -111,5 +111,32 @@ print(type(t), type(rej), stale)
     end)
   end)
 
+  describe("fuse.metrics", function()
+    it("has one series per name when a name is removed and made again in a later slot meanwhile", function()
+      -- another worker does it while this one walks the slots: here, while it reads "b"
+      local out = run_child([[
+local B = jit and require("fuse.ffi") or require("fuse.core")
+fuse = require "fuse"
+fuse.init{ capacity = 4 }
+for _, n in ipairs{ "a", "b", "x", "d" } do fuse.new{ name = n, fails = 1 } end
+fuse.remove("x")  -- a free slot after "b"
+local peek, done = B.peek, false
+B.peek = function(h, s)
+  if not done and B.name_of(h) == "b" then
+    done = true
+    fuse.remove("a")
+    fuse.new{ name = "a", fails = 1 }  -- in the free slot
+  end
+  return peek(h, s)
+end
+local m = fuse.metrics()
+local n = 0
+for _ in m:gmatch('fuse_state{name="a"}') do n = n + 1 end
+print(done, n)
+]])
+      assert.equal("true\t1\n", out)
+    end)
+  end)
+
   it("keeps the fake clock honest", function() assert.is_number(clock.now) end)
 end)
