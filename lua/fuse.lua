@@ -213,9 +213,13 @@ end
 -- A named breaker object whose breaker was removed or evicted finds its name again,
 -- creating it (closed, fresh) with its own options when missing. Returns the live handle
 -- and identity, or nil when the registry is full (counted in fuse_registry_full_total).
-local function refind(br)
+-- stale_id: the identity the core just answered FZ_STALE for. The object's own handle
+-- is then never taken back on its identity alone: a breaker retired by a removal keeps
+-- its identity until the remover drops it, for ever if the remover died there; only the
+-- registry's lock (taken by B.open) repairs that.
+local function refind(br, stale_id)
   local h, id = br._h, br._id
-  if B.id(h) == id then return h, id end  -- another wrap of this object re-found it
+  if id ~= stale_id and B.id(h) == id then return h, id end  -- another wrap of this object re-found it
   if fake then sync() end
   local _
   h, _, id = B.open(br.name, br.cfg)  -- other options there: that is the name's breaker now
@@ -374,7 +378,7 @@ local function make_run(br, fallback, is_failure, listener, direct)
   -- The breaker went stale (removed or evicted): find or re-create its name and call
   -- again; with a full registry the call runs unguarded.
   local function rerun(fn, ...)
-    local nh, nid = refind(br)
+    local nh, nid = refind(br, id)
     if not nh then return fn(...) end
     h, id = nh, nid
     return run(fn, ...)
@@ -609,7 +613,7 @@ function Breaker:allow()
   if fake then sync() end
   local t = core.fz_allow_id(self._h, self._id)
   while t == STALE do  -- again when another worker removed the name right after the re-find
-    local h, id = refind(self)
+    local h, id = refind(self, self._id)
     if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
     t = core.fz_allow_id(h, id)
   end

@@ -111,6 +111,58 @@ print(type(t), type(rej), stale)
     end)
   end)
 
+  describe("a breaker retired whose remover died before dropping it (identity unchanged)", function()
+    -- The core answers FZ_STALE while the breaker looks retired; only the registry's lock
+    -- (B.open) repairs it. A proxy in front of the backend's core stands for the dead
+    -- remover; after 1000 stale answers it gives up (the old code spun for ever).
+    local PROXY = [[
+local B = jit and require("fuse.ffi") or require("fuse.core")
+local retired, answers = false, 0
+local function stale_or(f)
+  return function(h, id)
+    if retired then
+      answers = answers + 1
+      if answers < 1000 then return -(1 + 7 * 4) end
+      retired = false
+    end
+    return f(h, id)
+  end
+end
+local lib = B.lib or { fz_enter_id = B.enter, fz_allow_id = B.allow }
+local enter, allow = stale_or(lib.fz_enter_id), stale_or(lib.fz_allow_id)
+local open = B.open
+B.open = function(...) retired = false; return open(...) end  -- the lock repairs
+if B.lib then
+  local real = B.lib
+  B.lib = setmetatable({ fz_enter_id = enter, fz_allow_id = allow }, { __index = real })
+else
+  B.enter, B.allow = enter, allow
+end
+fuse = require "fuse"
+local function retire() retired, answers = true, 0 end
+]]
+
+    it("a guarded call takes the registry's lock, and does not spin on the stale handle", function()
+      local out = run_child(PROXY .. [[
+local g = fuse.wrap(function(x) return x end, { name = "dead-remover", fails = 1 })
+g(1)
+retire()
+print(g(2), answers)
+]])
+      assert.equal("2\t1\n", out)
+    end)
+
+    it("b:allow takes the registry's lock, and does not spin on the stale handle", function()
+      local out = run_child(PROXY .. [[
+local b = fuse.new{ name = "dead-remover", fails = 1 }
+retire()
+local t = b:allow()
+print(type(t), answers)
+]])
+      assert.equal("number\t1\n", out)
+    end)
+  end)
+
   describe("fuse.metrics", function()
     it("has one series per name when a name is removed and made again in a later slot meanwhile", function()
       -- another worker does it while this one walks the slots: here, while it reads "b"
