@@ -34,7 +34,7 @@ local unpack = table.unpack or unpack  -- luacheck: ignore 143
 local _M = { VERSION = "0.1.0", _backend = B.name }
 
 local STATES = { [0] = "closed", "open", "half_open", "forced_open", "disabled" }
-local OPEN, HALF_OPEN = 1, 2
+local OPEN, HALF_OPEN, REMOVED = 1, 2, 5
 local SUCCESS, FAILURE, IGNORE = 0, 1, 2
 local OPEN_TO_HALF = 64 + OPEN * 8 + HALF_OPEN
 local HALF_TO_OPEN = 64 + HALF_OPEN * 8 + OPEN
@@ -661,6 +661,11 @@ function Breaker:state()
   local h = live(self)
   if not h then return "closed" end  -- a full registry: nothing guards its calls
   local code = B.state(h)
+  if code % 256 == REMOVED then  -- retired, its identity not moved yet: the name's breaker now
+    h = refind(self, self._id)
+    if not h then return "closed" end
+    code = B.state(h)
+  end
   fire(self.on_state_change, self.name, floor(code / 256))
   return STATES[code % 256]
 end
@@ -671,7 +676,12 @@ function Breaker:stats()
   local s = {}
   -- gone and the registry full: the stats of a fresh breaker, never another's
   local h = live(self) or B.new(self.cfg)
-  fire(self.on_state_change, self.name, B.stats(h, s))
+  local code = B.stats(h, s)
+  if s.state == REMOVED then  -- retired, its identity not moved yet: the name's breaker now
+    h = refind(self, self._id) or B.new(self.cfg)
+    code = B.stats(h, s)
+  end
+  fire(self.on_state_change, self.name, code)
   s.state = STATES[s.state]
   s.calls_total = s.successes_total + s.failures_total
   return s
@@ -897,7 +907,7 @@ function _M.metrics()
     s.state_n, s.calls_total = s.state, s.successes_total + s.failures_total
     -- a name removed and made again in a later slot during the walk (another worker)
     -- is seen twice: one series per name, the later breaker's
-    if still() then
+    if still() and s.state ~= REMOVED then  -- (retired, its identity not moved yet)
       local i = at[name] or #rows + 1
       at[name], rows[i] = i, { label(name), s }
     end

@@ -163,6 +163,30 @@ print(type(t), answers)
     end)
   end)
 
+  describe("state, stats and metrics of a breaker retired whose identity did not move yet", function()
+    it("show the name's breaker (found again under the lock), never the state 'removed'", function()
+      -- B.state/B.stats/B.peek answer FZ_REMOVED (5) for the first handle while it looks
+      -- retired; B.open (the registry's lock) repairs it
+      local out = run_child([[
+local B = jit and require("fuse.ffi") or require("fuse.core")
+fuse = require "fuse"
+local b = fuse.new{ name = "retired", fails = 1 }
+local first, retired = b._h, true
+local function same(h) return B.id(h) == B.id(first) and B.name_of(h) == "retired" end
+local open, state, stats, peek = B.open, B.state, B.stats, B.peek
+B.open = function(...) retired = false; return open(...) end
+B.state = function(h) if retired and same(h) then return 5 end return state(h) end
+B.stats = function(h, s) local c = stats(h, s); if retired and same(h) then s.state = 5 end return c end
+B.peek = function(h, s) peek(h, s); if retired and same(h) then s.state = 5 end end
+print(fuse.metrics():find('fuse_state{name="retired"} 5', 1, true) == nil)
+print(b:state(), retired)
+retired = true
+print(b:stats().state, retired)
+]])
+      assert.equal("true\nclosed\tfalse\nclosed\tfalse\n", out)
+    end)
+  end)
+
   describe("fuse.metrics", function()
     it("has one series per name when a name is removed and made again in a later slot meanwhile", function()
       -- another worker does it while this one walks the slots: here, while it reads "b"
