@@ -121,7 +121,7 @@ struct fz_breaker {
   uint64_t shift;               /* concurrent: added to epochs; bumped to start a fresh window */
   uint64_t bucket_ns, bucket_inv, open_for_ns, max_open_ns, probe_timeout_ms;
   uint32_t flags, in_registry;
-  uint64_t key;                 /* immutable after init: random, in bits 40-52 of its tickets */
+  uint64_t key;                 /* random, in bits 40-52 of its tickets; kept by a reuse of its registry slot */
   fz_config cfg;                /* immutable after init */
 
   /* Half-open admission. */
@@ -392,7 +392,10 @@ static uint64_t sw_make(uint64_t gen, int state) { return gen << 3 | (uint64_t)s
 static int trans_code(int from, int to) { return 64 + from * 8 + to; }
 
 static uint64_t ticket_bits(const fz_breaker *b, uint64_t gen, unsigned slot, int kind, int made) {
-  return b->key | (gen & GEN_MASK) << 8 | (uint64_t)slot << 3 | (uint64_t)kind << 1 | (uint64_t)made;
+  /* relaxed: a handle gone stale may read the key while a reuse of its registry slot
+   * stores it again (fzi_slot_init; the same key, which the slot keeps) */
+  return at_load_rlx(&b->key) | (gen & GEN_MASK) << 8 | (uint64_t)slot << 3 | (uint64_t)kind << 1 |
+         (uint64_t)made;
 }
 
 /* Tickets are below 2^53: converted as signed, one instruction. */
@@ -1130,7 +1133,7 @@ static inline int done_fast(fz_breaker *b, uint64_t t) {
   uint32_t si = t_stripe;
   /* one compare: key, generation, and state closed (sw << 5 puts the generation at bit 8
    * and the state at bits 5-7, which are 0 in a kind-1 ticket) */
-  if ((t & ~UINT64_C(0x1f)) != (b->key | ((sw << 5) & (GEN_MASK << 8 | 0xe0))) || si == UINT32_MAX)
+  if ((t & ~UINT64_C(0x1f)) != (at_load_rlx(&b->key) | ((sw << 5) & (GEN_MASK << 8 | 0xe0))) || si == UINT32_MAX)
     return 0;
   uint64_t e = at_load_rlx(&b->cur_epoch);
   uint64_t *w = &b->stripes[si].succ[e % NBUCKETS];
@@ -1171,7 +1174,7 @@ static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
   int kind = (int)(t >> 1 & 3);
   unsigned slot = (unsigned)(t >> 3 & 15);
   if (kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || (t & TK_TRACKED) ||
-      (t & KEY_MASK) != b->key)  /* a ticket of another breaker, or made up */
+      (t & KEY_MASK) != at_load_rlx(&b->key))  /* a ticket of another breaker, or made up */
     return FZ_ETICKET;
   uint64_t gen = t >> 8 & GEN_MASK;
   /* a slot past `probes`: made up, unless a reload lowered `probes` while it ran */
