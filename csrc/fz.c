@@ -1177,12 +1177,13 @@ static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
       (t & KEY_MASK) != at_load_rlx(&b->key))  /* a ticket of another breaker, or made up */
     return FZ_ETICKET;
   uint64_t gen = t >> 8 & GEN_MASK;
-  /* a slot past `probes`: made up, unless a reload lowered `probes` while it ran */
-  if (slot >= b->cfg.probes && !probe_busy(b, gen, slot)) return FZ_ETICKET;
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
   int current = (sw_gen(sw) & GEN_MASK) == gen;
   /* a generation is one state: a ticket of this generation issued in another cannot be */
   if (current && sw_state(sw) != kind_state(kind)) return FZ_ETICKET;
+  /* a probe slot past `probes` now: made up, unless a reload lowered `probes` while it
+   * ran (then it is still taken, or its generation is over: stale) */
+  if (current && slot >= b->cfg.probes && !probe_busy(b, gen, slot)) return FZ_ETICKET;
   if (outcome == FZ_IGNORE || kind == KIND_PASS) {
     if (outcome == FZ_IGNORE && kind == KIND_PROBE) probe_release(b, gen, slot);
     return 0;

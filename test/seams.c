@@ -39,6 +39,26 @@ static void fewer_probes(void) {
   fz_registry_remove("probes", 6);
 }
 
+/* probes 3 -> 1 while a probe in slot 2 runs; another probe fails and re-opens: the
+ * slot-2 probe's report is stale (counts nothing), not refused */
+static void fewer_probes_stale(void) {
+  fz_config c = config();
+  int st;
+  fz_clock_manual(1500);
+  fz_breaker *b = fz_registry_open("stale-probe", 11, &c, &st);
+  for (int i = 0; i < 3; i++) fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  fz_clock_manual(1506);
+  double p1 = fz_enter(b), p2 = fz_enter(b), p3 = fz_enter(b);
+  ok(p1 > 0 && p2 > 0 && p3 > 0, "stale probe: three probes admitted");
+  c.probes = 1;
+  fz_breaker_reconfigure(b, &c);
+  is_int(fz_done(b, p1, FZ_FAILURE, -1), 64 + FZ_HALF_OPEN * 8 + FZ_OPEN, "stale probe: a failed probe re-opens");
+  is_int(fz_done(b, p3, FZ_SUCCESS, -1), 0, "stale probe: slot 2's report is stale, not refused");
+  is_int(fz_done(b, p2, FZ_IGNORE, -1), 0, "stale probe: slot 1's ignored report too");
+  is_int(state(b), FZ_OPEN, "stale probe: still open");
+  fz_registry_remove("stale-probe", 11);
+}
+
 /* probes 3 -> 2 once two probes succeeded: the next success closes */
 static void fewer_probes_counted(void) {
   fz_config c = config();
@@ -88,6 +108,7 @@ int main(void) {
   fz_clock_manual(1000);
   is_int(fz_registry_init(8, 0, 0), FZ_OK, "a private registry");
   fewer_probes();
+  fewer_probes_stale();
   fewer_probes_counted();
   window_width(10, 20);
   window_width(20, 10);
