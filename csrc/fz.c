@@ -1292,10 +1292,16 @@ void fz_stats_peek(fz_breaker *b, fz_stats *out) { stats_fill(b, out, 0); }
 
 /* ---------------------------------------------------------------- manual states */
 
+/* A breaker retired by a removal or an eviction (FZ_REMOVED) is left alone: a manual
+ * state through a handle that went stale meanwhile must not bring it back (0). */
 static int move_to(fz_breaker *b, int to) {
   uint64_t sw = at_load_acq(&b->sw);
+  if (sw_state(sw) == FZ_REMOVED) return 0;
   if (to == FZ_CLOSED) fresh_window(b);
-  while (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) {}
+  for (;;) {
+    if (sw_state(sw) == FZ_REMOVED) return 0;
+    if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) break;
+  }
   return trans_code(sw_state(sw), to);
 }
 
@@ -1351,6 +1357,7 @@ int fz_force_open_for(fz_breaker *b, double seconds) {
   uint64_t end = now_ns() + (uint64_t)llround(seconds * 1e9);
   uint64_t sw = at_load_acq(&b->sw);
   for (;;) {
+    if (sw_state(sw) == FZ_REMOVED) return 0;  /* as move_to */
     stamp_forced(b, sw_gen(sw) + 1, end);
     if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_FORCED_OPEN))) break;
   }

@@ -4,6 +4,7 @@
  * a window whose width a reload changed counts every call of the new width.
  */
 #include "../csrc/fz.h"
+#include "../csrc/fz_internal.h"
 #include "tap.h"
 
 #include <string.h>
@@ -103,6 +104,22 @@ static void window_width(double from, double to) {
   fz_registry_remove("window", 6);
 }
 
+/* A removal retired the breaker (FZ_REMOVED) and has not moved its identity yet (or
+ * died there): a manual state through a handle of it must not bring it back, or the
+ * registry's repair would keep it (it frees only retired slots). */
+static void manual_on_retired(void) {
+  fz_config c = config();
+  int st;
+  fz_breaker *b = fz_registry_open("retired", 7, &c, &st);
+  is_int(fzi_retire(b, 0), 1, "retired: the breaker is retired");
+  is_int(fz_reset(b), 0, "retired: reset makes no transition");
+  is_int(fz_force_open(b), 0, "retired: force_open makes none");
+  is_int(fz_disable(b), 0, "retired: disable makes none");
+  is_int(fz_force_open_for(b, 10), 0, "retired: a timed force_open makes none");
+  is_int(state(b), FZ_REMOVED, "retired: it stays retired");
+  is_int(fz_registry_remove("retired", 7), 0, "retired: removing it again says no (a removal is under way)");
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_clock_manual(1000);
@@ -112,5 +129,6 @@ int main(void) {
   fewer_probes_counted();
   window_width(10, 20);
   window_width(20, 10);
+  manual_on_retired();
   return done_testing();
 }
