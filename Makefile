@@ -225,7 +225,7 @@ build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o)
 	$(AR) rcs $@ $^
 endif
 
-build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry: build/asan/%: test/%.c test/tap.h \
+build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry build/asan/seams: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
@@ -240,7 +240,7 @@ san_verdict = sh tools/tapsum $(1) && \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
 asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening \
-    build/asan/registry
+    build/asan/registry build/asan/seams
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs hardening env $(ASAN_ENV) build/asan/hardening
@@ -248,6 +248,7 @@ asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/inte
 	@bash tools/runtap build/asan/logs ops_core env $(ASAN_ENV) build/asan/ops_core
 	@bash tools/runtap build/asan/logs interleave env $(ASAN_ENV) build/asan/interleave
 	@bash tools/runtap build/asan/logs registry env $(ASAN_ENV) build/asan/registry
+	@bash tools/runtap build/asan/logs seams env $(ASAN_ENV) build/asan/seams
 	@$(call san_verdict,build/asan/logs)
 
 tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry

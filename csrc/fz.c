@@ -121,7 +121,7 @@ struct fz_breaker {
   uint64_t shift;               /* concurrent: added to epochs; bumped to start a fresh window */
   uint64_t bucket_ns, bucket_inv, open_for_ns, max_open_ns, probe_timeout_ms;
   uint32_t flags, in_registry;
-  uint64_t key;                 /* concurrent (a reused registry slot gets a new one): random, bits 40-52 of its tickets */
+  uint64_t key;                 /* concurrent (rewritten, unchanged, by a reuse of its registry slot): random, bits 40-52 of its tickets */
   fz_config cfg;                /* immutable after init */
 
   /* Half-open admission. */
@@ -392,9 +392,10 @@ static uint64_t sw_make(uint64_t gen, int state) { return gen << 3 | (uint64_t)s
 static int trans_code(int from, int to) { return 64 + from * 8 + to; }
 
 static uint64_t ticket_bits(const fz_breaker *b, uint64_t gen, unsigned slot, int kind, int made) {
-  /* relaxed: a registry slot's key is rewritten when the slot is reused (fzi_slot_init),
-   * while a stale handle may still be reading it; such a ticket is stale by generation */
-  return at_load_rlx(&b->key) | (gen & GEN_MASK) << 8 | (uint64_t)slot << 3 | (uint64_t)kind << 1 | (uint64_t)made;
+  /* relaxed: a handle gone stale may read the key while a reuse of its registry slot
+   * stores it again (fzi_slot_init; the same key, which the slot keeps) */
+  return at_load_rlx(&b->key) | (gen & GEN_MASK) << 8 | (uint64_t)slot << 3 | (uint64_t)kind << 1 |
+         (uint64_t)made;
 }
 
 /* Tickets are below 2^53: converted as signed, one instruction. */
@@ -1163,10 +1164,16 @@ static int kind_state(int kind) {
   return kind == KIND_NORMAL ? FZ_CLOSED : kind == KIND_PROBE ? FZ_HALF_OPEN : FZ_DISABLED;
 }
 
+/* Whether probe `slot` of half-open generation gen is taken. */
+static int probe_busy(fz_breaker *b, uint64_t gen, unsigned slot) {
+  uint64_t ho = at_load_acq(&b->ho);
+  return (uint32_t)(ho >> 32) == (uint32_t)gen && (ho & 1u << slot);
+}
+
 static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
   int kind = (int)(t >> 1 & 3);
   unsigned slot = (unsigned)(t >> 3 & 15);
-  if (kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || slot >= b->cfg.probes || (t & TK_TRACKED) ||
+  if (kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || (t & TK_TRACKED) ||
       (t & KEY_MASK) != at_load_rlx(&b->key))  /* a ticket of another breaker, or made up */
     return FZ_ETICKET;
   uint64_t gen = t >> 8 & GEN_MASK;
@@ -1174,6 +1181,9 @@ static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
   int current = (sw_gen(sw) & GEN_MASK) == gen;
   /* a generation is one state: a ticket of this generation issued in another cannot be */
   if (current && sw_state(sw) != kind_state(kind)) return FZ_ETICKET;
+  /* a probe slot past `probes` now: made up, unless a reload lowered `probes` while it
+   * ran (then it is still taken, or its generation is over: stale) */
+  if (current && slot >= b->cfg.probes && !probe_busy(b, gen, slot)) return FZ_ETICKET;
   if (outcome == FZ_IGNORE || kind == KIND_PASS) {
     if (outcome == FZ_IGNORE && kind == KIND_PROBE) probe_release(b, gen, slot);
     return 0;
@@ -1282,10 +1292,16 @@ void fz_stats_peek(fz_breaker *b, fz_stats *out) { stats_fill(b, out, 0); }
 
 /* ---------------------------------------------------------------- manual states */
 
+/* A breaker retired by a removal or an eviction (FZ_REMOVED) is left alone: a manual
+ * state through a handle that went stale meanwhile must not bring it back (0). */
 static int move_to(fz_breaker *b, int to) {
   uint64_t sw = at_load_acq(&b->sw);
+  if (sw_state(sw) == FZ_REMOVED) return 0;
   if (to == FZ_CLOSED) fresh_window(b);
-  while (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) {}
+  for (;;) {
+    if (sw_state(sw) == FZ_REMOVED) return 0;
+    if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) break;
+  }
   return trans_code(sw_state(sw), to);
 }
 
@@ -1341,6 +1357,7 @@ int fz_force_open_for(fz_breaker *b, double seconds) {
   uint64_t end = now_ns() + (uint64_t)llround(seconds * 1e9);
   uint64_t sw = at_load_acq(&b->sw);
   for (;;) {
+    if (sw_state(sw) == FZ_REMOVED) return 0;  /* as move_to */
     stamp_forced(b, sw_gen(sw) + 1, end);
     if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_FORCED_OPEN))) break;
   }
@@ -1408,6 +1425,9 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t l
     return;
   }
   breaker_init(&tmp, c, name, len);
+  /* the slot's key goes on too: a ticket of an earlier breaker here is then stale by its
+   * generation (counts nothing, no error), as it was between the removal and the reuse */
+  tmp.key = at_load_rlx(&b->key);
   tmp.in_registry = 1;
   tmp.sw = sw_make(gen + 1, FZ_CLOSED);
   tmp.id = 0;
@@ -1460,14 +1480,40 @@ int fzi_retire(fz_breaker *b, int only_closed) {
 
 int fzi_is_removed(const fz_breaker *b) { return sw_state(at_load_acq(&b->sw)) == FZ_REMOVED; }
 
+/* After the bucket width changed: epochs of the new width start past every epoch of the
+ * old one (shift), so the windows' words all fall out (a fresh window, and the epoch
+ * remembered for calls that read no clock is one of the new width), and the last use is
+ * one of the new width too (idle eviction). */
+static void reepoch(fz_breaker *b) {
+  uint64_t t = now_ns();
+  uint64_t raw = (uint64_t)(((u128)t * b->bucket_inv) >> 64);
+  uint64_t cur = at_load_rlx(&b->cur_epoch), shift = at_load_rlx(&b->shift);
+  if (raw + shift < cur + NBUCKETS + 1) at_store_rlx(&b->shift, cur + NBUCKETS + 1 - raw);
+  at_store_rlx(&b->last_use, (uint32_t)raw);
+  epoch_at(b, t);
+}
+
+/* Fewer probes than a half-open under way counted: the successes it counted stop one
+ * short of the new number, so that the next success closes (with `==`, as always). */
+static void fewer_probes(fz_breaker *b, uint32_t probes) {
+  uint64_t sw = at_load_acq(&b->sw), ho = at_load_acq(&b->ho);
+  if (sw_state(sw) != FZ_HALF_OPEN) return;
+  while ((uint32_t)(ho >> 32) == (uint32_t)sw_gen(sw) && (ho >> 16 & 0xffff) >= probes) {
+    uint64_t want = (ho & ~(UINT64_C(0xffff) << 16)) | (uint64_t)(probes - 1) << 16;
+    if (at_cas_acqrel(&b->ho, &ho, want)) break;
+  }
+}
+
 /* New numeric options for a live breaker (a reload): state and counts are kept. The
  * count window keeps its ring only when its size is unchanged. */
 void fzi_reconfigure(fz_breaker *b, const fz_config *c) {
-  uint32_t old_cw = b->cfg.count_window;
+  uint32_t old_cw = b->cfg.count_window, old_probes = b->cfg.probes;
+  uint64_t old_bucket = b->bucket_ns;
   fz_breaker tmp;
   breaker_init(&tmp, c, NULL, 0);
   b->cfg = tmp.cfg;
   b->bucket_ns = tmp.bucket_ns, b->bucket_inv = tmp.bucket_inv;
+  if (tmp.bucket_ns != old_bucket) reepoch(b);
   b->open_for_ns = tmp.open_for_ns, b->max_open_ns = tmp.max_open_ns;
   b->probe_timeout_ms = tmp.probe_timeout_ms;
   at_store_rlx(&b->cur_open_ns, tmp.open_for_ns);
@@ -1477,4 +1523,5 @@ void fzi_reconfigure(fz_breaker *b, const fz_config *c) {
     while (!at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
   }
   b->flags = tmp.flags;
+  if (tmp.cfg.probes < old_probes) fewer_probes(b, tmp.cfg.probes);
 }

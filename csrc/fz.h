@@ -293,7 +293,9 @@ const char *fz_counter_name(int i);
  * fz_reset(b), fz_force_open(b), fz_disable(b): move to closed (fresh window, backoff
  *   reset), forced_open or disabled from any state; each bumps the generation, so
  *   calls in flight are ignored when they finish. Return the transition code (a
- *   reset of a closed breaker is still a transition closed -> closed).
+ *   reset of a closed breaker is still a transition closed -> closed). A registry
+ *   breaker that a removal or an eviction retired (FZ_REMOVED) is left as it is: 0
+ *   (so does fz_force_open_for).
  *
  * fz_force_open_for(b, seconds): forced_open for `seconds` (0 < seconds <=
  *   FZ_MAX_FORCE_OPEN, else FZ_EINVAL and nothing changes), then an open circuit whose

@@ -34,7 +34,7 @@ local unpack = table.unpack or unpack  -- luacheck: ignore 143
 local _M = { VERSION = "0.1.0", _backend = B.name }
 
 local STATES = { [0] = "closed", "open", "half_open", "forced_open", "disabled" }
-local OPEN, HALF_OPEN = 1, 2
+local OPEN, HALF_OPEN, REMOVED = 1, 2, 5
 local SUCCESS, FAILURE, IGNORE = 0, 1, 2
 local OPEN_TO_HALF = 64 + OPEN * 8 + HALF_OPEN
 local HALF_TO_OPEN = 64 + HALF_OPEN * 8 + OPEN
@@ -213,9 +213,13 @@ end
 -- A named breaker object whose breaker was removed or evicted finds its name again,
 -- creating it (closed, fresh) with its own options when missing. Returns the live handle
 -- and identity, or nil when the registry is full (counted in fuse_registry_full_total).
-local function refind(br)
+-- stale_id: the identity the core just answered FZ_STALE for. The object's own handle
+-- is then never taken back on its identity alone: a breaker retired by a removal keeps
+-- its identity until the remover drops it, for ever if the remover died there; only the
+-- registry's lock (taken by B.open) repairs that.
+local function refind(br, stale_id)
   local h, id = br._h, br._id
-  if B.id(h) == id then return h, id end  -- another wrap of this object re-found it
+  if id ~= stale_id and B.id(h) == id then return h, id end  -- another wrap of this object re-found it
   if fake then sync() end
   local _
   h, _, id = B.open(br.name, br.cfg)  -- other options there: that is the name's breaker now
@@ -223,6 +227,11 @@ local function refind(br)
     B.full_add()
     return nil
   end
+  -- the handles it had before, newest first: b:report of a ticket one of them issued
+  local was = br._was or {}
+  table.insert(was, 1, br._h)
+  was[5] = nil
+  br._was = was
   br._h, br._id = h, id
   for _, r in ipairs(br.rejs) do rej_handle[r] = h end
   return h, id
@@ -369,7 +378,7 @@ local function make_run(br, fallback, is_failure, listener, direct)
   -- The breaker went stale (removed or evicted): find or re-create its name and call
   -- again; with a full registry the call runs unguarded.
   local function rerun(fn, ...)
-    local nh, nid = refind(br)
+    local nh, nid = refind(br, id)
     if not nh then return fn(...) end
     h, id = nh, nid
     return run(fn, ...)
@@ -603,14 +612,26 @@ function Breaker:allow()
   if getmetatable(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
   local t = core.fz_allow_id(self._h, self._id)
-  if t == STALE then
-    local h, id = refind(self)
+  while t == STALE do  -- again when another worker removed the name right after the re-find
+    local h, id = refind(self, self._id)
     if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
     t = core.fz_allow_id(h, id)
   end
   if t < 0 then return nil, rejected(self, self.on_state_change, t) end
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
   return t
+end
+
+-- A ticket that object br's current breaker refused may be one an earlier breaker of its
+-- name issued (before a removal or eviction found the name again): reported to the
+-- handle that issued it, it counts nothing there (stale) and is not refused.
+local function earlier(br, ticket, outcome, seconds)
+  local code = E_TICKET
+  for _, h in ipairs(br._was) do
+    code = core.fz_done(h, ticket, outcome, seconds)
+    if code ~= E_TICKET then return code end
+  end
+  return code
 end
 
 function Breaker:report(ticket, ok, seconds)
@@ -624,6 +645,7 @@ function Breaker:report(ticket, ok, seconds)
   if ticket == PASS_TICKET then return end  -- allow's answer when the registry was full: counts nowhere
   if fake then sync() end
   local code = core.fz_done(self._h, ticket, outcome, seconds or -1)
+  if code == E_TICKET and self._was then code = earlier(self, ticket, outcome, seconds or -1) end
   if code == E_REPORTED or code == E_TICKET then
     local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or tostring(ticket)
     if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
@@ -639,6 +661,11 @@ function Breaker:state()
   local h = live(self)
   if not h then return "closed" end  -- a full registry: nothing guards its calls
   local code = B.state(h)
+  if code % 256 == REMOVED then  -- retired, its identity not moved yet: the name's breaker now
+    h = refind(self, self._id)
+    if not h then return "closed" end
+    code = B.state(h)
+  end
   fire(self.on_state_change, self.name, floor(code / 256))
   return STATES[code % 256]
 end
@@ -649,7 +676,12 @@ function Breaker:stats()
   local s = {}
   -- gone and the registry full: the stats of a fresh breaker, never another's
   local h = live(self) or B.new(self.cfg)
-  fire(self.on_state_change, self.name, B.stats(h, s))
+  local code = B.stats(h, s)
+  if s.state == REMOVED then  -- retired, its identity not moved yet: the name's breaker now
+    h = refind(self, self._id) or B.new(self.cfg)
+    code = B.stats(h, s)
+  end
+  fire(self.on_state_change, self.name, code)
   s.state = STATES[s.state]
   s.calls_total = s.successes_total + s.failures_total
   return s
@@ -868,12 +900,17 @@ local METRICS = {
 -- Prometheus text exposition of every breaker in the registry.
 function _M.metrics()
   if fake then sync() end
-  local rows = {}
+  local rows, at = {}, {}
   each_breaker(function(h, name, still)
     local s = {}
     B.peek(h, s)  -- makes no transition: those are made, and reported, by calls
     s.state_n, s.calls_total = s.state, s.successes_total + s.failures_total
-    if still() then rows[#rows + 1] = { label(name), s } end
+    -- a name removed and made again in a later slot during the walk (another worker)
+    -- is seen twice: one series per name, the later breaker's
+    if still() and s.state ~= REMOVED then  -- (retired, its identity not moved yet)
+      local i = at[name] or #rows + 1
+      at[name], rows[i] = i, { label(name), s }
+    end
   end)
   local out = {}
   for _, m in ipairs(METRICS) do

@@ -94,6 +94,8 @@ static void stale_handle(void) {
   ok(x && st == 1 && (idx & 1), "stale: x created with an odd identity");
   double tx = fz_enter_id(x, idx);
   ok(tx > 0, "stale: a call through x's handle is admitted");
+  double ax = fz_allow_id(x, idx);
+  ok(ax > 0, "stale: an allow through x's handle is admitted");
   is_int(fz_registry_remove("stale-x", 7), 1, "stale: x removed");
   is_int(fz_registry_remove("stale-x", 7), 0, "stale: removing it again says no");
   ok(fz_registry_find("stale-x", 7) == NULL, "stale: x is not found any more");
@@ -108,7 +110,11 @@ static void stale_handle(void) {
   ok(y == x && st == 1, "stale: y was created in x's slot");
   ok(idy != idx && (idy & 1), "stale: with another identity");
   ok(fz_enter_id(x, idx) == -(1 + FZ_STALE * 4), "stale: x's handle gets FZ_STALE, not a ticket of y");
-  fz_done(x, tx, FZ_FAILURE, -1);
+  /* the slot's later breaker takes its key over: x's tickets are stale there by their
+   * generation (0, counted nowhere), not refused as another breaker's */
+  is_int(fz_done(x, tx, FZ_FAILURE, -1), 0, "stale: x's ticket reported after y took the slot is stale, not refused");
+  is_int(fz_done(x, ax, FZ_FAILURE, -1), 0, "stale: so is x's allow ticket");
+  is_int(fz_done(x, ax, FZ_FAILURE, -1), FZ_EREPORTED, "stale: and reported twice it is refused");
   fz_stats s;
   fz_stats_read(y, &s);
   ok(s.failures_total == 0 && s.calls == 0, "stale: x's ticket taken before removal counts nothing in y");
