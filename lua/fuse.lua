@@ -323,7 +323,9 @@ end
 
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
 -- and listener. Immutable upvalues let the JIT fold the branches on options away.
-local function make_run(br, fallback, is_failure, listener, direct)
+-- (Vararg only so that it is never a trace root: it makes closures, which a trace
+-- cannot record; an entry whose traces keep aborting is blacklisted.)
+local function make_run(br, fallback, is_failure, listener, direct, ...)  -- luacheck: ignore 212
   local h, id, name, rejs = br._h, br._id, br.name, br.rejs
   local protect = direct and pcall or protected
   local rej_open = rejs and rejs[OPEN]  -- else rejected() makes them, on the first rejection
