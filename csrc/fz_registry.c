@@ -69,11 +69,6 @@ extern void (*fz_fault_hook)(const char *where);
 #define RING_BYTES ((size_t)FZ_MAX_COUNT_WINDOW * sizeof(uint32_t))
 #define NAME_WORDS ((FZ_NAME_MAX + 1) / 8)
 #define SCAN 256  /* slots an eviction looks at, at least */
-#define AHEAD 64  /* never-used slots whose pages a creation makes resident at once */
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  /* Linux 5.14 */
-#endif
 
 typedef struct meta {
   uint64_t hash;              /* concurrent: the name's hash */
@@ -130,12 +125,6 @@ static registry *reg_map(uint32_t capacity, int shared, uint64_t idle_ns) {
   int flags = MAP_ANONYMOUS | MAP_NORESERVE | (shared ? MAP_SHARED : MAP_PRIVATE);
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (p == MAP_FAILED) return NULL;
-  /* A process's own registry: meta, index, free list and breakers in huge pages where the
-   * kernel allows them (not the rings, which only count-window breakers touch). A 4 KB
-   * page costs a fault on first use, ~5-15 us each in a virtual machine: creation was
-   * mostly that. Resident memory then grows in steps of up to 2 MB per part. (A shared
-   * mapping is shmem: no huge pages there by default.) */
-  if (!shared) (void)madvise((char *)p + off_meta, off_rings - off_meta, MADV_HUGEPAGE);
   registry *r = p;
   pthread_mutexattr_t a;
   pthread_mutexattr_init(&a);
@@ -331,26 +320,10 @@ static int64_t victim(registry *r) {
   return best_unused < 0 ? -1 : (int64_t)best;
 }
 
-/* Makes the pages of bytes [from, to) of the mapping resident, in one call: a page fault
- * per page costs several times more (10-15 us each in a virtual machine). Best effort:
- * a kernel without MADV_POPULATE_WRITE leaves the pages to fault in one by one. */
-static void populate(registry *r, size_t from, size_t to) {
-  from = from / 4096 * 4096;
-  to = up(to);
-  if (to > from) (void)madvise((char *)r + from, to - from, MADV_POPULATE_WRITE);
-}
-
-/* A slot for a new breaker (under the lock): never used, freed, or evicted; -1 if none.
- * Every AHEAD never-used slots, the breaker and meta pages of the next AHEAD are made
- * resident together (at most AHEAD slots' worth, ~160 KB, resident before use). */
+/* A slot for a new breaker (under the lock): never used, freed, or evicted; -1 if none. */
 static int64_t claim(registry *r) {
   uint32_t top = at_load32_rlx(&r->top);
   if (top < r->capacity) {
-    if (top % AHEAD == 0) {
-      uint32_t end = top + AHEAD < r->capacity ? top + AHEAD : r->capacity;
-      populate(r, r->off_slots + (size_t)top * r->slot_size, r->off_slots + (size_t)end * r->slot_size);
-      populate(r, r->off_meta + (size_t)top * sizeof(meta), r->off_meta + (size_t)end * sizeof(meta));
-    }
     at_store32_rel(&r->top, top + 1);
     return top;
   }

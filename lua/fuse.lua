@@ -22,7 +22,6 @@ end
 
 local pending = require "fuse.pending"
 
-local next = next
 local error, ipairs, pairs, pcall, select, setmetatable, tostring, type = error, ipairs, pairs, pcall,
   select, setmetatable, tostring, type
 local getmetatable = getmetatable
@@ -175,13 +174,13 @@ end
 -- so it is read-only: its fields live under a private key, and assigning any field
 -- raises (__newindex runs for every key but that one).
 local REJ = {}
+local rej_handle = setmetatable({}, { __mode = "k" })
 local FIELDS = {}  -- the private key of a rejection's { name = ..., state = ... }
-local HANDLE = {}  -- the private key of its breaker's handle in that table (no weak table to grow)
 
 REJ.__index = function(r, k)
   if k == "retry_after" then
     if fake then sync() end
-    return (core.fz_retry_after(r[FIELDS][HANDLE]))
+    return (core.fz_retry_after(rej_handle[r]))
   end
   return r[FIELDS][k]
 end
@@ -192,19 +191,9 @@ end
 REJ.__tostring = function(r) return "fuse: circuit '" .. (r.name or "anonymous") .. "' is open" end
 
 local function rejection(h, name, state)
-  return setmetatable({ [FIELDS] = { name = name, state = state, [HANDLE] = h } }, REJ)
-end
-
--- A breaker object's rejections (open, half_open, forced_open), made on first need: an
--- object that never rejects (most of those fuse.new gives per request) never makes them.
-local function rejs_of(br)
-  local rejs = br.rejs
-  if not rejs then
-    local h, name = br._h, br.name
-    rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
-    br.rejs = rejs
-  end
-  return rejs
+  local r = setmetatable({ [FIELDS] = { name = name, state = state } }, REJ)
+  rej_handle[r] = h
+  return r
 end
 
 function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
@@ -216,7 +205,7 @@ local function rejected(br, listener, t)
   if made == 1 then fire(listener, br.name, OPEN_TO_HALF)
   elseif made == 2 then fire(listener, br.name, HALF_TO_OPEN)
   elseif made == 3 then fire(listener, br.name, FORCED_TO_OPEN) end
-  return rejs_of(br)[floor(r / 4)]
+  return br.rejs[floor(r / 4)]
 end
 
 ---------------------------------------------------------------------------- stale handles
@@ -244,9 +233,7 @@ local function refind(br, stale_id)
   was[5] = nil
   br._was = was
   br._h, br._id = h, id
-  if br.rejs then
-    for _, r in ipairs(br.rejs) do r[FIELDS][HANDLE] = h end
-  end
+  for _, r in ipairs(br.rejs) do rej_handle[r] = h end
   return h, id
 end
 
@@ -332,12 +319,10 @@ end
 
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
 -- and listener. Immutable upvalues let the JIT fold the branches on options away.
--- (Vararg only so that it is never a trace root: it makes closures, which a trace
--- cannot record; an entry whose traces keep aborting is blacklisted.)
-local function make_run(br, fallback, is_failure, listener, direct, ...)  -- luacheck: ignore 212
+local function make_run(br, fallback, is_failure, listener, direct)
   local h, id, name, rejs = br._h, br._id, br.name, br.rejs
   local protect = direct and pcall or protected
-  local rej_open = rejs and rejs[OPEN]  -- else rejected() makes them, on the first rejection
+  local rej_open = rejs[OPEN]
   local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
   local fb_fn = type(fallback) == "function"
@@ -444,37 +429,18 @@ end
 local Breaker = {}
 Breaker.__index = Breaker
 
--- A breaker object: its handle, identity and options. Its runs (the closures of a guarded
--- call, make_run) and its rejections are made on first need, so that an object costs one
--- table until it is used: a gateway may ask fuse.new for one per request.
---
--- PUC Lua 5.1 would finalize an anonymous breaker's handle (freeing the breaker) in the
--- cycle in which its object dies, before a finalizer that resurrects the object, its
--- wrapper or a rejection can call through it (spec/15-finalizers_spec.lua). The values
--- of a weak-keyed table are strong there, so `anchored` keeps the handle one cycle
--- longer. (Lua 5.2+: the C module finalizes handles twice; LuaJIT's cdata: not needed.)
-local anchored = not TRAMPOLINE and setmetatable({}, { __mode = "k" })
-
 local function make_breaker(h, id, name, cfg, o)
   local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, fallback = o.fallback,
     is_failure = o.is_failure, on_state_change = o.on_state_change }, Breaker)
-  if anchored and id == 0 then anchored[br] = h end
+  br.rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
+  br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change, not TRAMPOLINE)
   return br
 end
 
 -- The run of breaker br for fn: through the trampoline for a Lua function under LuaJIT,
--- else pcall'd directly (each made on first need). Vararg only so that it is never a
--- trace root: making a run makes closures, which a trace cannot record, and an entry
--- whose traces keep aborting is blacklisted, with every call through it after.
-local function run_for(br, fn, ...)  -- luacheck: ignore 212
-  if not TRAMPOLINE or not is_direct(fn) then
-    local run = br._run
-    if not run then
-      run = make_run(br, br.fallback, br.is_failure, br.on_state_change, not TRAMPOLINE)
-      br._run = run
-    end
-    return run
-  end
+-- else pcall'd directly (made on first need).
+local function run_for(br, fn)
+  if not TRAMPOLINE or not is_direct(fn) then return br._run end
   local run = br._run_direct
   if not run then
     run = make_run(br, br.fallback, br.is_failure, br.on_state_change, true)
@@ -557,40 +523,13 @@ end
 -- its breaker by name per request pays a table lookup, not a check of the options.
 local news = recent()
 
--- Whether opts holds the n keys of `was` and no other, with the same values; the name
--- aside (the caller matched it). With next, not a loop, for up to 6 keys: fuse.new's
--- lookup path has no loop, since a loop inside a function that a trace starts at aborts
--- the trace ("inner loop in root trace") and an entry whose traces keep aborting is
--- blacklisted, fuse.new with it.
-local function same_loop(opts, was, n)
+local function same_opts(e, opts)
+  local n, was = 0, e.opts
   for k, v in pairs(opts) do
-    if k ~= "name" and was[k] ~= v then return false end
-    n = n - 1
+    if was[k] ~= v then return false end
+    n = n + 1
   end
-  return n == 0
-end
-
-local function same_as(opts, was, n)
-  if n > 6 then return same_loop(opts, was, n) end
-  local k, v = next(opts)
-  if n == 0 or k == nil then return k == nil and n == 0 end
-  if k ~= "name" and was[k] ~= v then return false end
-  k, v = next(opts, k)
-  if n == 1 or k == nil then return k == nil and n == 1 end
-  if k ~= "name" and was[k] ~= v then return false end
-  k, v = next(opts, k)
-  if n == 2 or k == nil then return k == nil and n == 2 end
-  if k ~= "name" and was[k] ~= v then return false end
-  k, v = next(opts, k)
-  if n == 3 or k == nil then return k == nil and n == 3 end
-  if k ~= "name" and was[k] ~= v then return false end
-  k, v = next(opts, k)
-  if n == 4 or k == nil then return k == nil and n == 4 end
-  if k ~= "name" and was[k] ~= v then return false end
-  k, v = next(opts, k)
-  if n == 5 or k == nil then return k == nil and n == 5 end
-  if k ~= "name" and was[k] ~= v then return false end
-  return next(opts, k) == nil
+  return n == e.n
 end
 
 -- The options last checked for a named breaker (a copy), and the check's result: a
@@ -599,10 +538,16 @@ end
 local memo_opts, memo_n, memo_o
 
 local function checked(opts, name)
-  if memo_o and type(name) == "string" and #name >= 1 and #name <= 127 and not name:find("\0", 1, true)
-      and same_as(opts, memo_opts, memo_n) then
-    return { name = name, fallback = memo_o.fallback, is_failure = memo_o.is_failure,
-      on_state_change = memo_o.on_state_change, cfg = memo_o.cfg }
+  if memo_o and type(name) == "string" and #name >= 1 and #name <= 127 and not name:find("\0", 1, true) then
+    local n = 0
+    for k, v in pairs(opts) do
+      if k ~= "name" and memo_opts[k] ~= v then n = -1; break end
+      n = n + 1
+    end
+    if n == memo_n then
+      return { name = name, fallback = memo_o.fallback, is_failure = memo_o.is_failure,
+        on_state_change = memo_o.on_state_change, cfg = memo_o.cfg }
+    end
   end
   local o = options.check(opts, 4)
   if o.name then
@@ -612,19 +557,18 @@ local function checked(opts, name)
   return o
 end
 
--- A named object remembers the options it was asked with (the memo's copy: the name
--- aside, they are the same) for the next fuse.new of its name.
 function _M.new(opts)
   local name = type(opts) == "table" and opts.name
   if type(name) == "string" then
-    local br = news.get(name)
-    if br and same_as(opts, br._opts, br._n) and B.id(br._h) == br._id then return br end
+    local e = news.get(name)
+    if e and same_opts(e, opts) and B.id(e.br._h) == e.br._id then return e.br end
   end
   local o = checked(opts, name)
   local br = create(o, 2)  -- not a tail call: create's errors name the caller's line
   if o.name then
-    br._opts, br._n = memo_opts, memo_n
-    news.put(o.name, br)
+    local copy, n = {}, 0
+    for k, v in pairs(opts) do copy[k], n = v, n + 1 end
+    news.put(o.name, { br = br, opts = copy, n = n })
   end
   return br
 end
@@ -634,7 +578,6 @@ function _M.wrap(fn, opts)
   check_callable(fn, "fuse.wrap", 2)
   local o = options.check(opts, 3)
   local br = create(o, 2)
-  rejs_of(br)  -- a guarded function's run holds its open rejection
   local run = run_for(br, fn)
   return function(...) return run(fn, ...) end, br
 end
@@ -657,7 +600,6 @@ end
 function Breaker:wrap(fn, fallback)
   if getmetatable(self) ~= Breaker then not_a_breaker("wrap", self) end
   check_callable(fn, "wrap", 2)
-  rejs_of(self)  -- a guarded function's run holds its open rejection
   local run = run_for(self, fn)
   if fallback ~= nil then
     run = make_run(self, fallback, self.is_failure, self.on_state_change, not TRAMPOLINE or is_direct(fn))

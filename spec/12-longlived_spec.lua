@@ -167,22 +167,6 @@ describe("fuse #ffi", function()
     assert_hot_loop_compiles()
   end)
 
-  -- A gateway asks for its breaker by name on every request, over more names than
-  -- fuse.new's cache of recent objects holds: each request makes an object and its run.
-  it("no function of fuse is blacklisted by fuse.new of 3,000 names in turn, each object called", function()
-    local names = {}  -- (the registry a process gets without fuse.init holds 4,096)
-    for i = 1, 3000 do names[i] = "s12-gw-" .. i end
-    local caller = assert(load("local fuse, names, add = ... return function(i) "
-      .. "return fuse.new{ name = names[i % #names + 1], fails = 5 }:call(add, i) end",
-      "=interpreted<gateway>"))(fuse, names, add)
-    jit.off(caller)
-    local aborts = jit_support.fuse_aborts(function()
-      for i = 1, 200000 do caller(i) end
-    end)
-    assert_none_blacklisted(jit_support.fuse_roots({ fuse.new{ name = names[1], fails = 5 } }), aborts)
-    for _, name in ipairs(names) do fuse.remove(name) end
-  end)
-
   it("no function of fuse is blacklisted after 2,000 distinct call sites", function()
     local p, keep = paths(clock)
     local aborts = jit_support.fuse_aborts(function()

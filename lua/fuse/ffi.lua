@@ -37,25 +37,18 @@ local idbuf = ffi.new("uint32_t[1]")
 local cfg_buf = ffi.new("fz_config")
 local stats_buf = ffi.new("fz_stats")
 
--- Written out, not a loop over the field names: fuse.new and fuse.get call these on their
--- lookup path, and a loop inside a function that a trace starts at aborts that trace
--- ("inner loop in root trace"); an entry whose traces keep aborting is blacklisted.
+local CFG_FIELDS = { "window", "open_for", "max_open_for", "slow", "probe_timeout", "failure_rate",
+  "slow_rate", "backoff", "jitter", "fails", "count_window", "min_calls", "probes" }
+
 local function to_config(cfg)
-  local c = cfg_buf
-  c.window, c.open_for, c.max_open_for, c.slow = cfg.window, cfg.open_for, cfg.max_open_for, cfg.slow
-  c.probe_timeout, c.failure_rate, c.slow_rate = cfg.probe_timeout, cfg.failure_rate, cfg.slow_rate
-  c.backoff, c.jitter, c.fails, c.count_window = cfg.backoff, cfg.jitter, cfg.fails, cfg.count_window
-  c.min_calls, c.probes = cfg.min_calls, cfg.probes
-  return c
+  for _, k in ipairs(CFG_FIELDS) do cfg_buf[k] = cfg[k] end
+  return cfg_buf
 end
 
 local function from_config(c)
-  return { window = tonumber(c.window), open_for = tonumber(c.open_for),
-    max_open_for = tonumber(c.max_open_for), slow = tonumber(c.slow),
-    probe_timeout = tonumber(c.probe_timeout), failure_rate = tonumber(c.failure_rate),
-    slow_rate = tonumber(c.slow_rate), backoff = tonumber(c.backoff), jitter = tonumber(c.jitter),
-    fails = tonumber(c.fails), count_window = tonumber(c.count_window),
-    min_calls = tonumber(c.min_calls), probes = tonumber(c.probes) }
+  local cfg = {}
+  for _, k in ipairs(CFG_FIELDS) do cfg[k] = tonumber(c[k]) end
+  return cfg
 end
 
 function _M.strerror(code) return ffi.string(C.fz_strerror(code)) end
