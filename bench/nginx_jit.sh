@@ -40,7 +40,7 @@ cp "$ROOT/build/fuse/core.so" "$T/build/fuse/core.so"
 
 PORT=
 for _ in $(seq 100); do
-  p=$((20000 + RANDOM % 40000))
+  p=$((10000 + RANDOM % 20000))
   (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { PORT=$p; break; }
 done
 [ -n "$PORT" ] || { echo "no free port" >&2; exit 1; }

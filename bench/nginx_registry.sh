@@ -29,7 +29,7 @@ mkdir -p "$T/p/logs" "$T/p/temp" "$T/build/fuse"
 cp -R "$ROOT/lua" "$T/lua"
 cp "$ROOT/build/fuse/core.so" "$T/build/fuse/"
 chmod -R a+rX "$T"
-PORT=$((20000 + RANDOM % 40000))
+PORT=$((10000 + RANDOM % 20000))
 
 cat > "$T/p/nginx.conf" <<EOF
 load_module /usr/lib/nginx/modules/ndk_http_module.so;

@@ -52,7 +52,7 @@ cp "$ROOT/build/fuse/core.so" "$T/build/fuse/"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 for _ in $(seq 100); do
-  BASE=$((20000 + RANDOM % 40000)); ok=1
+  BASE=$((10000 + RANDOM % 20000)); ok=1
   for i in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do port_free $((BASE + i)) || { ok=0; break; }; done
   [ $ok = 1 ] && break
 done

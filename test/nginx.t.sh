@@ -91,7 +91,7 @@ port_free() { # no socket bound to port $1 (any address, any state), nothing ans
 pick_port() {
   local p
   for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 40000))
+    p=$((10000 + RANDOM % 20000))
     port_free "$p" && port_free "$((p + 1))" && port_free "$((p + 2))" && { echo "$p"; return 0; }
   done
   return 1

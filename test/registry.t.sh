@@ -64,7 +64,7 @@ chmod -R a+rX "$T"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 PORT=
 for _ in $(seq 100); do
-  p=$((20000 + RANDOM % 40000)); port_free "$p" && { PORT=$p; break; }
+  p=$((10000 + RANDOM % 20000)); port_free "$p" && { PORT=$p; break; }
 done
 [ -n "$PORT" ] || bail "no free port"
 

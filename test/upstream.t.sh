@@ -83,7 +83,7 @@ start() { # start NAME PREFIX CONF [GLOBALS]: 0, or 1 with the reason in START_E
 started=0
 for attempt in 1 2 3; do
   for _ in $(seq 100); do
-    BASE=$((20000 + RANDOM % 40000)); free=1
+    BASE=$((10000 + RANDOM % 20000)); free=1
     for i in 0 1 2 3 4 5 6 7 8 9; do port_free $((BASE + i)) || { free=0; break; }; done
     [ $free = 1 ] && break
   done
@@ -107,7 +107,13 @@ for attempt in 1 2 3; do
     fi
   fi
   for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
-  case $START_ERR in *"Address already in use"*) diag "ports taken meanwhile, retrying" ;; *) break ;; esac
+  case $START_ERR in
+    *"Address already in use"*)  # the failed start's [emerg] lines are not this run's errors
+      diag "ports taken meanwhile, retrying"
+      : > "$F/logs/error.log" 2>/dev/null; : > "$P/logs-pools/error.log" 2>/dev/null
+      : > "$P/logs-peers/error.log" 2>/dev/null ;;
+    *) break ;;
+  esac
 done
 [ $started = 1 ] || bail "nginx did not start: $START_ERR"
 for _ in $(seq 50); do

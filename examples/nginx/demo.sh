@@ -46,7 +46,7 @@ port_free() {
 started=0
 for _ in 1 2 3 4 5; do
   for _ in $(seq 100); do
-    PORT=$((20000 + RANDOM % 40000)); UP=$((PORT + 1))
+    PORT=$((10000 + RANDOM % 20000)); UP=$((PORT + 1))
     port_free "$PORT" && port_free "$UP" && port_free "$((PORT + 2))" && break
   done
   sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
