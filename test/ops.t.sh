@@ -15,7 +15,9 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
 PROMETHEUS=${PROMETHEUS:-prometheus}
 LUAJIT=${LUAJIT:-luajit}
 SO_SRC=$ROOT/build/fuse/core.so
@@ -34,7 +36,7 @@ missing() {
 echo "TAP version 13"
 PATH=$PATH:/usr/sbin:/sbin
 command -v "$NGINX" >/dev/null || missing "nginx is not installed"
-[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] || missing "the nginx Lua module is not installed"
+nginx_has_lua || missing "the nginx Lua module is not installed"
 command -v curl >/dev/null || missing "curl is not installed"
 command -v "$PROMETHEUS" >/dev/null || missing "prometheus is not installed"
 "$LUAJIT" -e 'require "cjson"' 2>/dev/null || missing "luajit with lua-cjson is not installed"
@@ -44,32 +46,11 @@ command -v "$PROMETHEUS" >/dev/null || missing "prometheus is not installed"
 T=$(mktemp -d /tmp/fuse-ops-test.XXXXXX) || bail "mktemp failed"
 P=$T/examples/nginx
 MASTER= PROM=
-alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-stop_pid() { # stop_pid PID SIGNAL: signal, wait up to 5 s, then KILL
-  local pid=$1
-  [ -n "$pid" ] && alive "$pid" || return 0
-  kill "-$2" "$pid" 2>/dev/null
-  for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null
-}
-cleanup() {
-  stop_pid "${PROM:-}" TERM
-  local pid=${MASTER:-}
-  [ -z "$pid" ] && [ -r "$P/logs/nginx.pid" ] && pid=$(cat "$P/logs/nginx.pid")
-  stop_pid "$pid" QUIT
-  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
-  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'echo "Bail out! interrupted (a signal, or the 180 s watchdog)"; exit 1' INT TERM HUP
-( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep 180 & sp=$!; wait "$sp" && kill -TERM $$
-) </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
+trap 'stop_pid "$PROM" TERM; cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT
+watchdog 180
 
-mkdir -p "$P/logs" "$P/temp" "$T/build/fuse" "$T/prom"
-cp -R "$ROOT/lua" "$T/lua"
-cp "$SO_SRC" "$T/build/fuse/core.so"
+mkdir -p "$P/logs" "$P/temp" "$T/prom"
+copy_fuse "$T" "$ROOT/lua" "$SO_SRC"
 cp "$ROOT/examples/nginx/app.lua" "$P/app.lua"
 chmod -R a+rX "$T"
 
@@ -87,30 +68,18 @@ splice() { # splice NAME FILE < conf > conf
     !skip' 
 }
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-pick_port() { # a base port p with p .. p+3 free
-  local p
-  for _ in $(seq 100); do
-    p=$((10000 + RANDOM % 20000))
-    port_free "$p" && port_free "$((p + 1))" && port_free "$((p + 2))" && port_free "$((p + 3))" &&
-      { echo "$p"; return 0; }
-  done
-  return 1
+start_once() { # ports PORT .. PORT + 3: front, fake upstream, admin, Prometheus
+  UP=$((PORT + 1)) ADMIN=$((PORT + 2)) PPORT=$((PORT + 3))
+  splice admin "$T/admin.block" < "$ROOT/examples/nginx/nginx.conf" | splice watch "$T/watch.block" |
+    sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
+        -e "s/127\.0\.0\.1:9145/127.0.0.1:$ADMIN/g" > "$P/nginx.conf"
+  chmod a+r "$P/nginx.conf"
+  : > "$P/logs/error.log"
+  nginx_start "$P" nginx.conf
 }
-
 start_nginx() {
-  for _ in 1 2 3; do
-    PORT=$(pick_port) || bail "no free port"
-    UP=$((PORT + 1)) ADMIN=$((PORT + 2)) PPORT=$((PORT + 3))
-    splice admin "$T/admin.block" < "$ROOT/examples/nginx/nginx.conf" | splice watch "$T/watch.block" |
-      sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
-          -e "s/127\.0\.0\.1:9145/127.0.0.1:$ADMIN/g" > "$P/nginx.conf"
-    chmod a+r "$P/nginx.conf"
-    : > "$P/logs/error.log"
-    if "$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1; then return 0; fi
-    grep -q "Address already in use" "$T/start.out" "$P/logs/error.log" || break
-  done
-  diag "nginx did not start:" "$(cat "$T/start.out")" "$(tail -n 20 "$P/logs/error.log")"
+  start_on_free_ports 4 start_once "$P/logs/error.log" && return 0
+  diag "nginx did not start:" "$NGINX_START_ERR" "$(tail -n 20 "$P/logs/error.log")"
   return 1
 }
 
