@@ -8,7 +8,8 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 # alive, stop_master, pick_ports...: shared with the tests that start nginx
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
-NGINX=$(nginx_bin)   # on PATH, or in /usr/sbin (not on Debian's PATH for users other than root)
+# nginx: on PATH, or in /usr/sbin (not on Debian's PATH for users other than root)
+NGINX=$(nginx_bin)
 SO=$ROOT/build/fuse/core.so
 
 die() { echo "demo-nginx: $*" >&2; exit 1; }
