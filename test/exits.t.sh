@@ -17,19 +17,8 @@ NGINX=$(nginx_bin)
 LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}
 SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
-  local d=$1; shift
-  if "$@"; then ok "$d"; else nok "$d"; fi
-}
-bail() { echo "Bail out! $*"; exit 1; }
-skip_all() { # a suite that cannot run: a skip, but a failure under CI
-  if [ "${CI:-}" = true ]; then bail "$1 (CI=true: a suite may not skip)"; fi
-  echo "1..0 # SKIP $1"; exit 0
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 command -v "$NGINX" >/dev/null || skip_all "nginx not installed"

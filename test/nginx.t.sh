@@ -24,20 +24,8 @@ NGINX=$(nginx_bin)
 LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}              # override to try another tree
 SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
-  local d=$1; shift
-  if "$@"; then ok "$d"; else nok "$d"; fi
-}
-bail() { echo "Bail out! $*"; exit 1; }
-# skip_all WHY: the suite cannot run here; under CI (CI=true) that is a failure.
-skip_all() {
-  if [ "${CI:-}" = true ]; then echo "1..1"; echo "not ok 1 - cannot run under CI: $1"; exit 1; fi
-  echo "1..0 # SKIP $1"; exit 0
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 command -v "$NGINX" >/dev/null || skip_all "nginx not installed"

@@ -22,24 +22,16 @@ PROMETHEUS=${PROMETHEUS:-prometheus}
 LUAJIT=${LUAJIT:-luajit}
 SO_SRC=$ROOT/build/fuse/core.so
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else nok "$d"; fi; }
-bail() { echo "Bail out! $*"; exit 1; }
-missing() {
-  if [ "${CI:-}" = true ]; then echo "1..1"; echo "not ok 1 - $* (CI)"; exit 1; fi
-  echo "1..0 # SKIP $*"; exit 0
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 PATH=$PATH:/usr/sbin:/sbin
-command -v "$NGINX" >/dev/null || missing "nginx is not installed"
-nginx_has_lua || missing "the nginx Lua module is not installed"
-command -v curl >/dev/null || missing "curl is not installed"
-command -v "$PROMETHEUS" >/dev/null || missing "prometheus is not installed"
-"$LUAJIT" -e 'require "cjson"' 2>/dev/null || missing "luajit with lua-cjson is not installed"
+command -v "$NGINX" >/dev/null || skip_all "nginx is not installed"
+nginx_has_lua || skip_all "the nginx Lua module is not installed"
+command -v curl >/dev/null || skip_all "curl is not installed"
+command -v "$PROMETHEUS" >/dev/null || skip_all "prometheus is not installed"
+"$LUAJIT" -e 'require "cjson"' 2>/dev/null || skip_all "luajit with lua-cjson is not installed"
 [ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
 
 # ---------------------------------------------------------------- setup

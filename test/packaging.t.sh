@@ -6,11 +6,8 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else nok "$d"; fi; }
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 T=$(mktemp -d /tmp/fuse-packaging-test.XXXXXX) || { echo "Bail out! mktemp failed"; exit 1; }

@@ -30,19 +30,8 @@ BUSTED=${BUSTED:-busted}
 . "$ROOT/test/lib/nginx.sh"
 NGINX=$(nginx_bin)
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
-  local d=$1; shift
-  if "$@"; then ok "$d"; else nok "$d"; fi
-}
-# skip DESCRIPTION WHY: a test that cannot run here; under CI that is a failure.
-skip() {
-  if [ "${CI:-}" = true ]; then nok "$1 (cannot run under CI: $2)"
-  else ok "$1 # SKIP $2"; fi
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 block() { "$ROOT/tools/readme-block" "$1" "$README"; }
 
 echo "TAP version 13"

@@ -20,16 +20,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$ROOT/test/lib/nginx.sh"
 NGINX=$(nginx_bin)
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else nok "$d"; fi; }
-bail() { echo "Bail out! $*"; exit 1; }
-skip_all() {
-  if [ "${CI:-}" = true ]; then bail "$* (CI=true: a suite that cannot run fails)"; fi
-  echo "1..0 # SKIP $*"; exit 0
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 [ -x "$NGINX" ] || skip_all "nginx not installed"
