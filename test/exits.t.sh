@@ -41,6 +41,7 @@ copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 # the second overrides it with a log phase of its own that forgets fuse.log(), as a
 # location with its own log_by_lua* does.
 write_conf() {
+  PORT2=$((PORT + 1))
   cat > "$P/nginx.conf" <<EOF
 $(nginx_load_modules)
 worker_processes 4;
@@ -111,16 +112,8 @@ EOF
   chmod -R a+rX "$T"
 }
 
-start_once() {
-  PORT2=$((PORT + 1))
-  write_conf
-  : > "$P/logs/error.log"
-  nginx_start "$P" nginx.conf
-}
 start_nginx() {
-  start_on_free_ports 2 start_once "$P/logs/error.log" && return 0
-  diag "nginx did not start:" "$NGINX_START_ERR" "$(tail -n 20 "$P/logs/error.log")"
-  return 1
+  start_rendered 2 write_conf "$P" || { diag "nginx did not start:" "$NGINX_START_ERR"; return 1; }
 }
 
 get() { curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1$2"; }

@@ -51,9 +51,10 @@ copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 cp "$ROOT/examples/nginx/app.lua" "$P/app.lua"
 chmod -R a+rX "$T"        # workers run as nobody: they read lua/, build/ and app.lua
 
-# The example's config on ports PORT and UP, with the test clock installed in
-# init_by_lua (before the fork, so every worker inherits it).
+# The example's config on ports PORT (front), UP and PORT + 2, with the test clock
+# installed in init_by_lua (before the fork, so every worker inherits it).
 render_conf() {
+  UP=$((PORT + 1))
   sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
     -e "s/127\.0\.0\.1:18082/127.0.0.1:$((PORT + 2))/g" \
     -e 's/^\([[:space:]]*\)require("app").setup()/\1fuse.clock(require("app").test_clock)\n&/' \
@@ -63,17 +64,9 @@ render_conf() {
     bail "cannot install the test clock: no require(\"app\").setup() line in nginx.conf"
 }
 
-start_once() { # the config on PORT (front), UP and PORT + 2; nginx started
-  UP=$((PORT + 1))
-  render_conf
-  : > "$P/logs/error.log"
-  nginx_start "$P" nginx.conf
-}
 # Starts nginx on free ports; retries on other ports when a bind fails.
 start_nginx() {
-  start_on_free_ports 3 start_once "$P/logs/error.log" && return 0
-  diag "nginx did not start:" "$NGINX_START_ERR" "$(tail -n 20 "$P/logs/error.log")"
-  return 1
+  start_rendered 3 render_conf "$P" || { diag "nginx did not start:" "$NGINX_START_ERR"; return 1; }
 }
 
 # hget PORT PATH BODYFILE: one GET on a fresh connection, the body into BODYFILE;

@@ -60,19 +60,15 @@ splice() { # splice NAME FILE < conf > conf
     !skip' 
 }
 
-start_once() { # ports PORT .. PORT + 3: front, fake upstream, admin, Prometheus
+render_conf() { # ports PORT .. PORT + 3: front, fake upstream, admin, Prometheus
   UP=$((PORT + 1)) ADMIN=$((PORT + 2)) PPORT=$((PORT + 3))
   splice admin "$T/admin.block" < "$ROOT/examples/nginx/nginx.conf" | splice watch "$T/watch.block" |
     sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
         -e "s/127\.0\.0\.1:9145/127.0.0.1:$ADMIN/g" > "$P/nginx.conf"
   chmod a+r "$P/nginx.conf"
-  : > "$P/logs/error.log"
-  nginx_start "$P" nginx.conf
 }
 start_nginx() {
-  start_on_free_ports 4 start_once "$P/logs/error.log" && return 0
-  diag "nginx did not start:" "$NGINX_START_ERR" "$(tail -n 20 "$P/logs/error.log")"
-  return 1
+  start_rendered 4 render_conf "$P" || { diag "nginx did not start:" "$NGINX_START_ERR"; return 1; }
 }
 
 # req PORT PATH [curl args...] -> CODE, WPID, RA (Retry-After), BODY

@@ -103,9 +103,8 @@ get() { curl -s -m 10 "http://127.0.0.1:$PORT$1"; }
 worker_pids() { workers | sort; }
 rss_kb() { local s=0 r; for p in $(worker_pids); do r=$(awk '/^VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null); s=$((s + ${r:-0})); done; echo "$s"; }
 
-start_once() { conf 1000 2; : > "$P/logs/error.log"; nginx_start "$P" nginx.conf; }
-start_on_free_ports 1 start_once "$P/logs/error.log" ||
-  bail "nginx did not start: $NGINX_START_ERR $(tail -n 5 "$P/logs/error.log")"
+first_conf() { conf 1000 2; }
+start_rendered 1 first_conf "$P" || bail "nginx did not start: $NGINX_START_ERR"
 for _ in $(seq 50); do [ -r "$P/logs/nginx.pid" ] && break; sleep 0.1; done
 MASTER=$(cat "$P/logs/nginx.pid")
 for _ in $(seq 50); do [ "$(get /info | wc -w)" = 3 ] && break; sleep 0.1; done

@@ -32,15 +32,13 @@ chmod -R a+rX "$T"
 
 # Free ports (nothing bound, nothing answering) PORT, UP and PORT + 2 (admin); nginx is
 # started again on other ports when a bind fails anyway.
-start_once() {
+render_conf() {
   UP=$((PORT + 1))
   sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
     -e "s/127\.0\.0\.1:18082/127.0.0.1:$((PORT + 2))/g" "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
   chmod a+r "$P/nginx.conf"
-  nginx_start "$P" nginx.conf
 }
-start_on_free_ports 3 start_once "$P/logs/error.log" ||
-  die "nginx did not start: $NGINX_START_ERR $(tail -n 5 "$P/logs/error.log")"
+start_rendered 3 render_conf "$P" || die "nginx did not start: $NGINX_START_ERR"
 MASTER=$(cat "$P/logs/nginx.pid")
 for _ in $(seq 300); do   # up to 30 s on a busy machine
   curl -s -m 1 -o /dev/null "http://127.0.0.1:$PORT/state" && break

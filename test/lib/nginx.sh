@@ -27,6 +27,11 @@
 #                          PORT=$(pick_ports N) then FN, which writes the config(s) and
 #                          starts nginx (nginx_start); up to 5 times while a start fails
 #                          because a port was taken between the check and the bind
+#   start_rendered N RENDER PREFIX
+#                          start_on_free_ports N, where a try is: RENDER (writes
+#                          PREFIX/nginx.conf for ports PORT .. PORT+N-1), PREFIX/logs/
+#                          error.log emptied, nginx -p PREFIX -c nginx.conf; on failure
+#                          NGINX_START_ERR ends with the error log's last lines
 #   wait_for SECONDS CMD...  polls CMD every 0.1 s until it succeeds (0) or SECONDS pass (1)
 #   workers [MASTER]       the master's children ($MASTER by default)
 
@@ -129,6 +134,17 @@ start_on_free_ports() {
     echo "# ports $PORT-$((PORT + n - 1)) were taken meanwhile: trying others"
   done
   return 1
+}
+
+start_rendered() {
+  START_RENDER=$2 START_PREFIX=$3
+  start_on_free_ports "$1" start_rendered_once "$3/logs/error.log" && return 0
+  NGINX_START_ERR="$NGINX_START_ERR
+$(tail -n 20 "$3/logs/error.log" 2>/dev/null)"
+  return 1
+}
+start_rendered_once() {
+  "$START_RENDER" && : > "$START_PREFIX/logs/error.log" && nginx_start "$START_PREFIX" nginx.conf
 }
 
 wait_for() {
