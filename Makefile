@@ -179,6 +179,9 @@ build/interleave build/asan/interleave build/tsan/interleave: test/interleave.c 
 	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/interleave.c $(FAULT_SRCS) \
 	  $(LDFLAGS) $(LDLIBS)
 
+# the C tests' shared headers (the builds above without $(DEPFLAGS) do not find them)
+build/faults build/interleave build/asan/interleave build/tsan/interleave: test/harness.h test/pause.h
+
 # lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.
 build/lstates: test/lstates.c test/tap.h
 	@mkdir -p $(@D)

@@ -15,47 +15,31 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
-command -v "$NGINX" >/dev/null || NGINX=/usr/sbin/nginx
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
 SECONDS_OF_TRAFFIC=${1:-${SECONDS_OF_TRAFFIC:-10}}
-[ -x "$NGINX" ] || command -v "$NGINX" >/dev/null || { echo "nginx not installed" >&2; exit 1; }
+command -v "$NGINX" >/dev/null || { echo "nginx not installed" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "wrk not installed" >&2; exit 1; }
 [ -r "$ROOT/build/fuse/core.so" ] || { echo "build/fuse/core.so missing: run make" >&2; exit 1; }
 
 T=$(mktemp -d /tmp/fuse-nginx-jit.XXXXXX)
 P=$T/prefix
-cleanup() {
-  if [ -r "$P/logs/nginx.pid" ]; then
-    pid=$(cat "$P/logs/nginx.pid")
-    kill -QUIT "$pid" 2>/dev/null
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-  fi
-  rm -rf "$T"
-}
-trap cleanup EXIT
-mkdir -p "$P/logs" "$T/build/fuse"
-cp -R "$ROOT/lua" "$T/lua"
-cp "$ROOT/build/fuse/core.so" "$T/build/fuse/core.so"
+trap 'cleanup_nginx "$(cat "$P/logs/nginx.pid" 2>/dev/null)"' EXIT
+mkdir -p "$P/logs"
+copy_fuse "$T"
 
-PORT=
-for _ in $(seq 100); do
-  p=$((10000 + RANDOM % 20000))
-  (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { PORT=$p; break; }
-done
-[ -n "$PORT" ] || { echo "no free port" >&2; exit 1; }
+PORT=$(pick_ports 1) || { echo "no free port" >&2; exit 1; }
 
 cat > "$P/nginx.conf" <<EOF
-load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+$(nginx_load_modules)
 worker_processes 2;
 pid logs/nginx.pid;
 error_log logs/error.log warn;
 events { worker_connections 1024; }
 http {
     access_log off;
-    lua_package_path "$T/lua/?.lua;;";
-    lua_package_cpath "$T/build/?.so;;";
+$(nginx_lua_paths "$T")
     init_by_lua_block {
         local fuse = require "fuse"
         local ffi = require "ffi"

@@ -11,29 +11,22 @@
 set -eu
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
-command -v "$NGINX" >/dev/null || NGINX=/usr/sbin/nginx
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin) || { echo "bench-nginx-registry: nginx is not installed" >&2; exit 1; }
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-4}
 command -v wrk >/dev/null || { echo "bench-nginx-registry: wrk is not installed" >&2; exit 1; }
 [ -r "$ROOT/build/fuse/core.so" ] || { echo "run make first" >&2; exit 1; }
 
 T=$(mktemp -d /tmp/fuse-bench-registry.XXXXXX)
 MASTER=
-cleanup() {
-  [ -n "$MASTER" ] && kill -QUIT "$MASTER" 2>/dev/null && sleep 0.5
-  [ -n "$MASTER" ] && kill -KILL "$MASTER" 2>/dev/null
-  rm -rf "$T"
-}
-trap cleanup EXIT
-mkdir -p "$T/p/logs" "$T/p/temp" "$T/build/fuse"
-cp -R "$ROOT/lua" "$T/lua"
-cp "$ROOT/build/fuse/core.so" "$T/build/fuse/"
-chmod -R a+rX "$T"
-PORT=$((10000 + RANDOM % 20000))
+trap 'cleanup_nginx "$MASTER"' EXIT
+mkdir -p "$T/p/logs" "$T/p/temp"
+copy_fuse "$T"
+PORT=$(pick_ports 1)
 
 cat > "$T/p/nginx.conf" <<EOF
-load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+$(nginx_load_modules)
 worker_processes 2;
 pid logs/nginx.pid;
 error_log logs/error.log warn;
@@ -45,8 +38,7 @@ http {
     fastcgi_temp_path temp/fastcgi;
     uwsgi_temp_path temp/uwsgi;
     scgi_temp_path temp/scgi;
-    lua_package_path "$T/lua/?.lua;;";
-    lua_package_cpath "$T/build/?.so;;";
+$(nginx_lua_paths "$T")
     init_by_lua_block {
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 65536 }

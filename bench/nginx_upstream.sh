@@ -20,7 +20,9 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
 ROUNDS=${ROUNDS:-7}
 # FAILURES=0 skips part 1
 die() { echo "bench-nginx: $*" >&2; exit 1; }
@@ -32,30 +34,13 @@ command -v curl >/dev/null || die "curl is not installed"
 T=$(mktemp -d /tmp/fuse-bench-nginx.XXXXXX) || die "mktemp failed"
 P=$T/examples/nginx
 PIDS=()
-alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-stop() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    alive "$pid" || continue
-    kill -QUIT "$pid"
-    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
-    alive "$pid" && kill -KILL "$pid"
-  done
-  rm -rf "$T"
-}
-trap stop EXIT
+trap 'cleanup_nginx "${PIDS[@]}"' EXIT
 trap 'exit 1' INT TERM HUP
 
-mkdir -p "$P/logs-peers" "$P/logs-front" "$P/temp" "$T/build/fuse"
-cp -R "$ROOT/lua" "$T/lua"
-cp "$ROOT/build/fuse/core.so" "$T/build/fuse/"
+mkdir -p "$P/logs-peers" "$P/logs-front" "$P/temp"
+copy_fuse "$T"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for _ in $(seq 100); do
-  BASE=$((10000 + RANDOM % 20000)); ok=1
-  for i in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do port_free $((BASE + i)) || { ok=0; break; }; done
-  [ $ok = 1 ] && break
-done
+BASE=$(pick_ports 15) || die "no 15 free ports in a row"
 FUSE=$BASE NGX=$((BASE + 1)) CTL=$((BASE + 2)) A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5))
 RR=$((BASE + 7)) FS=$((BASE + 8)) RS=$((BASE + 9)) S1=$((BASE + 10)) S2=$((BASE + 11)) S3=$((BASE + 12)) LS=$((BASE + 13)) FB=$((BASE + 14))
 sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" \
@@ -64,8 +49,7 @@ sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.
   "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
 
 cat > "$P/front.conf" <<EOF
-load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+$(nginx_load_modules)
 worker_processes 2;
 pid logs-front/nginx.pid;
 error_log logs-front/error.log crit;

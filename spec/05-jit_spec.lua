@@ -16,13 +16,7 @@ local function failing() return nil, "boom" end
 
 -- Only the ffi backend (LuaJIT) has a JIT: the run of another backend lists these specs
 -- as pending instead of leaving them out.
-local BACKEND = support.BACKEND
-if BACKEND ~= "ffi" then
-  describe("fuse #" .. BACKEND, function()
-    pending("the JIT specs need LuaJIT (the ffi backend); this run is on " .. BACKEND)
-  end)
-  return
-end
+if support.ffi_only("the JIT specs") then return end
 
 describe("fuse #ffi", function()
   support.fake_clock(1000)

@@ -255,18 +255,7 @@ describe("fuse #" .. BACKEND, function()
       end
     end
 
-    local function run_promtool(text)
-      local path = os.tmpname()
-      local fh = assert(io.open(path, "wb"))
-      fh:write(text)
-      fh:close()
-      local p = assert(io.popen("promtool check metrics < '" .. path .. "' 2>&1; echo \"rc=$?\""))
-      local out = p:read("*a")
-      p:close()
-      os.remove(path)
-      local rc = tonumber(out:match("rc=(%d+)%s*$"))
-      return rc, (out:gsub("rc=%d+%s*$", ""))
-    end
+    local run_promtool = support.promtool   -- status, output of `promtool check metrics`
 
     local WEIRD = 'a"b\\c' .. "\n" .. "d"
 

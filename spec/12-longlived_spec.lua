@@ -8,13 +8,7 @@
 local fuse = require "fuse"
 local support = require "spec.support"
 
-local BACKEND = support.BACKEND
-if BACKEND ~= "ffi" then
-  describe("fuse #" .. BACKEND, function()
-    pending("the JIT specs need LuaJIT (the ffi backend); this run is on " .. BACKEND)
-  end)
-  return
-end
+if support.ffi_only("the JIT specs") then return end
 
 local jit_support = require "spec.jit_support"
 

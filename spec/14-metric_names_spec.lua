@@ -8,22 +8,7 @@ local BACKEND = support.BACKEND
 
 local char = string.char
 
--- `promtool check metrics` on text: exit status and output; nil when not installed.
-local function promtool(text)
-  local which = io.popen("command -v promtool 2>/dev/null")
-  local found = which:read("*l")
-  which:close()
-  if not found then return nil end
-  local path = os.tmpname()
-  local fh = assert(io.open(path, "wb"))
-  fh:write(text)
-  fh:close()
-  local p = assert(io.popen("promtool check metrics < '" .. path .. "' 2>&1; echo \"rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  os.remove(path)
-  return tonumber(out:match("rc=(%d+)%s*$")), (out:gsub("rc=%d+%s*$", ""))
-end
+local promtool = support.promtool   -- `promtool check metrics`: status, output (nil: none)
 
 -- The label values of `name` in family fuse_state, as Prometheus reads them (the text
 -- format's escapes \\, \" and \n undone), in order.

@@ -1,5 +1,6 @@
 -- What the specs share: the backend this run is on and the test that asserts it, a fake
--- clock, unique registry names, and one admitted call through the two-step form.
+-- clock, unique registry names, one admitted call through the two-step form, the guard
+-- of the LuaJIT-only specs, and `promtool check metrics`.
 --
 --   local support = require "spec.support"
 --
@@ -71,6 +72,36 @@ end
 
 function support.fail(b, n, seconds)
   for _ = 1, n or 1 do support.outcome(b, false, seconds) end
+end
+
+-- For a spec file that needs LuaJIT: on another backend, declares one pending test that
+-- says so and returns true, and the file returns at once:
+--   if support.ffi_only("the JIT specs") then return end
+function support.ffi_only(what)
+  local backend = support.BACKEND
+  if backend == "ffi" then return false end
+  busted.describe("fuse #" .. backend, function()
+    busted.pending(what .. " need LuaJIT (the ffi backend); this run is on " .. backend)
+  end)
+  return true
+end
+
+-- `promtool check metrics` on text: its exit status and output; nil when promtool is
+-- not installed.
+function support.promtool(text)
+  local which = io.popen("command -v promtool 2>/dev/null")
+  local found = which:read("*l")
+  which:close()
+  if not found then return nil end
+  local path = os.tmpname()
+  local fh = assert(io.open(path, "wb"))
+  fh:write(text)
+  fh:close()
+  local p = assert(io.popen("promtool check metrics < '" .. path .. "' 2>&1; echo \"rc=$?\""))
+  local out = p:read("*a")
+  p:close()
+  os.remove(path)
+  return tonumber(out:match("rc=(%d+)%s*$")), (out:gsub("rc=%d+%s*$", ""))
 end
 
 return support

@@ -6,6 +6,7 @@
  */
 #include "fz.h"
 #include "tap.h"
+#include "harness.h"   /* threads_start/join */
 
 #include <pthread.h>
 #include <stdio.h>
@@ -52,8 +53,8 @@ int main(void) {
   is_dbl(fz_counter_value(c), (double)PROCS * ADDS, 0, "their adds all reached the parent (exact)");
 
   pthread_t t[THREADS];
-  for (int k = 0; k < THREADS; k++) pthread_create(&t[k], NULL, open_same, (void *)(intptr_t)k);
-  for (int k = 0; k < THREADS; k++) pthread_join(t[k], NULL);
+  threads_start(t, THREADS, open_same, 0);
+  threads_join(t, THREADS);
   int same = opened[0] >= 0;
   for (int k = 1; k < THREADS; k++) same = same && opened[k] == opened[0];
   ok(same, "%d threads opening one new name at once got one slot", THREADS);

@@ -15,14 +15,8 @@ LUAJIT=${LUAJIT:-luajit}
 LUA54=${LUA54:-lua5.4}
 LUAROCKS=${LUAROCKS:-luarocks}
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-skip() {
-  if [ "${CI:-}" = true ]; then nok "$1 (cannot run under CI: $2)"
-  else ok "$1 # SKIP $2"; fi
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 TESTS=(

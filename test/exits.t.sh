@@ -11,28 +11,18 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
-command -v "$NGINX" >/dev/null || { [ -x /usr/sbin/nginx ] && NGINX=/usr/sbin/nginx; }
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
 LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}
 SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
-  local d=$1; shift
-  if "$@"; then ok "$d"; else nok "$d"; fi
-}
-bail() { echo "Bail out! $*"; exit 1; }
-skip_all() { # a suite that cannot run: a skip, but a failure under CI
-  if [ "${CI:-}" = true ]; then bail "$1 (CI=true: a suite may not skip)"; fi
-  echo "1..0 # SKIP $1"; exit 0
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 command -v "$NGINX" >/dev/null || skip_all "nginx not installed"
-[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] || skip_all "the nginx Lua module is not installed"
+nginx_has_lua || skip_all "the nginx Lua module is not installed"
 command -v curl >/dev/null || skip_all "curl not installed"
 [ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
 [ -r "$LUA_SRC/fuse.lua" ] || bail "$LUA_SRC/fuse.lua missing"
@@ -41,54 +31,26 @@ command -v curl >/dev/null || skip_all "curl not installed"
 T=$(mktemp -d /tmp/fuse-exits-test.XXXXXX) || bail "mktemp failed"
 P=$T/prefix
 MASTER=
-alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-cleanup() {
-  local pid=${MASTER:-}
-  [ -z "$pid" ] && [ -r "$P/logs/nginx.pid" ] && pid=$(cat "$P/logs/nginx.pid")
-  if [ -n "$pid" ] && alive "$pid"; then
-    kill -QUIT "$pid" 2>/dev/null
-    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
-    alive "$pid" && kill -KILL "$pid" 2>/dev/null
-  fi
-  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
-  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'echo "Bail out! interrupted (a signal, or the 90 s watchdog)"; exit 1' INT TERM HUP
-( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep 90 & sp=$!; wait "$sp" && kill -TERM $$
-) </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
+trap 'cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT
+watchdog 90
 
-mkdir -p "$P/logs" "$P/temp" "$T/build/fuse"
-cp -R "$LUA_SRC" "$T/lua"
-cp "$SO_SRC" "$T/build/fuse/core.so"
-
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-pick_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((10000 + RANDOM % 20000))
-    port_free "$p" && port_free "$((p + 1))" && { echo "$p"; return 0; }
-  done
-  return 1
-}
+mkdir -p "$P/logs" "$P/temp"
+copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 
 # Two servers share one http block. The first has the hook (at http level, inherited);
 # the second overrides it with a log phase of its own that forgets fuse.log(), as a
 # location with its own log_by_lua* does.
 write_conf() {
+  PORT2=$((PORT + 1))
   cat > "$P/nginx.conf" <<EOF
-load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+$(nginx_load_modules)
 worker_processes 4;
 pid logs/nginx.pid;
 error_log logs/error.log warn;
 events { worker_connections 256; }
 http {
     access_log off;
-    lua_package_path "$T/lua/?.lua;;";
-    lua_package_cpath "$T/build/?.so;;";
+$(nginx_lua_paths "$T")
     init_by_lua_block {
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 64 }
@@ -151,16 +113,7 @@ EOF
 }
 
 start_nginx() {
-  for _ in 1 2 3; do
-    PORT=$(pick_port) || bail "no free port"
-    PORT2=$((PORT + 1))
-    write_conf
-    : > "$P/logs/error.log"
-    if "$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1; then return 0; fi
-    grep -q "Address already in use" "$T/start.out" "$P/logs/error.log" || break
-  done
-  diag "nginx did not start:" "$(cat "$T/start.out")" "$(tail -n 20 "$P/logs/error.log")"
-  return 1
+  start_rendered 2 write_conf "$P" || { diag "nginx did not start:" "$NGINX_START_ERR"; return 1; }
 }
 
 get() { curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1$2"; }

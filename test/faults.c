@@ -13,6 +13,7 @@
  */
 #include "../csrc/fz.h"
 #include "tap.h"
+#include "harness.h"   /* state, kind_of */
 
 #include <stdio.h>
 #include <string.h>
@@ -41,9 +42,6 @@ static fz_breaker *breaker(const char *name) {
   int st;
   return fz_registry_open(name, strlen(name), &c, &st);
 }
-
-static int kind_of(double t) { return t > 0 ? (int)((uint64_t)t >> 1 & 3) : 0; }
-static int state(fz_breaker *b) { return fz_state(b) & 255; }
 
 /* Runs `action` in a child that dies at `where`; returns 1 when it died there. */
 static int die_in_child(const char *where, void (*action)(fz_breaker *), fz_breaker *b) {

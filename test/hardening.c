@@ -5,13 +5,10 @@
  */
 #include "../csrc/fz.h"
 #include "tap.h"
+#include "harness.h"   /* at, later, state, kind_of, peek, in_thread */
 
 #include <pthread.h>
 #include <string.h>
-
-static double T;
-static void at(double s) { T = s; fz_clock_manual(s); }
-static void later(double s) { at(T + s); }
 
 static fz_config defaults(void) {
   fz_config c;
@@ -21,18 +18,7 @@ static fz_config defaults(void) {
   return c;
 }
 
-static int state(fz_breaker *b) { return fz_state(b) & 255; }
-static int kind_of(double t) { return t > 0 ? (int)((uint64_t)t >> 1 & 3) : 0; }
-static uint64_t gen_of(fz_breaker *b) {
-  fz_stats s;
-  fz_stats_peek(b, &s);
-  return s.generation;
-}
-static fz_stats stats(fz_breaker *b) {
-  fz_stats s;
-  fz_stats_peek(b, &s);
-  return s;
-}
+static uint64_t gen_of(fz_breaker *b) { return peek(b).generation; }
 
 /* One natural cycle with two probes: trip, wait open_for, admit both probes, which must
  * still be running (half_open), then close with their successes. Returns 1 when every
@@ -145,7 +131,7 @@ static void tickets_checked_by_state(void) {
   is_int(fz_done(b, (double)(t ^ UINT64_C(1) << 45), FZ_FAILURE, -1), FZ_ETICKET,
          "tickets: a ticket with another key (made up, or another breaker's) is refused");
   fz_done(b, (double)t, FZ_SUCCESS, -1);
-  fz_stats s = stats(b);
+  fz_stats s = peek(b);
   is_int((int)s.failures_total, 0, "tickets: refused tickets counted nothing (failures)");
   is_int((int)s.successes_total, 2, "tickets: the two real calls counted");
 
@@ -156,7 +142,7 @@ static void tickets_checked_by_state(void) {
     o = fz_breaker_new(&c, NULL);
   }
   is_int(fz_done(b, fz_enter(o), FZ_FAILURE, -1), FZ_ETICKET, "tickets: fz_enter's ticket of another breaker is refused");
-  is_int((int)stats(b).failures_total, 0, "tickets: and counted nothing");
+  is_int((int)peek(b).failures_total, 0, "tickets: and counted nothing");
   fz_breaker_free(o);
   fz_breaker_free(b);
 }
@@ -195,31 +181,28 @@ static void allow_tickets(void) {
   is_int(fz_done(b, t, FZ_FAILURE, -1), FZ_EREPORTED, "allow: reported twice: FZ_EREPORTED");
   is_int(fz_done(b, t, FZ_IGNORE, -1), FZ_EREPORTED, "allow: any outcome the second time");
   is_int(state(b), FZ_CLOSED, "allow: one failure of fails = 2 does not open, however often reported");
-  is_int((int)stats(b).failures_total, 1, "allow: counted once");
+  is_int((int)peek(b).failures_total, 1, "allow: counted once");
 
   double u = fz_allow(b);
   is_int(fz_done(o, u, FZ_FAILURE, -1), FZ_ETICKET, "allow: given to another breaker: FZ_ETICKET");
-  is_int((int)stats(o).failures_total, 0, "allow: the other breaker counted nothing");
+  is_int((int)peek(o).failures_total, 0, "allow: the other breaker counted nothing");
   is_int(fz_done(b, u, FZ_SUCCESS, -1), 0, "allow: and its own breaker still takes it");
   is_int(fz_done(b, u + (1 << 18), FZ_SUCCESS, -1), FZ_ETICKET, "allow: a ticket never issued (the next entry): FZ_ETICKET");
   double v = fz_allow(b);
   is_int(fz_done(b, u, FZ_SUCCESS, -1), FZ_EREPORTED, "allow: reported again after another allow: FZ_EREPORTED");
   is_int(fz_done(b, v, FZ_SUCCESS, -1), 0, "allow: the other ticket is taken");
   is_int(fz_done(b, u, FZ_SUCCESS, -1), FZ_EREPORTED, "allow: and the first again: FZ_EREPORTED");
-  is_int((int)stats(b).successes_total, 2, "allow: two successes");
+  is_int((int)peek(b).successes_total, 2, "allow: two successes");
   is_int(fz_done(b, (double)(((uint64_t)u & 0xff) | (uint64_t)1 << 52), FZ_SUCCESS, -1), FZ_ETICKET,
          "allow: a made-up tracked number: FZ_ETICKET");
 
   /* reported from another thread, then again here */
   cross x = { b, 0, 0 };
-  pthread_t th;
-  pthread_create(&th, NULL, allow_here, &x);
-  pthread_join(th, NULL);
-  pthread_create(&th, NULL, report_here, &x);
-  pthread_join(th, NULL);
+  in_thread(allow_here, &x);
+  in_thread(report_here, &x);
   is_int(x.rc, 64 + FZ_CLOSED * 8 + FZ_OPEN, "allow: allowed in one thread, reported in another: counted (trips)");
   is_int(fz_done(b, x.t, FZ_FAILURE, -1), FZ_EREPORTED, "allow: reported again from a third thread: refused");
-  is_int((int)stats(b).failures_total, 2, "allow: two failures in all");
+  is_int((int)peek(b).failures_total, 2, "allow: two failures in all");
 
   /* a probe ticket */
   later(1);
@@ -242,7 +225,7 @@ static void allow_tickets(void) {
   for (int i = 0; i < N; i++) rc |= fz_done(e, ts[i], i % 5 ? FZ_SUCCESS : FZ_FAILURE, -1);
   is_int(rc, 0, "allow: %d outstanding tickets (%d tracked), each reported once: all taken", N, tracked);
   ok(tracked >= 4096 && tracked < N, "allow: beyond the ledger, tickets are left untracked");
-  fz_stats s = stats(e);
+  fz_stats s = peek(e);
   is_int((int)s.successes_total, N * 4 / 5, "allow: exact successes");
   is_int((int)s.failures_total, N / 5, "allow: exact failures");
   fz_breaker_free(e);

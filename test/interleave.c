@@ -10,84 +10,13 @@
  */
 #include "../csrc/fz.h"
 #include "tap.h"
+#include "harness.h"   /* at, later, state, kind_of, peek */
+#include "pause.h"     /* pause_hook, run_parked, release */
 
-#include <errno.h>
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
-
-extern void (*fz_fault_hook)(const char *where);
-
-/* ---------------------------------------------------------------- pause points */
-
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
-static const char *g_point;  /* under g_mu: the armed point */
-static int g_parked, g_released, g_finished;
-static _Thread_local int t_parkable;
-
-static void pause_hook(const char *where) {
-  if (!t_parkable) return;
-  pthread_mutex_lock(&g_mu);
-  if (g_point && strcmp(where, g_point) == 0 && !g_parked) {
-    g_parked = 1;
-    pthread_cond_broadcast(&g_cv);
-    while (!g_released) pthread_cond_wait(&g_cv, &g_mu);
-  }
-  pthread_mutex_unlock(&g_mu);
-}
-
-typedef struct parked {
-  pthread_t th;
-  void (*fn)(void *);
-  void *arg;
-} parked;
-
-static void *parked_main(void *p) {
-  parked *k = p;
-  t_parkable = 1;
-  k->fn(k->arg);
-  pthread_mutex_lock(&g_mu);
-  g_finished = 1;
-  pthread_cond_broadcast(&g_cv);
-  pthread_mutex_unlock(&g_mu);
-  return NULL;
-}
-
-/* Runs fn(arg) in a thread that parks at `point`; returns 1 once it is parked there,
- * 0 if it finished (or 5 s passed) without reaching it. */
-static int run_parked(parked *k, const char *point, void (*fn)(void *), void *arg) {
-  pthread_mutex_lock(&g_mu);
-  g_point = point, g_parked = g_released = g_finished = 0;
-  pthread_mutex_unlock(&g_mu);
-  k->fn = fn, k->arg = arg;
-  pthread_create(&k->th, NULL, parked_main, k);
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 5;
-  pthread_mutex_lock(&g_mu);
-  int rc = 0;
-  while (!g_parked && !g_finished && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&g_cv, &g_mu, &until);
-  int parked_now = g_parked;
-  pthread_mutex_unlock(&g_mu);
-  return parked_now;
-}
-
-/* Lets the parked thread go on, and waits for it to finish. */
-static void release(parked *k) {
-  pthread_mutex_lock(&g_mu);
-  g_released = 1;
-  g_point = NULL;
-  pthread_cond_broadcast(&g_cv);
-  pthread_mutex_unlock(&g_mu);
-  pthread_join(k->th, NULL);
-}
 
 /* ---------------------------------------------------------------- helpers */
-
-static double T;
-static void at(double s) { T = s; fz_clock_manual(s); }
-static void later(double s) { at(T + s); }
 
 static fz_config defaults(void) {
   fz_config c;
@@ -95,15 +24,6 @@ static fz_config defaults(void) {
   c.window = 10, c.open_for = 10, c.max_open_for = 1000, c.probe_timeout = 5;
   c.backoff = 1, c.fails = 1, c.min_calls = 10, c.probes = 1;
   return c;
-}
-
-static int state(fz_breaker *b) { return fz_state(b) & 255; }
-static int kind_of(double t) { return t > 0 ? (int)((uint64_t)t >> 1 & 3) : 0; }
-
-static fz_stats peek(fz_breaker *b) {
-  fz_stats s;
-  fz_stats_peek(b, &s);
-  return s;
 }
 
 /* What a parked thread does: report one outcome, or ask to make one call. */

@@ -18,30 +18,18 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-# nginx: on PATH, or in /usr/sbin (not on Debian's PATH for users other than root)
-NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
 LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}              # override to try another tree
 SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
-  local d=$1; shift
-  if "$@"; then ok "$d"; else nok "$d"; fi
-}
-bail() { echo "Bail out! $*"; exit 1; }
-# skip_all WHY: the suite cannot run here; under CI (CI=true) that is a failure.
-skip_all() {
-  if [ "${CI:-}" = true ]; then echo "1..1"; echo "not ok 1 - cannot run under CI: $1"; exit 1; fi
-  echo "1..0 # SKIP $1"; exit 0
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 command -v "$NGINX" >/dev/null || skip_all "nginx not installed"
-[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] ||
-  skip_all "the nginx Lua module is not installed"
+nginx_has_lua || skip_all "the nginx Lua module is not installed"
 CLIENT=${NGINX_T_CLIENT:-curl}
 if [ "$CLIENT" = curl ]; then
   v=$(curl --version 2>/dev/null | head -n 1 | cut -d' ' -f2)
@@ -54,52 +42,19 @@ fi
 T=$(mktemp -d /tmp/fuse-nginx-test.XXXXXX) || bail "mktemp failed"
 P=$T/examples/nginx
 MASTER=
-alive() { # a live process (a zombie waiting to be reaped is not)
-  kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]
-}
-cleanup() {
-  local pid=${MASTER:-}
-  [ -z "$pid" ] && [ -r "$P/logs/nginx.pid" ] && pid=$(cat "$P/logs/nginx.pid")
-  if [ -n "$pid" ] && alive "$pid"; then
-    kill -QUIT "$pid" 2>/dev/null            # graceful stop: workers finish, then exit
-    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
-    alive "$pid" && kill -KILL "$pid" 2>/dev/null
-  fi
-  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
-  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'echo "Bail out! interrupted (a signal, or the 300 s watchdog)"; exit 1' INT TERM HUP
-# The watchdog holds none of our output streams, so a caller reading them never waits on it.
-( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep 300 & sp=$!; wait "$sp" && kill -TERM $$
-) </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
+# stops nginx (the pid file's master when MASTER is not known yet), the watchdog
+trap 'cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT
+watchdog 300
 
-mkdir -p "$P/logs" "$P/temp" "$T/build/fuse"
-cp -R "$LUA_SRC" "$T/lua"
-cp "$SO_SRC" "$T/build/fuse/core.so"
+mkdir -p "$P/logs" "$P/temp"
+copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 cp "$ROOT/examples/nginx/app.lua" "$P/app.lua"
 chmod -R a+rX "$T"        # workers run as nobody: they read lua/, build/ and app.lua
 
-port_free() { # no socket bound to port $1 (any address, any state), nothing answers there
-  local hex
-  hex=$(printf ':%04X ' "$1")
-  ! cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '{ print $2 " " }' | grep -q "$hex" &&
-    ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-pick_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((10000 + RANDOM % 20000))
-    port_free "$p" && port_free "$((p + 1))" && port_free "$((p + 2))" && { echo "$p"; return 0; }
-  done
-  return 1
-}
-
-# The example's config on ports PORT and UP, with the test clock installed in
-# init_by_lua (before the fork, so every worker inherits it).
+# The example's config on ports PORT (front), UP and PORT + 2, with the test clock
+# installed in init_by_lua (before the fork, so every worker inherits it).
 render_conf() {
+  UP=$((PORT + 1))
   sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
     -e "s/127\.0\.0\.1:18082/127.0.0.1:$((PORT + 2))/g" \
     -e 's/^\([[:space:]]*\)require("app").setup()/\1fuse.clock(require("app").test_clock)\n&/' \
@@ -111,26 +66,7 @@ render_conf() {
 
 # Starts nginx on free ports; retries on other ports when a bind fails.
 start_nginx() {
-  for _ in 1 2 3 4 5; do
-    PORT=$(pick_port) || bail "no free port"
-    UP=$((PORT + 1))
-    render_conf
-    : > "$P/logs/error.log"
-    if "$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1; then
-      return 0
-    fi
-    grep -qE "Address already in use|bind\(\)" "$T/start.out" "$P/logs/error.log" || break
-    diag "port $PORT or $UP was taken meanwhile: trying others"
-  done
-  diag "nginx did not start:" "$(cat "$T/start.out")" "$(tail -n 20 "$P/logs/error.log")"
-  return 1
-}
-
-stop_nginx() { # by the master's pid: graceful, then KILL after 5 s
-  local pid=$1
-  kill -QUIT "$pid" 2>/dev/null
-  for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null
+  start_rendered 3 render_conf "$P" || { diag "nginx did not start:" "$NGINX_START_ERR"; return 1; }
 }
 
 # hget PORT PATH BODYFILE: one GET on a fresh connection, the body into BODYFILE;
@@ -168,17 +104,6 @@ req() {
   [ -z "${WORKERS:-}" ] || ours "$WPID" || FOREIGN="$FOREIGN $WPID"
 }
 advance() { fake "/__control?advance=$1" > /dev/null; } # moves the test clock
-# wait_for SECONDS COMMAND...: polls COMMAND every 0.1 s until it succeeds (0) or
-# SECONDS have passed (1)
-wait_for() {
-  local limit=$(($1 * 10)) i=0
-  shift
-  until "$@"; do
-    i=$((i + 1))
-    [ "$i" -ge "$limit" ] && return 1
-    sleep 0.1
-  done
-}
 fake() { hget "$UP" "$1" "$T/fake.body" > /dev/null; cat "$T/fake.body"; } # fake upstream
 hits() { fake /__hits | sed -n "s/.* $1=\([0-9]*\).*/\1/p"; } # hits of one mode
 # field BREAKER FIELD JSON: a field of a /state answer
@@ -203,10 +128,6 @@ par() {
   fi
 }
 
-workers() { # the master's children
-  if command -v ps >/dev/null; then ps -o pid= --ppid "$MASTER" | tr -d ' '
-  else grep -l "^PPid:[[:space:]]*$MASTER\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3; fi
-}
 four_workers() { WORKERS=$(workers | sort -n | tr '\n' ' '); [ "$(echo "$WORKERS" | wc -w)" -eq 4 ]; }
 answers() { req /state; [ "$CODE" = 200 ]; }
 # 20 answers, every one from this nginx's workers: nobody else listens on PORT
@@ -226,7 +147,7 @@ for attempt in 1 2 3; do
   wait_for 10 four_workers
   if only_ours; then started=1; break; fi
   diag "attempt $attempt: port $PORT is shared with another server (pids$FOREIGN): other ports"
-  stop_nginx "$MASTER"
+  stop_master "$MASTER"
   MASTER=""
 done
 [ "$started" = 1 ] || bail "no port of our own after 3 attempts"

@@ -15,61 +15,34 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
 PROMETHEUS=${PROMETHEUS:-prometheus}
 LUAJIT=${LUAJIT:-luajit}
 SO_SRC=$ROOT/build/fuse/core.so
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else nok "$d"; fi; }
-bail() { echo "Bail out! $*"; exit 1; }
-missing() {
-  if [ "${CI:-}" = true ]; then echo "1..1"; echo "not ok 1 - $* (CI)"; exit 1; fi
-  echo "1..0 # SKIP $*"; exit 0
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 PATH=$PATH:/usr/sbin:/sbin
-command -v "$NGINX" >/dev/null || missing "nginx is not installed"
-[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] || missing "the nginx Lua module is not installed"
-command -v curl >/dev/null || missing "curl is not installed"
-command -v "$PROMETHEUS" >/dev/null || missing "prometheus is not installed"
-"$LUAJIT" -e 'require "cjson"' 2>/dev/null || missing "luajit with lua-cjson is not installed"
+command -v "$NGINX" >/dev/null || skip_all "nginx is not installed"
+nginx_has_lua || skip_all "the nginx Lua module is not installed"
+command -v curl >/dev/null || skip_all "curl is not installed"
+command -v "$PROMETHEUS" >/dev/null || skip_all "prometheus is not installed"
+"$LUAJIT" -e 'require "cjson"' 2>/dev/null || skip_all "luajit with lua-cjson is not installed"
 [ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
 
 # ---------------------------------------------------------------- setup
 T=$(mktemp -d /tmp/fuse-ops-test.XXXXXX) || bail "mktemp failed"
 P=$T/examples/nginx
 MASTER= PROM=
-alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-stop_pid() { # stop_pid PID SIGNAL: signal, wait up to 5 s, then KILL
-  local pid=$1
-  [ -n "$pid" ] && alive "$pid" || return 0
-  kill "-$2" "$pid" 2>/dev/null
-  for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null
-}
-cleanup() {
-  stop_pid "${PROM:-}" TERM
-  local pid=${MASTER:-}
-  [ -z "$pid" ] && [ -r "$P/logs/nginx.pid" ] && pid=$(cat "$P/logs/nginx.pid")
-  stop_pid "$pid" QUIT
-  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
-  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'echo "Bail out! interrupted (a signal, or the 180 s watchdog)"; exit 1' INT TERM HUP
-( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep 180 & sp=$!; wait "$sp" && kill -TERM $$
-) </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
+trap 'stop_pid "$PROM" TERM; cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT
+watchdog 180
 
-mkdir -p "$P/logs" "$P/temp" "$T/build/fuse" "$T/prom"
-cp -R "$ROOT/lua" "$T/lua"
-cp "$SO_SRC" "$T/build/fuse/core.so"
+mkdir -p "$P/logs" "$P/temp" "$T/prom"
+copy_fuse "$T" "$ROOT/lua" "$SO_SRC"
 cp "$ROOT/examples/nginx/app.lua" "$P/app.lua"
 chmod -R a+rX "$T"
 
@@ -87,31 +60,15 @@ splice() { # splice NAME FILE < conf > conf
     !skip' 
 }
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-pick_port() { # a base port p with p .. p+3 free
-  local p
-  for _ in $(seq 100); do
-    p=$((10000 + RANDOM % 20000))
-    port_free "$p" && port_free "$((p + 1))" && port_free "$((p + 2))" && port_free "$((p + 3))" &&
-      { echo "$p"; return 0; }
-  done
-  return 1
+render_conf() { # ports PORT .. PORT + 3: front, fake upstream, admin, Prometheus
+  UP=$((PORT + 1)) ADMIN=$((PORT + 2)) PPORT=$((PORT + 3))
+  splice admin "$T/admin.block" < "$ROOT/examples/nginx/nginx.conf" | splice watch "$T/watch.block" |
+    sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
+        -e "s/127\.0\.0\.1:9145/127.0.0.1:$ADMIN/g" > "$P/nginx.conf"
+  chmod a+r "$P/nginx.conf"
 }
-
 start_nginx() {
-  for _ in 1 2 3; do
-    PORT=$(pick_port) || bail "no free port"
-    UP=$((PORT + 1)) ADMIN=$((PORT + 2)) PPORT=$((PORT + 3))
-    splice admin "$T/admin.block" < "$ROOT/examples/nginx/nginx.conf" | splice watch "$T/watch.block" |
-      sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
-          -e "s/127\.0\.0\.1:9145/127.0.0.1:$ADMIN/g" > "$P/nginx.conf"
-    chmod a+r "$P/nginx.conf"
-    : > "$P/logs/error.log"
-    if "$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1; then return 0; fi
-    grep -q "Address already in use" "$T/start.out" "$P/logs/error.log" || break
-  done
-  diag "nginx did not start:" "$(cat "$T/start.out")" "$(tail -n 20 "$P/logs/error.log")"
-  return 1
+  start_rendered 4 render_conf "$P" || { diag "nginx did not start:" "$NGINX_START_ERR"; return 1; }
 }
 
 # req PORT PATH [curl args...] -> CODE, WPID, RA (Retry-After), BODY

@@ -3,15 +3,12 @@
  * copies is whole). Built against build/libfzcore.a like test_core; run by make check. */
 #include "../csrc/fz.h"
 #include "tap.h"
+#include "harness.h"   /* at, later, code, threads_start/join */
 
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-
-static double T;
-static void at(double s) { T = s; fz_clock_manual(s); }
-static void later(double s) { at(T + s); }
 
 static fz_config defaults(void) {
   fz_config c;
@@ -20,8 +17,6 @@ static fz_config defaults(void) {
   c.backoff = 2, c.fails = 5, c.min_calls = 10, c.probes = 1;
   return c;
 }
-
-static int code(int from, int to) { return 64 + from * 8 + to; }
 
 static void test_timed_force_open(void) {
   int err;
@@ -103,7 +98,7 @@ static void test_events(void) {
   is_int(fz_events_read(seq + 1, &e), 0, "a seq not recorded yet: 0");
 
   pthread_t th[NTHREADS];
-  for (long i = 0; i < NTHREADS; i++) pthread_create(&th[i], NULL, writer, (void *)i);
+  threads_start(th, NTHREADS, writer, 0);
   long good = 0, torn = 0, lost = 0;
   double next = fz_events_last() + 1;
   while (next <= first + NTHREADS * PER_THREAD) {
@@ -121,7 +116,7 @@ static void test_events(void) {
     }
     next++;
   }
-  for (int i = 0; i < NTHREADS; i++) pthread_join(th[i], NULL);
+  threads_join(th, NTHREADS);
   diag("events read whole: %ld, lost to the ring: %ld", good, lost);
   is_int((int)torn, 0, "no copy is torn while %d threads record at once", NTHREADS);
   ok(good > 0, "the reader copied events while they were written");

@@ -6,11 +6,8 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else nok "$d"; fi; }
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 T=$(mktemp -d /tmp/fuse-packaging-test.XXXXXX) || { echo "Bail out! mktemp failed"; exit 1; }
@@ -55,12 +52,14 @@ esac
 
 # ---------------------------------------------------------------- nginx in /usr/sbin
 # Debian's PATH for users other than root has no /usr/sbin, where nginx is. Each script
-# that starts nginx picks it with its NGINX= line: run that line with such a PATH.
+# that starts nginx picks it with its NGINX= line (after sourcing test/lib/nginx.sh, whose
+# nginx_bin the line may call): run that line with such a PATH.
 if [ -x /usr/sbin/nginx ]; then
   for f in test/*.t.sh examples/nginx/demo.sh; do
     grep -q '^NGINX=' "$ROOT/$f" || continue
     line=$(grep -m 1 '^NGINX=' "$ROOT/$f")
-    got=$(env -u NGINX PATH=/usr/local/bin:/usr/bin:/bin bash -c "$line"'; echo "$NGINX"')
+    got=$(env -u NGINX PATH=/usr/local/bin:/usr/bin:/bin \
+      bash -c ". \"\$0\"; $line"'; echo "$NGINX"' "$ROOT/test/lib/nginx.sh")
     check "$f finds nginx in /usr/sbin with a user's PATH" [ "$got" = /usr/sbin/nginx ]
     [ "$got" = /usr/sbin/nginx ] || diag "its line: $line" "gives: $got"
   done

@@ -26,51 +26,26 @@ README=${README_FILE:-$ROOT/README.md}
 LUAJIT=${LUAJIT:-luajit}
 LUA54=${LUA54:-lua5.4}
 BUSTED=${BUSTED:-busted}
-# nginx: on PATH, or in /usr/sbin (not on Debian's PATH for users other than root)
-NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; })}
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
-  local d=$1; shift
-  if "$@"; then ok "$d"; else nok "$d"; fi
-}
-# skip DESCRIPTION WHY: a test that cannot run here; under CI that is a failure.
-skip() {
-  if [ "${CI:-}" = true ]; then nok "$1 (cannot run under CI: $2)"
-  else ok "$1 # SKIP $2"; fi
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 block() { "$ROOT/tools/readme-block" "$1" "$README"; }
 
 echo "TAP version 13"
 T=$(mktemp -d /tmp/fuse-readme-test.XXXXXX) || { echo "Bail out! mktemp failed"; exit 1; }
 MASTER=
-alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-cleanup() {
-  if [ -n "$MASTER" ] && alive "$MASTER"; then
-    kill -QUIT "$MASTER" 2>/dev/null
-    for _ in $(seq 50); do alive "$MASTER" || break; sleep 0.1; done
-    alive "$MASTER" && kill -KILL "$MASTER" 2>/dev/null
-  fi
-  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
-  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'echo "Bail out! interrupted (a signal, or the 120 s watchdog)"; exit 1' INT TERM HUP
-( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep 120 & sp=$!; wait "$sp" && kill -TERM $$
-) </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
+trap 'cleanup_nginx "$MASTER"' EXIT
+watchdog 120
 
 [ -r "$ROOT/build/fuse/core.so" ] || { echo "Bail out! build/fuse/core.so missing: run make"; exit 1; }
 
 # The fuse a reader points /path/to/fuse at: lua/ and build/fuse/core.so, readable by all.
 F=$T/fuse
-mkdir -p "$F/build/fuse" "$F/build/5.4/fuse"
-cp -R "$ROOT/lua" "$F/lua"
-cp "$ROOT/build/fuse/core.so" "$F/build/fuse/core.so"
+copy_fuse "$F"
+mkdir -p "$F/build/5.4/fuse"
 [ -r "$ROOT/build/5.4/fuse/core.so" ] && cp "$ROOT/build/5.4/fuse/core.so" "$F/build/5.4/fuse/"
 chmod -R a+rX "$T"
 
@@ -116,15 +91,6 @@ else
 fi
 
 # ---------------------------------------------------------------- the OpenResty config, in nginx
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-pick_ports() { # three free ports in a row: front, users stand-in, billing (nothing listens)
-  local p
-  for _ in $(seq 100); do
-    p=$((10000 + RANDOM % 20000))
-    port_free "$p" && port_free "$((p + 1))" && port_free "$((p + 2))" && { echo "$p"; return 0; }
-  done
-  return 1
-}
 # localize: the changes README tells its reader to make, and nothing else
 localize() {
   sed -e "s|/path/to/fuse|$F|g" -e "s|/tmp/fuse-nginx|$T/prefix|g" \
@@ -146,10 +112,6 @@ get() { # get PATH: one request on a fresh connection; sets CODE, WORKER, BODY
 metric() { # metric NAME BREAKER: its value in BODY (a /metrics answer)
   printf '%s\n' "$BODY" | sed -n "s/^$1{name=\"$2\"} //p"
 }
-workers() { # the master's children
-  if command -v ps >/dev/null; then ps -o pid= --ppid "$MASTER" | tr -d ' '
-  else grep -l "^PPid:[[:space:]]*$MASTER\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3; fi
-}
 
 NGINX_TESTS=(
   "openresty-start: nginx starts with 4 workers"
@@ -164,10 +126,10 @@ NGINX_TESTS=(
 v=$(curl --version 2>/dev/null | head -n 1 | cut -d' ' -f2)
 why=
 if [ -z "$NGINX" ]; then why="nginx not installed"
-elif [ ! -r /usr/lib/nginx/modules/ngx_http_lua_module.so ]; then why="the nginx Lua module is not installed"
+elif ! nginx_has_lua; then why="the nginx Lua module is not installed"
 elif [ -z "$v" ] || [ "$(printf '%s\n' 7.84.0 "$v" | sort -V | head -n 1)" != 7.84.0 ]; then
   why="curl >= 7.84 not installed"
-elif ! PORT=$(pick_ports); then why="no free ports"
+elif ! PORT=$(pick_ports 3); then why="no free ports"   # front, users stand-in, billing (nothing listens)
 fi
 if [ -n "$why" ]; then
   for t in "${NGINX_TESTS[@]}"; do skip "$t" "$why"; done

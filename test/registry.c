@@ -11,6 +11,7 @@
  */
 #include "../csrc/fz.h"
 #include "tap.h"
+#include "harness.h"   /* threads_start/join */
 
 #include <pthread.h>
 #include <stdio.h>
@@ -170,8 +171,8 @@ int main(void) {
   is_int(fz_registry_init(CAPACITY, 0, 0.5), FZ_OK, "a private registry of 48 slots, idle 0.5 s");
   stale_handle();
   pthread_t th[THREADS];
-  for (long i = 0; i < THREADS; i++) pthread_create(&th[i], NULL, worker, (void *)(i + 1));
-  for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+  threads_start(th, THREADS, worker, 1);
+  threads_join(th, THREADS);
   is_int((long long)g_bad, 0, "stress: no admitted call entered another name's breaker, no bad status");
   ok(g_admitted > 0 && g_stale > 0 && g_removed > 0, "stress: calls admitted, handles went stale, names removed");
   ok(fz_registry_evictions_total() > 0, "stress: idle breakers were evicted");

@@ -12,21 +12,18 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
 NAMES=${REGISTRY_T_NAMES:-100000}
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else nok "$d"; fi; }
-bail() { echo "Bail out! $*"; exit 1; }
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
-if ! command -v "$NGINX" >/dev/null && [ -x /usr/sbin/nginx ]; then NGINX=/usr/sbin/nginx; fi
 missing=
 command -v "$NGINX" >/dev/null || missing="nginx"
-[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] || missing="$missing the nginx Lua module"
+nginx_has_lua || missing="$missing the nginx Lua module"
 command -v wrk >/dev/null || missing="$missing wrk"
 command -v curl >/dev/null || missing="$missing curl"
 if [ -n "$missing" ]; then
@@ -38,35 +35,11 @@ fi
 T=$(mktemp -d /tmp/fuse-registry-test.XXXXXX) || bail "mktemp failed"
 P=$T/prefix
 MASTER=
-alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-cleanup() {
-  local pid=${MASTER:-}
-  if [ -n "$pid" ] && alive "$pid"; then
-    kill -QUIT "$pid" 2>/dev/null
-    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
-    alive "$pid" && kill -KILL "$pid" 2>/dev/null
-  fi
-  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
-  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'echo "Bail out! interrupted (a signal, or the 150 s watchdog)"; exit 1' INT TERM HUP
-( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep 150 & sp=$!; wait "$sp" && kill -TERM $$
-) </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
+trap 'cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT
+watchdog 150
 
-mkdir -p "$P/logs" "$P/temp" "$T/build/fuse"
-cp -R "$ROOT/lua" "$T/lua"
-cp "$ROOT/build/fuse/core.so" "$T/build/fuse/core.so"
-chmod -R a+rX "$T"
-
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-PORT=
-for _ in $(seq 100); do
-  p=$((10000 + RANDOM % 20000)); port_free "$p" && { PORT=$p; break; }
-done
-[ -n "$PORT" ] || bail "no free port"
+mkdir -p "$P/logs" "$P/temp"
+copy_fuse "$T"
 
 # README's blocks, as printed (the init block gets the tripped breakers before its end)
 INIT=$("$ROOT/tools/readme-block" many-breakers-init) || bail "README block many-breakers-init"
@@ -83,8 +56,7 @@ conf() {
     for i = 1, 10 do fuse.new{ name = \"trip-\" .. i, fails = $2, window = 60, open_for = 3600 } end
 }"
   cat > "$P/nginx.conf" <<EOF
-load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+$(nginx_load_modules)
 worker_processes 4;
 pid logs/nginx.pid;
 error_log logs/error.log notice;
@@ -96,8 +68,7 @@ http {
     fastcgi_temp_path temp/fastcgi;
     uwsgi_temp_path temp/uwsgi;
     scgi_temp_path temp/scgi;
-    lua_package_path "$T/lua/?.lua;;";
-    lua_package_cpath "$T/build/?.so;;";
+$(nginx_lua_paths "$T")
 $init
     server {
         listen 127.0.0.1:$PORT reuseport;
@@ -129,11 +100,11 @@ EOF
 }
 
 get() { curl -s -m 10 "http://127.0.0.1:$PORT$1"; }
-worker_pids() { pgrep -P "$MASTER" | sort; }
+worker_pids() { workers | sort; }
 rss_kb() { local s=0 r; for p in $(worker_pids); do r=$(awk '/^VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null); s=$((s + ${r:-0})); done; echo "$s"; }
 
-conf 1000 2
-"$NGINX" -p "$P/" -c nginx.conf > "$T/start.out" 2>&1 || bail "nginx did not start: $(cat "$T/start.out") $(tail -n 5 "$P/logs/error.log")"
+first_conf() { conf 1000 2; }
+start_rendered 1 first_conf "$P" || bail "nginx did not start: $NGINX_START_ERR"
 for _ in $(seq 50); do [ -r "$P/logs/nginx.pid" ] && break; sleep 0.1; done
 MASTER=$(cat "$P/logs/nginx.pid")
 for _ in $(seq 50); do [ "$(get /info | wc -w)" = 3 ] && break; sleep 0.1; done

@@ -6,6 +6,7 @@
 #include "../csrc/fz.h"
 #include "../csrc/fz_internal.h"
 #include "tap.h"
+#include "harness.h"   /* state */
 
 #include <string.h>
 
@@ -16,8 +17,6 @@ static fz_config config(void) {
   c.fails = 3, c.min_calls = 1, c.probes = 3;
   return c;
 }
-
-static int state(fz_breaker *b) { return fz_state(b) & 255; }
 
 /* probes 3 -> 1 while two probes succeeded and one (slot 2) is running */
 static void fewer_probes(void) {

@@ -1,14 +1,10 @@
 /* test_core.c -- unit tests of the C core, driven by the manual clock. */
 #include "../csrc/fz.h"
 #include "tap.h"
+#include "harness.h"   /* at, later, state */
 
 #include <math.h>
 #include <string.h>
-
-static double T;  /* the manual clock, seconds */
-
-static void at(double s) { T = s; fz_clock_manual(s); }
-static void later(double s) { at(T + s); }
 
 static fz_config defaults(void) {
   fz_config c;
@@ -29,8 +25,6 @@ static fz_stats stats(fz_breaker *b) {
   fz_stats_read(b, &s);
   return s;
 }
-
-static int state(fz_breaker *b) { return fz_state(b) & 255; }
 
 static void test_fails_rule(void) {
   at(1000);

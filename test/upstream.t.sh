@@ -16,22 +16,16 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
 
-n=0 failed=0
-ok()   { n=$((n + 1)); echo "ok $n - $1"; }
-nok()  { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-diag() { printf '%s\n' "$@" | sed 's/^/# /'; }
-check() { local d=$1; shift; if "$@"; then ok "$d"; else nok "$d"; fi; }
-bail() { echo "Bail out! $*"; exit 1; }
-skip_all() {
-  if [ "${CI:-}" = true ]; then bail "$* (CI=true: a suite that cannot run fails)"; fi
-  echo "1..0 # SKIP $*"; exit 0
-}
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
 
 echo "TAP version 13"
 [ -x "$NGINX" ] || skip_all "nginx not installed"
-[ -r /usr/lib/nginx/modules/ngx_http_lua_module.so ] || skip_all "the nginx Lua module is not installed"
+nginx_has_lua || skip_all "the nginx Lua module is not installed"
 [ -r /usr/share/lua/5.1/ngx/balancer.lua ] || skip_all "lua-resty-core (ngx.balancer) is not installed"
 command -v curl >/dev/null || skip_all "curl not installed"
 command -v wrk >/dev/null || skip_all "wrk not installed"
@@ -41,33 +35,13 @@ T=$(mktemp -d /tmp/fuse-upstream-test.XXXXXX) || bail "mktemp failed"
 P=$T/examples/nginx
 F=$T/front
 PIDS=()
-alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-stop_pid() {
-  local pid=$1
-  alive "$pid" || return 0
-  kill -QUIT "$pid" 2>/dev/null
-  for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null
-}
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
-  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null
-  if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'echo "Bail out! interrupted (a signal, or the 240 s watchdog)"; exit 1' INT TERM HUP
-( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-  sleep 240 & sp=$!; wait "$sp" && kill -TERM $$
-) </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
+trap 'cleanup_nginx "${PIDS[@]}"' EXIT
+watchdog 240
 
-mkdir -p "$P/logs-peers" "$P/logs-pools" "$P/temp" "$F/logs" "$T/build/fuse"
-cp -R "$ROOT/lua" "$T/lua"
-cp "$ROOT/build/fuse/core.so" "$T/build/fuse/core.so"
+mkdir -p "$P/logs-peers" "$P/logs-pools" "$P/temp" "$F/logs"
+copy_fuse "$T"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 ports() {
   sed -e "s/127\.0\.0\.1:18088/127.0.0.1:$FRONT/g" -e "s/127\.0\.0\.1:18089/127.0.0.1:$POOLS/g" \
     -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" \
@@ -82,12 +56,7 @@ start() { # start NAME PREFIX CONF [GLOBALS]: 0, or 1 with the reason in START_E
 # process takes between the check and the bind: new ports, up to three times.
 started=0
 for attempt in 1 2 3; do
-  for _ in $(seq 100); do
-    BASE=$((10000 + RANDOM % 20000)); free=1
-    for i in 0 1 2 3 4 5 6 7 8 9; do port_free $((BASE + i)) || { free=0; break; }; done
-    [ $free = 1 ] && break
-  done
-  [ $free = 1 ] || bail "no free ports"
+  BASE=$(pick_ports 10) || bail "no free ports"
   FRONT=$BASE POOLS=$((BASE + 1)) CTL=$((BASE + 2))
   A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5)) E=$((BASE + 6)) D=$((BASE + 7))
   ports < "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
@@ -106,7 +75,7 @@ for attempt in 1 2 3; do
       fi
     fi
   fi
-  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  for pid in "${PIDS[@]}"; do stop_master "$pid"; done
   case $START_ERR in
     *"Address already in use"*)  # the failed start's [emerg] lines are not this run's errors
       diag "ports taken meanwhile, retrying"

@@ -5,8 +5,11 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# alive, stop_master, pick_ports...: shared with the tests that start nginx
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
 # nginx: on PATH, or in /usr/sbin (not on Debian's PATH for users other than root)
-NGINX=${NGINX:-$(command -v nginx || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || echo nginx)}
+NGINX=$(nginx_bin)
 SO=$ROOT/build/fuse/core.so
 
 die() { echo "demo-nginx: $*" >&2; exit 1; }
@@ -17,45 +20,25 @@ command -v curl >/dev/null || die "curl is not installed"
 T=$(mktemp -d /tmp/fuse-nginx-demo.XXXXXX) || die "mktemp failed"
 P=$T/examples/nginx
 MASTER=
-alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-stop() {
-  if [ -n "$MASTER" ] && alive "$MASTER"; then
-    kill -QUIT "$MASTER"                      # graceful stop
-    for _ in $(seq 50); do alive "$MASTER" || break; sleep 0.1; done
-    alive "$MASTER" && kill -KILL "$MASTER"
-  fi
-  rm -rf "$T"
-}
-trap stop EXIT
+trap 'cleanup_nginx "$MASTER"' EXIT   # stops nginx by its pid, removes the temp prefix
 trap 'exit 1' INT TERM HUP
 
 # The same layout as the repository (lua/, build/, examples/nginx/), readable by the
 # workers, which run as nobody.
-mkdir -p "$P/logs" "$P/temp" "$T/build/fuse"
-cp -R "$ROOT/lua" "$T/lua"
-cp "$SO" "$T/build/fuse/core.so"
+mkdir -p "$P/logs" "$P/temp"
+copy_fuse "$T" "$ROOT/lua" "$SO"
 cp "$ROOT/examples/nginx/app.lua" "$P/"
 chmod -R a+rX "$T"
 
-# A port is free when no socket is bound to it (any address, any state) and nothing
-# answers there; nginx is started again on other ports when a bind fails anyway.
-port_free() {
-  ! cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '{ print $2 " " }' |
-    grep -q "$(printf ':%04X ' "$1")" && ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-started=0
-for _ in 1 2 3 4 5; do
-  for _ in $(seq 100); do
-    PORT=$((10000 + RANDOM % 20000)); UP=$((PORT + 1))
-    port_free "$PORT" && port_free "$UP" && port_free "$((PORT + 2))" && break
-  done
+# Free ports (nothing bound, nothing answering) PORT, UP and PORT + 2 (admin); nginx is
+# started again on other ports when a bind fails anyway.
+render_conf() {
+  UP=$((PORT + 1))
   sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18081/127.0.0.1:$UP/g" \
     -e "s/127\.0\.0\.1:18082/127.0.0.1:$((PORT + 2))/g" "$ROOT/examples/nginx/nginx.conf" > "$P/nginx.conf"
   chmod a+r "$P/nginx.conf"
-  if "$NGINX" -p "$P/" -c nginx.conf 2> "$T/start.err"; then started=1; break; fi
-  grep -qE "Address already in use|bind\(\)" "$T/start.err" "$P/logs/error.log" || break
-done
-[ "$started" = 1 ] || die "nginx did not start: $(cat "$T/start.err"; tail -n 5 "$P/logs/error.log")"
+}
+start_rendered 3 render_conf "$P" || die "nginx did not start: $NGINX_START_ERR"
 MASTER=$(cat "$P/logs/nginx.pid")
 for _ in $(seq 300); do   # up to 30 s on a busy machine
   curl -s -m 1 -o /dev/null "http://127.0.0.1:$PORT/state" && break
@@ -87,10 +70,6 @@ all_workers() {
   echo "  $line"
 }
 
-workers() { # the master's children: ps (Debian: procps), or /proc without it
-  if command -v ps >/dev/null; then ps -o pid= --ppid "$MASTER" | tr -d ' '
-  else grep -l "^PPid:[[:space:]]*$MASTER\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3; fi
-}
 WORKERS=$(workers | sort -n | tr '\n' ' ')
 say "nginx master $MASTER, workers: $WORKERS"
 echo "   front http://127.0.0.1:$PORT   fake upstream http://127.0.0.1:$UP"
@@ -155,5 +134,5 @@ printf '%s\n' "$BODY" | grep 'name="upstream"' | head -n 12 | sed 's/^/   /'
 say "stopping nginx (pid $MASTER)"
 
 # ---- fuse.upstream: a breaker per upstream peer (README "Upstream peers")
-stop
+cleanup_nginx "$MASTER"
 bash "$ROOT/examples/nginx/upstream-demo.sh"

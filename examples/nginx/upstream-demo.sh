@@ -7,7 +7,9 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"   # alive, stop_master, pick_ports...: shared with the tests
+NGINX=$(nginx_bin)
 die() { echo "upstream-demo: $*" >&2; exit 1; }
 [ -x "$NGINX" ] || die "nginx is not installed (Debian: nginx libnginx-mod-http-lua lua-resty-core)"
 command -v curl >/dev/null || die "curl is not installed"
@@ -16,30 +18,13 @@ command -v curl >/dev/null || die "curl is not installed"
 T=$(mktemp -d /tmp/fuse-upstream-demo.XXXXXX) || die "mktemp failed"
 P=$T/examples/nginx F=$T/front
 PIDS=()
-alive() { kill -0 "$1" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-stop() {
-  local pid
-  for pid in "${PIDS[@]}"; do
-    alive "$pid" || continue
-    kill -QUIT "$pid"
-    for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
-    alive "$pid" && kill -KILL "$pid"
-  done
-  rm -rf "$T"
-}
-trap stop EXIT
+trap 'cleanup_nginx "${PIDS[@]}"' EXIT   # stops nginx by its pids, removes the temp prefix
 trap 'exit 1' INT TERM HUP
 
-mkdir -p "$P/logs-peers" "$P/temp" "$F/logs" "$T/build/fuse"
-cp -R "$ROOT/lua" "$T/lua"
-cp "$ROOT/build/fuse/core.so" "$T/build/fuse/"
+mkdir -p "$P/logs-peers" "$P/temp" "$F/logs"
+copy_fuse "$T"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for _ in $(seq 100); do
-  BASE=$((10000 + RANDOM % 20000)); ok=1
-  for i in 0 1 2 3 4 5 6; do port_free $((BASE + i)) || { ok=0; break; }; done
-  [ $ok = 1 ] && break
-done
+BASE=$(pick_ports 7) || die "no 7 free ports in a row"
 FRONT=$BASE CTL=$((BASE + 2)) A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5)) E=$((BASE + 6))
 ports() {
   sed -e "s/127\.0\.0\.1:18088/127.0.0.1:$FRONT/g" -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" \

@@ -1,0 +1,72 @@
+/*
+ * harness.h -- what the C tests of the core share, beside tap.h: the manual clock, a
+ * breaker's state and a ticket's kind, a stats peek, a transition's code, and threads.
+ * Include it after "../csrc/fz.h" and "tap.h".
+ *
+ *   at(1000); later(1.5);         the manual clock: set it, move it on (seconds)
+ *   state(b), kind_of(ticket)     FZ_CLOSED...; 1 closed, 2 probe, 3 disabled (0: rejection)
+ *   peek(b).failures_total        fz_stats_peek, as a value
+ *   code(FZ_CLOSED, FZ_OPEN)      a transition as fz_state and fz_done report it
+ *   in_thread(fn, arg)            fn(arg) in a thread of its own, waited for
+ *   threads_start(th, n, fn, 1)   n threads fn((void *)1) .. fn((void *)n); threads_join(th, n)
+ *
+ * Everything is static inline: a test uses what it needs.
+ */
+#ifndef HARNESS_H
+#define HARNESS_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The manual clock, seconds: what at() set it to last. */
+static inline double *manual_now(void)
+{
+  static double t;
+  return &t;
+}
+static inline void at(double s) { *manual_now() = s; fz_clock_manual(s); }
+static inline void later(double s) { at(*manual_now() + s); }
+
+static inline int state(fz_breaker *b) { return fz_state(b) & 255; }
+static inline int kind_of(double t) { return t > 0 ? (int)((uint64_t)t >> 1 & 3) : 0; }
+
+static inline fz_stats peek(fz_breaker *b)
+{
+  fz_stats s;
+  fz_stats_peek(b, &s);
+  return s;
+}
+
+static inline int code(int from, int to) { return 64 + from * 8 + to; }
+
+/* A thread that cannot start ends the test: nothing after it would mean anything. */
+static inline void thread_start(pthread_t *th, void *(*fn)(void *), void *arg)
+{
+  int rc = pthread_create(th, NULL, fn, arg);
+  if (rc != 0) {
+    printf("Bail out! pthread_create: %s\n", strerror(rc));
+    exit(1);
+  }
+}
+
+static inline void in_thread(void *(*fn)(void *), void *arg)
+{
+  pthread_t th;
+  thread_start(&th, fn, arg);
+  pthread_join(th, NULL);
+}
+
+static inline void threads_start(pthread_t *th, int n, void *(*fn)(void *), intptr_t first)
+{
+  for (int i = 0; i < n; i++) thread_start(&th[i], fn, (void *)(first + i));
+}
+
+static inline void threads_join(pthread_t *th, int n)
+{
+  for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+#endif /* HARNESS_H */

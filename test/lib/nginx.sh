@@ -1,0 +1,166 @@
+# shellcheck shell=bash
+# test/lib/nginx.sh -- what the scripts that start nginx share; sourced, never run:
+#     . "$ROOT/test/lib/nginx.sh"
+# by test/*.t.sh, bench/nginx_*.sh and examples/nginx/*demo.sh. It defines functions and
+# NGINX_MODULES only; nothing runs at source time. Safe under `set -eu`.
+#
+#   nginx_bin              the nginx binary: $NGINX as given, else nginx on PATH, else
+#                          /usr/sbin/nginx (not on Debian's PATH for users other than
+#                          root); prints nothing and fails when there is none
+#   nginx_has_lua          the Lua module is installed (in NGINX_MODULES)
+#   nginx_load_modules     the two load_module lines a config starts with (absolute paths)
+#   nginx_lua_paths DIR    lua_package_path/cpath lines for a copy_fuse DIR (end in ";;")
+#   copy_fuse DIR [LUA SO] DIR/lua and DIR/build/fuse/core.so, readable by all (the
+#                          workers run as nobody)
+#   alive PID              a live process (a zombie waiting to be reaped is not)
+#   stop_pid PID [SIGNAL]  SIGNAL (QUIT: nginx's graceful stop), up to 5 s, then KILL
+#   stop_master PID        stop_pid PID QUIT
+#   watchdog SECONDS       TERMs this script after SECONDS ("Bail out!" then exit 1)
+#   cleanup_nginx PID...   for the EXIT trap: stops each master, the watchdog, and removes
+#                          $T (KEEP=1 keeps it)
+#   port_free PORT         nothing bound to PORT (any address, any state), nothing answers
+#   pick_ports N           prints P with P .. P+N-1 free, from 10000-29999 (below the
+#                          kernel's ephemeral range, 32768-60999)
+#   nginx_start PREFIX CONF [GLOBALS]
+#                          starts nginx; 0, or 1 with its output in NGINX_START_ERR
+#   start_on_free_ports N FN [LOG...]
+#                          PORT=$(pick_ports N) then FN, which writes the config(s) and
+#                          starts nginx (nginx_start); up to 5 times while a start fails
+#                          because a port was taken between the check and the bind
+#   start_rendered N RENDER PREFIX
+#                          start_on_free_ports N, where a try is: RENDER (writes
+#                          PREFIX/nginx.conf for ports PORT .. PORT+N-1), PREFIX/logs/
+#                          error.log emptied, nginx -p PREFIX -c nginx.conf; on failure
+#                          NGINX_START_ERR ends with the error log's last lines
+#   wait_for SECONDS CMD...  polls CMD every 0.1 s until it succeeds (0) or SECONDS pass (1)
+#   workers [MASTER]       the master's children ($MASTER by default)
+
+NGINX_MODULES=/usr/lib/nginx/modules
+
+nginx_bin() {
+  if [ -n "${NGINX:-}" ]; then echo "$NGINX"
+  elif command -v nginx; then :
+  elif [ -x /usr/sbin/nginx ]; then echo /usr/sbin/nginx
+  else return 1; fi
+}
+
+nginx_has_lua() { [ -r "$NGINX_MODULES/ngx_http_lua_module.so" ]; }
+
+nginx_load_modules() {
+  printf 'load_module %s/%s;\n' "$NGINX_MODULES" ndk_http_module.so \
+    "$NGINX_MODULES" ngx_http_lua_module.so
+}
+
+nginx_lua_paths() {
+  printf '    lua_package_path "%s/lua/?.lua;;";\n    lua_package_cpath "%s/build/?.so;;";\n' "$1" "$1"
+}
+
+copy_fuse() {
+  local root
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  mkdir -p "$1/build/fuse" &&
+    cp -R "${2:-$root/lua}" "$1/lua" &&
+    cp "${3:-$root/build/fuse/core.so}" "$1/build/fuse/core.so" &&
+    chmod -R a+rX "$1"
+}
+
+alive() {
+  [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null &&
+    [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
+
+stop_pid() {
+  local pid=${1:-}
+  alive "$pid" || return 0
+  kill "-${2:-QUIT}" "$pid" 2>/dev/null
+  for _ in $(seq 50); do alive "$pid" || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null
+  return 0
+}
+
+stop_master() { stop_pid "${1:-}" QUIT; }
+
+# The watchdog holds none of our output streams, so a caller reading them never waits on it.
+watchdog() {
+  # shellcheck disable=SC2064  # the seconds are expanded now, on purpose
+  trap "echo 'Bail out! interrupted (a signal, or the $1 s watchdog)'; exit 1" INT TERM HUP
+  ( trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+    sleep "$1" & sp=$!; wait "$sp" && kill -TERM $$
+  ) </dev/null >/dev/null 2>&1 &
+  WATCHDOG=$!
+}
+
+cleanup_nginx() {
+  local pid
+  for pid in "$@"; do stop_master "$pid"; done
+  if [ -n "${WATCHDOG:-}" ]; then kill "$WATCHDOG" 2>/dev/null; WATCHDOG=; fi
+  if [ -n "${T:-}" ]; then
+    if [ "${KEEP:-0}" = 1 ]; then echo "# kept $T" >&2; else rm -rf "$T"; fi
+  fi
+  return 0
+}
+
+port_free() {
+  ! cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '{ print $2 " " }' |
+    grep -q "$(printf ':%04X ' "$1")" && ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+pick_ports() {
+  local p i
+  for _ in $(seq 100); do
+    p=$((10000 + RANDOM % 20000))
+    for ((i = 0; i < $1; i++)); do port_free $((p + i)) || continue 2; done
+    echo "$p"
+    return 0
+  done
+  return 1
+}
+
+nginx_start() {
+  NGINX_START_ERR=$("$NGINX" -p "$1/" -c "$2" ${3:+-g "$3"} 2>&1)
+}
+
+start_on_free_ports() {
+  local n=$1 fn=$2
+  shift 2
+  NGINX_START_ERR=
+  for _ in 1 2 3 4 5; do
+    PORT=$(pick_ports "$n") || { NGINX_START_ERR="no $n free ports in a row"; return 1; }
+    "$fn" && return 0
+    case $NGINX_START_ERR in
+      *"Address already in use"*|*"bind()"*) ;;
+      *) [ $# -gt 0 ] && grep -qsE "Address already in use|bind\(\)" "$@" || return 1 ;;
+    esac
+    echo "# ports $PORT-$((PORT + n - 1)) were taken meanwhile: trying others"
+  done
+  return 1
+}
+
+start_rendered() {
+  START_RENDER=$2 START_PREFIX=$3
+  start_on_free_ports "$1" start_rendered_once "$3/logs/error.log" && return 0
+  NGINX_START_ERR="$NGINX_START_ERR
+$(tail -n 20 "$3/logs/error.log" 2>/dev/null)"
+  return 1
+}
+start_rendered_once() {
+  "$START_RENDER" && : > "$START_PREFIX/logs/error.log" && nginx_start "$START_PREFIX" nginx.conf
+}
+
+wait_for() {
+  local limit=$(($1 * 10)) i=0
+  shift
+  until "$@"; do
+    i=$((i + 1))
+    [ "$i" -ge "$limit" ] && return 1
+    sleep 0.1
+  done
+}
+
+# shellcheck disable=SC2120  # MASTER is optional
+workers() {
+  local m=${1:-${MASTER:-}}
+  [ -n "$m" ] || return 0
+  if command -v ps >/dev/null; then ps -o pid= --ppid "$m" | tr -d ' '
+  else grep -l "^PPid:[[:space:]]*$m\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3; fi
+}
