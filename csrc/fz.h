@@ -259,8 +259,10 @@ const char *fz_counter_name(int i);
  *   state, counts and totals are kept, the new thresholds apply from the next call; a
  *   changed window starts a fresh window, a changed count_window a fresh count window.
  *   FZ_EINVAL for bad options, FZ_EMISMATCH for an anonymous breaker whose count_window
- *   would change (its ring has the size it was made with). Not atomic against calls in
- *   flight: meant for nginx's init_by_lua (the facade calls it there only).
+ *   would change (its ring has the size it was made with). Safe while calls run (in
+ *   nginx, the old workers while the master reloads): each option is stored atomically,
+ *   and a call in flight may mix old and new options for that one call. Not several
+ *   reconfigures at once (the facade calls it in init_by_lua only).
  *
  * fz_done(b, ticket, outcome, elapsed): records the outcome (FZ_SUCCESS, FZ_FAILURE,
  *   FZ_IGNORE) of an admitted call. elapsed is the call's duration in seconds, or a

@@ -166,7 +166,8 @@ local now = 1000
 fuse.clock(function() return now end)
 fuse.init{ capacity = 2, idle = 1 }
 local changes = {}
-local opts = { name = "a", fails = 1, on_state_change = function(n, f, t) changes[#changes + 1] = n .. ":" .. f .. ">" .. t end }
+local function heard(n, f, t) changes[#changes + 1] = n .. ":" .. f .. ">" .. t end
+local opts = { name = "a", fails = 1, on_state_change = heard }
 local function meanwhile()
   now = now + 5
   fuse.new{ name = "y", fails = 1 }
