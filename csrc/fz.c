@@ -1527,13 +1527,16 @@ int64_t fzi_unused_ns(fz_breaker *b) {
  * every ticket out is stale). With only_closed, only from closed (an eviction must not
  * race a trip), and the eviction is remembered (`evicted`). Returns 1 when done. */
 int fzi_retire(fz_breaker *b, int only_closed) {
-  uint64_t sw = at_load_acq(&b->sw);
+  uint64_t sw = at_load_acq(&b->sw), was = at_load_rlx(&b->evicted);
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED || (only_closed && sw_state(sw) != FZ_CLOSED)) return 0;
-    /* an eviction: named before the swap that makes it (release: pairs with the acquire
-     * in `stale`; a swap that fails leaves a generation that is never this one's REMOVED) */
+    /* an eviction is named before the swap that makes it (release: pairs with the
+     * acquire in `stale`), and unnamed when the swap fails (evictions hold the registry's
+     * lock: no other writer of `evicted`) */
     if (only_closed) at_store_rel(&b->evicted, sw_gen(sw) + 1);
+    FAULT("retiring");
     if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_REMOVED))) return 1;
+    if (only_closed) at_store_rel(&b->evicted, was);
   }
 }
 

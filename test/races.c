@@ -221,6 +221,40 @@ static void removed_mid_call(void) {
   is_int(fz_done(r, t, FZ_FAILURE, -1), 0, "removed mid-call: the outcome is stale (0)");
 }
 
+typedef struct open_job {
+  const char *name;
+  fz_breaker *got;
+} open_job;
+
+static void do_open(void *p) {
+  open_job *j = p;
+  fz_config c = defaults();
+  j->got = open_named(j->name, &c, NULL);
+}
+
+/* An eviction names the generation it retires from before its swap; when a trip wins
+ * that swap, the name is taken back: a call from before the trip is stale as usual (0),
+ * not an evicted call's outcome (which would count into the next closed window). */
+static void eviction_loses_to_trip(void) {
+  at(7000);
+  fz_config c = defaults();
+  c.fails = 1;
+  fz_breaker *v = open_named("v", &c, NULL);
+  double t1 = fz_enter(v), t2 = fz_enter(v);
+  later(5);
+  open_named("u", &c, NULL);  /* fresh: v is the one idle breaker, the registry full */
+  open_job j = { "x", NULL };
+  parked k;
+  ok(run_parked(&k, "retiring", do_open, &j), "eviction vs trip: the eviction of v parked before its swap");
+  is_int(fz_done(v, t1, FZ_FAILURE, -1), 64 + FZ_CLOSED * 8 + FZ_OPEN, "eviction vs trip: a failure trips v");
+  release(&k);
+  ok(j.got == NULL, "eviction vs trip: nothing else to evict, x is not made");
+  is_int(state(v), FZ_OPEN, "eviction vs trip: v stays, open");
+  is_int(fz_done(v, t2, FZ_FAILURE, -1), 0, "eviction vs trip: a call from before the trip is stale (0)");
+  remove_named("v");
+  remove_named("u");
+}
+
 /* ---------------------------------------------------------------- reconfigure */
 
 typedef struct caller {
@@ -283,6 +317,7 @@ int main(void) {
   forced_vs_trip();
   evicted_mid_call();
   removed_mid_call();
+  eviction_loses_to_trip();
   reconfigure_under_calls();
   return done_testing();
 }
