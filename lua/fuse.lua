@@ -210,13 +210,6 @@ end
 
 ---------------------------------------------------------------------------- stale handles
 
--- A named breaker object whose breaker was removed or evicted finds its name again,
--- creating it (closed, fresh) with its own options when missing. Returns the live handle
--- and identity, or nil when the registry is full (counted in fuse_registry_full_total).
--- stale_id: the identity the core just answered FZ_STALE for. The object's own handle
--- is then never taken back on its identity alone: a breaker retired by a removal keeps
--- its identity until the remover drops it, for ever if the remover died there; only the
--- registry's lock (taken by B.open) repairs that.
 -- Makes h (identity id), the breaker br's name has now, the object's own handle.
 local function adopt(br, h, id)
   -- the handles it had before, newest first: b:report of a ticket one of them issued
@@ -229,6 +222,13 @@ local function adopt(br, h, id)
   return h, id
 end
 
+-- A named breaker object whose breaker was removed or evicted finds its name again,
+-- creating it (closed, fresh) with its own options when missing. Returns the live handle
+-- and identity, or nil when the registry is full (counted in fuse_registry_full_total).
+-- stale_id: the identity the core just answered FZ_STALE for. The object's own handle
+-- is then never taken back on its identity alone: a breaker retired by a removal keeps
+-- its identity until the remover drops it, for ever if the remover died there; only the
+-- registry's lock (taken by B.open) repairs that.
 local function refind(br, stale_id)
   local h, id = br._h, br._id
   if id ~= stale_id and B.id(h) == id then return h, id end  -- another wrap of this object re-found it
@@ -291,13 +291,15 @@ end
 
 local function late(br, ticket, outcome, seconds, code)
   if code == E_TICKET then code = earlier(br, ticket, outcome, seconds) end
-  for _ = 1, 3 do  -- (again only when evicted once more in between)
-    if code ~= E_STALE then return code end
-    local h, id = live(br), br._id
+  if code ~= E_STALE then return code end
+  local h, id = live(br), br._id
+  for _ = 1, 3 do  -- (again only when that breaker went too, meanwhile)
     if not h then return 0 end  -- a full registry: counted in fuse_registry_full_total
     code = B.late_id(h, id, outcome, seconds)
+    if code ~= E_STALE then return code end
+    h, id = refind(br, id)
   end
-  return code
+  return 0
 end
 
 ---------------------------------------------------------------------------- guarded calls
