@@ -64,7 +64,7 @@ CORE_OBJS := $(CORE_SRCS:csrc/%.c=build/obj/%.o)
 LIB_OBJS   = $(filter-out %/fz_lua.o,$(1))
 
 # C tests beyond the three named ones (test/*.c): built like test_core, run as suites.
-NAMED_TESTS := test_core stress lstates faults interleave
+NAMED_TESTS := test_core stress lstates faults interleave races
 EXTRA_TESTS := $(filter-out $(NAMED_TESTS),$(basename $(notdir $(wildcard test/*.c))))
 TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 
@@ -173,14 +173,24 @@ build/faults: test/faults.c test/tap.h $(filter-out csrc/fz_lua.c,$(CORE_SRCS)) 
 # from every core source but the Lua binding. Also built with ASan and TSan below.
 FAULT_SRCS = $(filter-out csrc/fz_lua.c,$(CORE_SRCS))
 build/interleave build/asan/interleave build/tsan/interleave: test/interleave.c test/tap.h \
-    $(FAULT_SRCS) $(wildcard csrc/*.h)
+    test/pause.h $(FAULT_SRCS) $(wildcard csrc/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(if $(findstring /asan/,$@),$(SAN_ASAN)) \
 	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/interleave.c $(FAULT_SRCS) \
 	  $(LDFLAGS) $(LDLIBS)
 
 # the C tests' shared headers (the builds above without $(DEPFLAGS) do not find them)
-build/faults build/interleave build/asan/interleave build/tsan/interleave: test/harness.h test/pause.h
+build/faults build/interleave build/asan/interleave build/tsan/interleave build/races build/asan/races \
+    build/tsan/races: test/harness.h test/pause.h
+
+# races forces the races the issues 7-11 review suspected (stale manual states, force-open
+# against a trip, eviction of a running call, reconfigure under calls): built as interleave.
+build/races build/asan/races build/tsan/races: test/races.c test/tap.h test/harness.h test/pause.h \
+    $(FAULT_SRCS) $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(if $(findstring /asan/,$@),$(SAN_ASAN)) \
+	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/races.c $(FAULT_SRCS) \
+	  $(LDFLAGS) $(LDLIBS)
 
 # lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.
 build/lstates: test/lstates.c test/tap.h
@@ -197,6 +207,7 @@ check: all build/5.4/fuse/core.so $(TEST_BINS)
 	@$(RUNTAP) lstates env $(LUA_ENV) build/lstates
 	@$(RUNTAP) faults build/faults
 	@$(RUNTAP) interleave build/interleave
+	@$(RUNTAP) races build/races
 	@$(foreach t,$(EXTRA_TESTS),$(RUNTAP) $(t) build/$(t);)
 	@$(RUNTAP) check-cdef sh tools/checkcdef.sh --tap
 	@$(RUNTAP) busted $(BUSTED_RUN) $(BUSTED_ARGS) -o TAP spec/
@@ -243,7 +254,7 @@ san_verdict = sh tools/tapsum $(1) && \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
 asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening \
-    build/asan/registry build/asan/seams
+    build/asan/registry build/asan/seams build/asan/races
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs hardening env $(ASAN_ENV) build/asan/hardening
@@ -252,14 +263,16 @@ asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/inte
 	@bash tools/runtap build/asan/logs interleave env $(ASAN_ENV) build/asan/interleave
 	@bash tools/runtap build/asan/logs registry env $(ASAN_ENV) build/asan/registry
 	@bash tools/runtap build/asan/logs seams env $(ASAN_ENV) build/asan/seams
+	@bash tools/runtap build/asan/logs races env $(ASAN_ENV) build/asan/races
 	@$(call san_verdict,build/asan/logs)
 
-tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry
+tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
 	@bash tools/runtap build/tsan/logs ops_core env $(TSAN_ENV) build/tsan/ops_core
 	@bash tools/runtap build/tsan/logs interleave env $(TSAN_ENV) build/tsan/interleave
 	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
+	@bash tools/runtap build/tsan/logs races env $(TSAN_ENV) build/tsan/races
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------

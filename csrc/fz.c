@@ -119,10 +119,11 @@ struct fz_breaker {
   uint64_t until_gen;           /* concurrent: generation `until` belongs to (| STAMPING) */
   uint64_t cur_epoch;           /* concurrent: bucket epoch of the last clock read */
   uint64_t shift;               /* concurrent: added to epochs; bumped to start a fresh window */
+  /* concurrent (rewritten by a reload, fzi_reconfigure; read with relaxed loads): */
   uint64_t bucket_ns, bucket_inv, open_for_ns, max_open_ns, probe_timeout_ms;
-  uint32_t flags, in_registry;
+  uint32_t flags, in_registry;  /* flags: concurrent, as the line above */
   uint64_t key;                 /* concurrent (rewritten, unchanged, by a reuse of its registry slot): random, bits 40-52 of its tickets */
-  fz_config cfg;                /* immutable after init */
+  fz_config cfg;                /* concurrent: rewritten only by a reload (fzi_reconfigure); OPT() */
 
   /* Half-open admission. */
   _Alignas(LINE) uint64_t ho;   /* concurrent: gen32 << 32 | successes << 16 | busy slots */
@@ -152,7 +153,19 @@ struct fz_breaker {
   /* A timed forced_open: its end, stamped with its generation like `until`. */
   uint64_t forced_until;        /* concurrent: end of the forced_open, ns */
   uint64_t forced_gen;          /* concurrent: generation forced_until belongs to (| STAMPING) */
+
+  /* The generation of the FZ_REMOVED state an idle eviction of this slot's breaker made
+   * last (0: none), kept when the slot is reused: a ticket of the generation before it
+   * was current when its breaker was evicted, and its outcome is the name's (fz_done
+   * answers FZ_ESTALE, see fz_late_id). */
+  uint64_t evicted;             /* concurrent */
 };
+
+/* An option a reload may rewrite while calls read it (fzi_reconfigure): a relaxed load.
+ * Each option is read once per use; a call that straddles a reload may mix old and new
+ * options, which is harmless (the next call sees the new ones). */
+#define OPT(b, f) _Generic((b)->f, double: at_loadd_rlx, uint32_t: at_load32_rlx, \
+                           uint64_t: at_load_rlx)(&(b)->f)
 
 /* ---------------------------------------------------------------- errors */
 
@@ -361,11 +374,11 @@ static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, u
  * Division by the bucket width is a multiplication by its reciprocal (precomputed):
  * exact to within one bucket at the edges, and the same t always gives the same e. */
 static uint64_t epoch_now(fz_breaker *b) {
-  return (uint64_t)(((u128)now_ns() * b->bucket_inv) >> 64) + at_load_rlx(&b->shift);
+  return (uint64_t)(((u128)now_ns() * OPT(b, bucket_inv)) >> 64) + at_load_rlx(&b->shift);
 }
 
 static inline uint64_t epoch_at(fz_breaker *b, uint64_t t) {
-  uint64_t e = (uint64_t)(((u128)t * b->bucket_inv) >> 64) + at_load_rlx(&b->shift);
+  uint64_t e = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64) + at_load_rlx(&b->shift);
   uint64_t cur = at_load_rlx(&b->cur_epoch);
   if (e > cur) advance_epoch(b, e, cur);  /* once a bucket */
   return e;
@@ -522,7 +535,7 @@ void fz_breaker_free(fz_breaker *b) {
   if (b && !b->in_registry) free(b);
 }
 
-void fz_breaker_config(const fz_breaker *b, fz_config *out) { *out = b->cfg; }
+void fz_breaker_config(const fz_breaker *b, fz_config *out) { fzi_config_load((fz_breaker *)(uintptr_t)b, out); }
 
 const char *fz_breaker_name(const fz_breaker *b) { return b->name; }
 
@@ -531,7 +544,8 @@ const char *fz_breaker_name(const fz_breaker *b) { return b->name; }
 /* `period` shortened by jitter: the length of one open period. */
 static uint64_t jittered(fz_breaker *b, uint64_t period) {
   double p = (double)period;
-  if (b->cfg.jitter > 0) p *= 1.0 - b->cfg.jitter * rand01();
+  double jitter = OPT(b, cfg.jitter);
+  if (jitter > 0) p *= 1.0 - jitter * rand01();
   return (uint64_t)p;
 }
 
@@ -594,19 +608,21 @@ static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
 
 /* closed -> open. Returns the transition code, or 0 when another caller moved first. */
 static int trip(fz_breaker *b, uint64_t sw, uint64_t t) {
-  stamp_open(b, sw_gen(sw) + 1, t + jittered(b, b->open_for_ns));
+  stamp_open(b, sw_gen(sw) + 1, t + jittered(b, OPT(b, open_for_ns)));
+  FAULT("trip-stamped");
   /* acq_rel: the stamp above happens-before any reader that sees this open state */
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
   FAULT("tripped");
-  at_store_rlx(&b->cur_open_ns, b->open_for_ns);  /* a new run of open periods */
+  at_store_rlx(&b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
   at_add_rlx(&b->opens_total, 1);
   return trans_code(FZ_CLOSED, FZ_OPEN);
 }
 
 /* half_open -> open after a failed or timed-out probe: the open period backs off. */
 static int reopen(fz_breaker *b, uint64_t sw, uint64_t t) {
-  double next = (double)at_load_rlx(&b->cur_open_ns) * b->cfg.backoff;
-  uint64_t period = next > (double)b->max_open_ns ? b->max_open_ns : (uint64_t)next;
+  double next = (double)at_load_rlx(&b->cur_open_ns) * OPT(b, cfg.backoff);
+  uint64_t max_open = OPT(b, max_open_ns);
+  uint64_t period = next > (double)max_open ? max_open : (uint64_t)next;
   stamp_open(b, sw_gen(sw) + 1, t + jittered(b, period));
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
   at_store_rlx(&b->cur_open_ns, period);
@@ -653,7 +669,7 @@ static unsigned probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
       at_cas_acqrel(&b->probe_start[i], &st, probe_stamp(g32, t));  /* lost: the next one wins */
       continue;
     }
-    if (ms_since(st, t_ms) >= b->probe_timeout_ms) return i + 1;
+    if (ms_since(st, t_ms) >= OPT(b, probe_timeout_ms)) return i + 1;
   }
   return 0;
 }
@@ -744,7 +760,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
     uint32_t succ = (uint32_t)(ho >> 16) & 0xffff, busy = (uint32_t)ho & 0xffff;
     int32_t ahead = (int32_t)((uint32_t)(ho >> 32) - g32);
     if (ahead < 0) succ = busy = 0;  /* the first probe of this generation */
-    if (ahead > 0 || (uint32_t)__builtin_popcount(busy) >= b->cfg.probes) {
+    if (ahead > 0 || (uint32_t)__builtin_popcount(busy) >= OPT(b, cfg.probes)) {
       /* `probes` run already, or a later half-open began: this call's view is stale */
       count_rejection(b, epoch_at(b, t));
       return rejection(FZ_HALF_OPEN, made ? 1 : 0);
@@ -1025,13 +1041,15 @@ static uint64_t cw_apply(fz_breaker *b, uint64_t era, int sign, uint32_t bits) {
  * alone when the slot already holds a newer era's outcome.
  */
 static uint64_t cw_record(fz_breaker *b, int fail, int slow) {
+  uint32_t n = OPT(b, cfg.count_window);
+  if (!n) return 0;  /* a reload made it a time window while this call ran */
   uint64_t era = at_load_acq(&b->cw_agg) >> 33;
   uint32_t era28 = (uint32_t)era & 0x0fffffff;
   uint32_t nv = era28 << 4 | CW_VALID | (fail ? CW_FAIL : 0) | (slow ? CW_SLOW : 0);
   uint64_t agg = cw_apply(b, era, 1, nv);
   if (!agg) return 0;  /* a fresh window began: this outcome belongs to none */
   uint32_t *ring = (uint32_t *)(void *)((char *)b + b->cw_ring_off);
-  uint32_t *slot = &ring[at_add_rlx(&b->cw_seq, 1) % b->cfg.count_window];
+  uint32_t *slot = &ring[at_add_rlx(&b->cw_seq, 1) % n];
   uint32_t old = at_load32_acq(slot);
   do {
     if ((old & CW_VALID) && (int32_t)(((old >> 4) - era28) << 4) > 0) return 0;  /* newer era */
@@ -1044,13 +1062,24 @@ static uint64_t cw_record(fz_breaker *b, int fail, int slow) {
 }
 
 /* Calls in a count window's aggregate, clamped to N (see cw_record). */
-static uint32_t cw_calls(const fz_breaker *b, uint64_t agg) {
-  uint32_t calls = (uint32_t)(agg >> 22 & 0x7ff);
-  return calls > b->cfg.count_window ? b->cfg.count_window : calls;
+static uint32_t cw_calls(fz_breaker *b, uint64_t agg) {
+  uint32_t calls = (uint32_t)(agg >> 22 & 0x7ff), n = OPT(b, cfg.count_window);
+  return calls > n ? n : calls;
+}
+
+/* The options of the trip rules, each read once (a reload may rewrite them). */
+typedef struct rules {
+  uint32_t fails, min_calls;
+  double failure_rate, slow_rate;
+} rules;
+
+static rules rules_of(fz_breaker *b) {
+  rules r = { OPT(b, cfg.fails), OPT(b, cfg.min_calls), OPT(b, cfg.failure_rate), OPT(b, cfg.slow_rate) };
+  return r;
 }
 
 /* Whether the counts of a window meet a trip rule. */
-static int rules_trip(const fz_config *c, uint64_t calls, uint64_t f, uint64_t s) {
+static int rules_trip(const rules *c, uint64_t calls, uint64_t f, uint64_t s) {
   if (c->fails && f >= c->fails) return 1;
   if (calls == 0 || calls < c->min_calls) return 0;
   if (c->failure_rate > 0 && (double)f / (double)calls >= c->failure_rate) return 1;
@@ -1069,14 +1098,15 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
   if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
   else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
   if (slow) bump(b, b->slow, &b->folded_slow, e, __ATOMIC_SEQ_CST);
-  const fz_config *c = &b->cfg;
+  const rules r = rules_of(b), *c = &r;
+  uint32_t flags = OPT(b, flags);
   uint64_t calls, f, s;
-  if (b->flags & F_CW) {
+  if (flags & F_CW) {
     uint64_t agg = cw_record(b, fail, slow);
     if (!agg) return 0;
     calls = cw_calls(b, agg), f = agg >> 11 & 0x7ff, s = agg & 0x7ff;
   } else {
-    if (!fail && !slow && !(b->flags & F_RATE)) return 0;
+    if (!fail && !slow && !(flags & F_RATE)) return 0;
     /* Only the sums a rule needs. A success can only complete a rate rule, which needs
      * rate * min_calls bad calls: skip the striped sum of calls when there are fewer. */
     int need_f = c->fails || c->failure_rate > 0;
@@ -1095,7 +1125,7 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
 /* The outcome of the probe in `slot` of half-open generation sw. A slow probe counts
  * as failed when a slow-call rate rule is set. */
 static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int slow) {
-  int bad = fail || (slow && b->cfg.slow_rate > 0);
+  int bad = fail || (slow && OPT(b, cfg.slow_rate) > 0);
   uint64_t ho;
   FAULT("probe-recording");
   /* a probe taken back already (timed out) was counted as failed by whoever took it */
@@ -1107,7 +1137,7 @@ static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int
   if (bad) return reopen(b, sw, t);
   /* only the success that completes `probes` closes; later ones of this generation
    * (probes still running when it closed) are stale */
-  return (ho >> 16 & 0xffff) == b->cfg.probes ? close_circuit(b, sw) : 0;
+  return (ho >> 16 & 0xffff) == OPT(b, cfg.probes) ? close_circuit(b, sw) : 0;
 }
 
 /* An ignored probe gives its slot back. */
@@ -1128,7 +1158,7 @@ static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot) {
  * and for every 64th call, so a busy one stays current. Returns 1 when it counted.
  */
 static inline int done_fast(fz_breaker *b, uint64_t t) {
-  if ((t & 0x7f) != KIND_NORMAL << 1 || b->flags) return 0;
+  if ((t & 0x7f) != KIND_NORMAL << 1 || OPT(b, flags)) return 0;
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
   uint32_t si = t_stripe;
   /* one compare: key, generation, and state closed (sw << 5 puts the generation at bit 8
@@ -1170,6 +1200,14 @@ static int probe_busy(fz_breaker *b, uint64_t gen, unsigned slot) {
   return (uint32_t)(ho >> 32) == (uint32_t)gen && (ho & 1u << slot);
 }
 
+/* The outcome of a ticket of an earlier generation counts nothing here: 0, or FZ_ESTALE
+ * when it is a closed call's that was current when an idle eviction retired the breaker
+ * (the outcome is its name's: the caller counts it with fz_late_id). */
+static int stale(fz_breaker *b, uint64_t gen, int kind) {
+  uint64_t ev = at_load_acq(&b->evicted);  /* acquire: pairs with the release in fzi_retire */
+  return kind == KIND_NORMAL && ev && gen == ((ev - 1) & GEN_MASK) ? FZ_ESTALE : 0;
+}
+
 static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
   int kind = (int)(t >> 1 & 3);
   unsigned slot = (unsigned)(t >> 3 & 15);
@@ -1183,16 +1221,17 @@ static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
   if (current && sw_state(sw) != kind_state(kind)) return FZ_ETICKET;
   /* a probe slot past `probes` now: made up, unless a reload lowered `probes` while it
    * ran (then it is still taken, or its generation is over: stale) */
-  if (current && slot >= b->cfg.probes && !probe_busy(b, gen, slot)) return FZ_ETICKET;
+  if (current && slot >= OPT(b, cfg.probes) && !probe_busy(b, gen, slot)) return FZ_ETICKET;
   if (outcome == FZ_IGNORE || kind == KIND_PASS) {
     if (outcome == FZ_IGNORE && kind == KIND_PROBE) probe_release(b, gen, slot);
     return 0;
   }
-  if (!current) return 0;  /* stale: an earlier generation */
+  if (!current) return stale(b, gen, kind);  /* an earlier generation */
   int fail = outcome == FZ_FAILURE;
-  int slow = b->cfg.slow > 0 && elapsed >= b->cfg.slow;
+  double slow_s = OPT(b, cfg.slow);
+  int slow = slow_s > 0 && elapsed >= slow_s;
   if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail, slow);
-  if (!fail && !slow && !b->flags) {
+  if (!fail && !slow && !OPT(b, flags)) {
     /* what done_fast declined: count in the bucket of a fresh clock read */
     bump(b, my_stripe(b)->succ, &b->folded_succ, epoch_at(b, now_ns()), __ATOMIC_RELAXED);
     return 0;
@@ -1265,7 +1304,7 @@ static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   if (!settle_due && forced && t >= forced) out->state = FZ_HALF_OPEN;  /* as open and due */
   if (!settle_due && out->state == FZ_OPEN && open_due(b, sw, t)) out->state = FZ_HALF_OPEN;
   else if (!settle_due && out->state == FZ_HALF_OPEN && probe_timed_out(b, sw, t)) out->state = FZ_OPEN;
-  if (b->flags & F_CW) {
+  if (OPT(b, flags) & F_CW) {
     uint64_t agg = at_load_acq(&b->cw_agg);
     out->calls = cw_calls(b, agg);
     out->failures = (uint32_t)(agg >> 11 & 0x7ff);
@@ -1345,7 +1384,7 @@ static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t) {
   stamp_open(b, sw_gen(want) + 1, end);
   int made = 0;
   if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(want) + 1, FZ_OPEN))) {
-    at_store_rlx(&b->cur_open_ns, b->open_for_ns);  /* a new run of open periods */
+    at_store_rlx(&b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
     made = trans_code(FZ_FORCED_OPEN, FZ_OPEN);
   }
   *sw = at_load_acq(&b->sw);
@@ -1367,6 +1406,17 @@ int fz_force_open_for(fz_breaker *b, double seconds) {
 int fz_reset(fz_breaker *b) { return move_to(b, FZ_CLOSED); }
 int fz_force_open(fz_breaker *b) { return move_to(b, FZ_FORCED_OPEN); }
 int fz_disable(fz_breaker *b) { return move_to(b, FZ_DISABLED); }
+
+/* ---------------------------------------------------------------- late outcomes */
+
+/* The outcome of a call whose breaker was evicted while it ran, counted into b (the
+ * breaker of its name now) as a call of b's current generation when b is closed. */
+int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed) {
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in fz_enter_id */
+  if ((uint32_t)at_load_acq(&b->id) != id || sw_state(sw) == FZ_REMOVED) return FZ_ESTALE;
+  if (sw_state(sw) != FZ_CLOSED || outcome < FZ_SUCCESS || outcome > FZ_IGNORE) return 0;
+  return fz_done(b, ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0), outcome, elapsed);
+}
 
 /* ---------------------------------------------------------------- the library */
 
@@ -1428,6 +1478,7 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t l
   /* the slot's key goes on too: a ticket of an earlier breaker here is then stale by its
    * generation (counts nothing, no error), as it was between the removal and the reuse */
   tmp.key = at_load_rlx(&b->key);
+  tmp.evicted = at_load_rlx(&b->evicted);  /* late outcomes of its last evicted breaker */
   tmp.in_registry = 1;
   tmp.sw = sw_make(gen + 1, FZ_CLOSED);
   tmp.id = 0;
@@ -1435,8 +1486,13 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t l
   tmp.cw_ring_off = (int64_t)((char *)ring - (char *)b);
   word *to = (word *)(void *)b;
   const word *from = (const word *)(const void *)&tmp;
-  for (size_t i = 0; i < sizeof tmp / sizeof(word); i++) at_store_rlx((uint64_t *)&to[i], from[i]);
+  _Static_assert(offsetof(fz_breaker, sw) == 0, "the state word comes first");
+  for (size_t i = 1; i < sizeof tmp / sizeof(word); i++) at_store_rlx((uint64_t *)&to[i], from[i]);
   memset(ring, 0, (size_t)c->count_window * sizeof *ring);
+  /* the state word last (release: pairs with the acquire of a stale handle's read of the
+   * state word, so that one that reads the new breaker's state then reads an identity
+   * at least as new as the removal's, which came before this reuse: see fz_enter_id) */
+  at_store_rel(&b->sw, tmp.sw);
 }
 
 /* The options, read word by word with atomic loads: the registry compares them outside
@@ -1459,22 +1515,28 @@ int64_t fzi_unused_ns(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw), t = now_ns();
   if (sw_state(sw) != FZ_CLOSED) return -1;
   uint64_t e = epoch_at(b, t);
-  uint32_t f = b->flags & F_CW ? (uint32_t)(at_load_acq(&b->cw_agg) >> 11 & 0x7ff) : tw_sum(b->fails, (uint32_t)e);
+  uint32_t f = OPT(b, flags) & F_CW ? (uint32_t)(at_load_acq(&b->cw_agg) >> 11 & 0x7ff) : tw_sum(b->fails, (uint32_t)e);
   if (f) return -1;
-  uint32_t now_b = (uint32_t)(((u128)t * b->bucket_inv) >> 64);
+  uint32_t now_b = (uint32_t)(((u128)t * OPT(b, bucket_inv)) >> 64);
   uint32_t buckets = now_b - (uint32_t)at_load_rlx(&b->last_use);
   if ((int32_t)buckets < 1) return 0;
-  return (int64_t)((uint64_t)(buckets - 1) * b->bucket_ns);
+  return (int64_t)((uint64_t)(buckets - 1) * OPT(b, bucket_ns));
 }
 
 /* Takes the breaker out of service: its state becomes FZ_REMOVED (generation bumped, so
  * every ticket out is stale). With only_closed, only from closed (an eviction must not
- * race a trip). Returns 1 when done. */
+ * race a trip), and the eviction is remembered (`evicted`). Returns 1 when done. */
 int fzi_retire(fz_breaker *b, int only_closed) {
-  uint64_t sw = at_load_acq(&b->sw);
+  uint64_t sw = at_load_acq(&b->sw), was = at_load_rlx(&b->evicted);
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED || (only_closed && sw_state(sw) != FZ_CLOSED)) return 0;
+    /* an eviction is named before the swap that makes it (release: pairs with the
+     * acquire in `stale`), and unnamed when the swap fails (evictions hold the registry's
+     * lock: no other writer of `evicted`) */
+    if (only_closed) at_store_rel(&b->evicted, sw_gen(sw) + 1);
+    FAULT("retiring");
     if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_REMOVED))) return 1;
+    if (only_closed) at_store_rel(&b->evicted, was);
   }
 }
 
@@ -1486,7 +1548,7 @@ int fzi_is_removed(const fz_breaker *b) { return sw_state(at_load_acq(&b->sw)) =
  * one of the new width too (idle eviction). */
 static void reepoch(fz_breaker *b) {
   uint64_t t = now_ns();
-  uint64_t raw = (uint64_t)(((u128)t * b->bucket_inv) >> 64);
+  uint64_t raw = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64);
   uint64_t cur = at_load_rlx(&b->cur_epoch), shift = at_load_rlx(&b->shift);
   if (raw + shift < cur + NBUCKETS + 1) at_store_rlx(&b->shift, cur + NBUCKETS + 1 - raw);
   at_store_rlx(&b->last_use, (uint32_t)raw);
@@ -1505,23 +1567,30 @@ static void fewer_probes(fz_breaker *b, uint32_t probes) {
 }
 
 /* New numeric options for a live breaker (a reload): state and counts are kept. The
- * count window keeps its ring only when its size is unchanged. */
+ * count window keeps its ring only when its size is unchanged. Calls may run meanwhile
+ * (in nginx, the old workers, while the master reloads): every option is stored with a
+ * relaxed atomic store, and calls read them with relaxed loads (OPT); a call that
+ * straddles the reload may mix old and new options for that one call. */
 void fzi_reconfigure(fz_breaker *b, const fz_config *c) {
-  uint32_t old_cw = b->cfg.count_window, old_probes = b->cfg.probes;
-  uint64_t old_bucket = b->bucket_ns;
+  typedef uint64_t __attribute__((may_alias)) word;
+  uint32_t old_cw = OPT(b, cfg.count_window), old_probes = OPT(b, cfg.probes);
+  uint64_t old_bucket = OPT(b, bucket_ns);
   fz_breaker tmp;
   breaker_init(&tmp, c, NULL, 0);
-  b->cfg = tmp.cfg;
-  b->bucket_ns = tmp.bucket_ns, b->bucket_inv = tmp.bucket_inv;
+  word *to = (word *)(void *)&b->cfg;
+  const word *from = (const word *)(const void *)&tmp.cfg;
+  for (size_t i = 0; i < sizeof tmp.cfg / sizeof(word); i++) at_store_rlx((uint64_t *)&to[i], from[i]);
+  at_store_rlx(&b->bucket_ns, tmp.bucket_ns), at_store_rlx(&b->bucket_inv, tmp.bucket_inv);
   if (tmp.bucket_ns != old_bucket) reepoch(b);
-  b->open_for_ns = tmp.open_for_ns, b->max_open_ns = tmp.max_open_ns;
-  b->probe_timeout_ms = tmp.probe_timeout_ms;
+  at_store_rlx(&b->open_for_ns, tmp.open_for_ns), at_store_rlx(&b->max_open_ns, tmp.max_open_ns);
+  at_store_rlx(&b->probe_timeout_ms, tmp.probe_timeout_ms);
   at_store_rlx(&b->cur_open_ns, tmp.open_for_ns);
   if (b->cw_ring_off && tmp.cfg.count_window != old_cw) {
-    memset((char *)b + b->cw_ring_off, 0, (size_t)tmp.cfg.count_window * sizeof(uint32_t));
+    uint32_t *ring = (uint32_t *)(void *)((char *)b + b->cw_ring_off);
+    for (uint32_t i = 0; i < tmp.cfg.count_window; i++) at_store32_rlx(&ring[i], 0);
     uint64_t agg = at_load_rlx(&b->cw_agg);  /* a fresh count window */
     while (!at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
   }
-  b->flags = tmp.flags;
+  at_store32_rlx(&b->flags, tmp.flags);
   if (tmp.cfg.probes < old_probes) fewer_probes(b, tmp.cfg.probes);
 }

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FZ_ABI_VERSION 2
+#define FZ_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,7 +44,7 @@ enum {
 enum {
   FZ_OK = 0, FZ_EINVAL = -1, FZ_ENOMEM = -2, FZ_EFULL = -3, FZ_EMISMATCH = -4,
   FZ_ENAME = -5, FZ_EBUSY = -6, FZ_ETICKET = -7, FZ_ESHARED = -8,
-  FZ_EREPORTED = -9
+  FZ_EREPORTED = -9, FZ_ESTALE = -10
 };
 
 /* Bits of fz_config_diff's result, one per option. */
@@ -135,6 +135,11 @@ int fz_reset(fz_breaker *b);
 int fz_force_open(fz_breaker *b);
 int fz_disable(fz_breaker *b);
 int fz_force_open_for(fz_breaker *b, double seconds);
+int fz_reset_id(fz_breaker *b, uint32_t id);
+int fz_force_open_id(fz_breaker *b, uint32_t id);
+int fz_disable_id(fz_breaker *b, uint32_t id);
+int fz_force_open_for_id(fz_breaker *b, uint32_t id, double seconds);
+int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
 fz_breaker *fz_registry_find(const char *name, size_t len);
@@ -254,8 +259,10 @@ const char *fz_counter_name(int i);
  *   state, counts and totals are kept, the new thresholds apply from the next call; a
  *   changed window starts a fresh window, a changed count_window a fresh count window.
  *   FZ_EINVAL for bad options, FZ_EMISMATCH for an anonymous breaker whose count_window
- *   would change (its ring has the size it was made with). Not atomic against calls in
- *   flight: meant for nginx's init_by_lua (the facade calls it there only).
+ *   would change (its ring has the size it was made with). Safe while calls run (in
+ *   nginx, the old workers while the master reloads): each option is stored atomically,
+ *   and a call in flight may mix old and new options for that one call. Not several
+ *   reconfigures at once (the facade calls it in init_by_lua only).
  *
  * fz_done(b, ticket, outcome, elapsed): records the outcome (FZ_SUCCESS, FZ_FAILURE,
  *   FZ_IGNORE) of an admitted call. elapsed is the call's duration in seconds, or a
@@ -267,7 +274,12 @@ const char *fz_counter_name(int i);
  *                   key, a generation b is in whose state issues no ticket of that
  *                   kind (kind 1 needs closed, 2 half_open, 3 disabled), or a tracked
  *                   ticket that b's fz_allow did not record;
- *     FZ_EREPORTED  a ticket of fz_allow given to fz_done before.
+ *     FZ_EREPORTED  a ticket of fz_allow given to fz_done before;
+ *     FZ_ESTALE     a ticket of a closed breaker that an idle eviction retired while the
+ *                   call ran (the ticket was current then): the outcome belongs to the
+ *                   name, not to this slot; count it with fz_late_id into the breaker
+ *                   the name has now (re-found or re-created). After fz_registry_remove
+ *                   such a ticket is stale as any other (0): a removal starts afresh.
  *   fz_enter's tickets are checked by key, generation and state only: give each to
  *   fz_done once.
  *
@@ -296,6 +308,24 @@ const char *fz_counter_name(int i);
  *   reset of a closed breaker is still a transition closed -> closed). A registry
  *   breaker that a removal or an eviction retired (FZ_REMOVED) is left as it is: 0
  *   (so does fz_force_open_for).
+ *
+ * fz_reset_id(b, id), fz_force_open_id(b, id), fz_disable_id(b, id),
+ * fz_force_open_for_id(b, id, seconds): the same through a handle that remembers the
+ *   identity `id` its breaker had (fz_breaker_id; 0 for an anonymous breaker). For a
+ *   registry breaker the identity is checked under the registry's lock, which every
+ *   removal, eviction and reuse of a slot takes, and the state is changed before the
+ *   lock is let go: so the act never lands on a breaker that took the slot over between
+ *   the check and the act. When the handle's breaker is gone (identity moved, or
+ *   FZ_REMOVED) nothing changes and FZ_ESTALE is returned: the caller looks its name up
+ *   again (or re-creates it) and asks again. Otherwise as fz_reset and the others (a
+ *   handle into a mapping that a reload replaced, in nginx's master, is checked without
+ *   the lock). Not for the call path: they may wait for the registry's lock.
+ *
+ * fz_late_id(b, id, outcome, elapsed): counts the outcome of a call whose breaker was
+ *   evicted while it ran (fz_done answered FZ_ESTALE) into b, the breaker its name has
+ *   now, through a handle of identity id: as a call admitted in b's current generation
+ *   when b is closed; nothing (0) in any other state, as for a call that began before a
+ *   transition. Returns as fz_done, or FZ_ESTALE when this handle went stale too.
  *
  * fz_force_open_for(b, seconds): forced_open for `seconds` (0 < seconds <=
  *   FZ_MAX_FORCE_OPEN, else FZ_EINVAL and nothing changes), then an open circuit whose

@@ -45,5 +45,14 @@ static inline int at_cas32_acqrel(uint32_t *p, uint32_t *expected, uint32_t desi
   return __atomic_compare_exchange_n(p, expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 static inline uint32_t at_add32_rlx(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline void at_store32_rlx(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+
+/* doubles, as whole 64-bit words (the generic builtins) */
+_Static_assert(sizeof(double) == sizeof(uint64_t), "a double is one 64-bit word");
+static inline double at_loadd_rlx(const double *p) {
+  double v;
+  __atomic_load(p, &v, __ATOMIC_RELAXED);
+  return v;
+}
 
 #endif /* FZ_ATOMIC_H */

@@ -15,6 +15,7 @@
   _(FZ_EBUSY,     "the registry can only be made shared before any named breaker exists") \
   _(FZ_ETICKET,   "not a ticket issued by this breaker") \
   _(FZ_ESHARED,   "could not map shared memory for the registry") \
-  _(FZ_EREPORTED, "ticket already reported")
+  _(FZ_EREPORTED, "ticket already reported") \
+  _(FZ_ESTALE,    "the breaker was removed or evicted: look its name up again")
 
 #endif /* FZ_ERRORS_H */

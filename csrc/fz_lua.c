@@ -382,6 +382,43 @@ static int l_force_open_for(lua_State *L) {
   return 1;
 }
 
+/* reset_id(h, id), force_open_id(h, id), disable_id(h, id) -> the transition code, or
+ * FZ_ESTALE when the handle's breaker is gone */
+static int l_reset_id(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  lua_pushinteger(L, fz_reset_id(b, (uint32_t)check_int(L, 2, 0, UINT32_MAX)));
+  return 1;
+}
+
+static int l_force_open_id(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  lua_pushinteger(L, fz_force_open_id(b, (uint32_t)check_int(L, 2, 0, UINT32_MAX)));
+  return 1;
+}
+
+static int l_disable_id(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  lua_pushinteger(L, fz_disable_id(b, (uint32_t)check_int(L, 2, 0, UINT32_MAX)));
+  return 1;
+}
+
+/* force_open_for_id(h, id, seconds) -> as force_open_for, or FZ_ESTALE */
+static int l_force_open_for_id(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  uint32_t id = (uint32_t)check_int(L, 2, 0, UINT32_MAX);
+  lua_pushinteger(L, fz_force_open_for_id(b, id, luaL_checknumber(L, 3)));
+  return 1;
+}
+
+/* late_id(h, id, outcome, elapsed) -> as done, or FZ_ESTALE */
+static int l_late_id(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  uint32_t id = (uint32_t)check_int(L, 2, 0, UINT32_MAX);
+  int outcome = (int)check_int(L, 3, FZ_SUCCESS, FZ_IGNORE);
+  lua_pushinteger(L, fz_late_id(b, id, outcome, luaL_checknumber(L, 4)));
+  return 1;
+}
+
 static int l_events_init_shared(lua_State *L) {
   lua_pushinteger(L, fz_events_init_shared());
   return 1;
@@ -588,7 +625,9 @@ static const luaL_Reg FUNCS[] = {
   { "events_init_shared", l_events_init_shared }, { "event", l_event },
   { "events_last", l_events_last }, { "event_at", l_event_at }, 
   { "counter_open", l_counter_open }, { "counter_add", l_counter_add },
-  { "counter_value", l_counter_value }, { "counter_name", l_counter_name }, { NULL, NULL }
+  { "counter_value", l_counter_value }, { "counter_name", l_counter_name },
+  { "reset_id", l_reset_id }, { "force_open_id", l_force_open_id }, { "disable_id", l_disable_id },
+  { "force_open_for_id", l_force_open_for_id }, { "late_id", l_late_id }, { NULL, NULL }
 };
 
 int luaopen_fuse_core(lua_State *L) {

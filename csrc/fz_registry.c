@@ -552,3 +552,50 @@ int fz_breaker_reconfigure(fz_breaker *b, const fz_config *c) {
   fzi_reconfigure(b, c);
   return FZ_OK;
 }
+
+/* ---------------------------------------------------------------- manual states by identity */
+
+/* The registry mapping whose slots hold b, or NULL: an anonymous breaker, or a slot of a
+ * mapping that a reload replaced (nginx's master keeps it for the workers still on it). */
+static registry *home_of(const fz_breaker *b) {
+  registry *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);  /* pairs with the release in init */
+  if (!r) return NULL;
+  uintptr_t lo = (uintptr_t)r + r->off_slots, p = (uintptr_t)b;
+  return p >= lo && p - lo < (uintptr_t)r->capacity * r->slot_size ? r : NULL;
+}
+
+enum { M_RESET, M_FORCE_OPEN, M_DISABLE, M_FORCE_OPEN_FOR };
+
+/*
+ * A manual state through a handle of identity id. Every removal, eviction and reuse of
+ * a slot holds the registry's lock, so holding it from the identity check to the end of
+ * the act leaves no moment at which the slot can pass to another breaker: the window
+ * reset of fz_reset and the stamp of fz_force_open_for land on this breaker or nowhere
+ * (a compare-and-swap of the state word alone could not promise that of them). Manual
+ * states are rare (an operator, fuse.admin), so the lock costs nothing that matters.
+ */
+static int manual(fz_breaker *b, uint32_t id, int what, double seconds) {
+  if (what == M_FORCE_OPEN_FOR && !(seconds > 0 && seconds <= FZ_MAX_FORCE_OPEN)) return FZ_EINVAL;
+  registry *r = id ? home_of(b) : NULL;
+  int rc = FZ_ESTALE;
+  if (r) reg_lock(r);
+  if (fz_breaker_id(b) == id && !fzi_is_removed(b)) {
+    FAULT("manual-checked");
+    switch (what) {
+    case M_RESET: rc = fz_reset(b); break;
+    case M_FORCE_OPEN: rc = fz_force_open(b); break;
+    case M_DISABLE: rc = fz_disable(b); break;
+    default: rc = fz_force_open_for(b, seconds); break;
+    }
+  }
+  if (r) pthread_mutex_unlock(&r->lock);
+  return rc;
+}
+
+int fz_reset_id(fz_breaker *b, uint32_t id) { return manual(b, id, M_RESET, 0); }
+int fz_force_open_id(fz_breaker *b, uint32_t id) { return manual(b, id, M_FORCE_OPEN, 0); }
+int fz_disable_id(fz_breaker *b, uint32_t id) { return manual(b, id, M_DISABLE, 0); }
+
+int fz_force_open_for_id(fz_breaker *b, uint32_t id, double seconds) {
+  return manual(b, id, M_FORCE_OPEN_FOR, seconds);
+}

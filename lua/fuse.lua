@@ -42,7 +42,7 @@ local FORCED_TO_OPEN = 64 + 3 * 8 + OPEN
 local PLAIN_OPEN_REJECTION = -(1 + OPEN * 4)
 local STALE = -(1 + 7 * 4)  -- fz_enter_id: the handle's breaker was removed or evicted
 local PASS_TICKET = 3 * 2   -- a ticket fz_done counts nowhere (kind 3, generation 0)
-local E_MISMATCH, E_FULL, E_TICKET, E_REPORTED = -4, -3, -7, -9
+local E_MISMATCH, E_FULL, E_TICKET, E_REPORTED, E_STALE = -4, -3, -7, -9, -10
 
 -- The core's functions that guarded calls use, called straight from the guarded-call
 -- code: under LuaJIT the ffi namespace of the core library (B.lib), so that no small Lua
@@ -210,6 +210,18 @@ end
 
 ---------------------------------------------------------------------------- stale handles
 
+-- Makes h (identity id), the breaker br's name has now, the object's own handle.
+local function adopt(br, h, id)
+  -- the handles it had before, newest first: b:report of a ticket one of them issued
+  local was = br._was or {}
+  table.insert(was, 1, br._h)
+  was[5] = nil
+  br._was = was
+  br._h, br._id = h, id
+  for _, r in ipairs(br.rejs) do rej_handle[r] = h end
+  return h, id
+end
+
 -- A named breaker object whose breaker was removed or evicted finds its name again,
 -- creating it (closed, fresh) with its own options when missing. Returns the live handle
 -- and identity, or nil when the registry is full (counted in fuse_registry_full_total).
@@ -227,14 +239,7 @@ local function refind(br, stale_id)
     B.full_add()
     return nil
   end
-  -- the handles it had before, newest first: b:report of a ticket one of them issued
-  local was = br._was or {}
-  table.insert(was, 1, br._h)
-  was[5] = nil
-  br._was = was
-  br._h, br._id = h, id
-  for _, r in ipairs(br.rejs) do rej_handle[r] = h end
-  return h, id
+  return adopt(br, h, id)
 end
 
 -- The handle to act on: the object's own, or its name's again when it went stale.
@@ -242,6 +247,59 @@ local function live(br)
   local h = br._h
   if br._id == 0 or B.id(h) == br._id then return h end
   return refind(br)
+end
+
+-- The handle to read (state, stats): the object's own while it lives, else the breaker
+-- its name has now, or nil when the name has none: a read never creates a breaker.
+-- stale_id: an identity the core answered as gone (the breaker is retired while its
+-- identity has not moved yet), never taken back on its identity alone (see refind).
+local function readable(br, stale_id)
+  local h, id = br._h, br._id
+  if id == 0 or (id ~= stale_id and B.id(h) == id) then return h end
+  h, id = B.find(br.name)
+  if not h or id == stale_id then return nil end
+  return (adopt(br, h, id))
+end
+
+-- A manual state through the object: `act` (a B.*_id function) on its breaker, checked
+-- in the core against the handle's identity under the registry's lock, so that it never
+-- lands on a breaker that took the slot over (a removal or an eviction, then a reuse,
+-- between a check here and the act). Gone: its name found again, or re-created, as a
+-- call would. Returns the transition code, or nil when the registry is full.
+local function manual_act(br, act, seconds)
+  local h, id = live(br), br._id
+  while h do
+    local code = act(h, id, seconds)
+    if code ~= E_STALE then return code end
+    h, id = refind(br, id)
+  end
+end
+
+-- An outcome the core would not count through the handle the call finished on: the
+-- handle changed while the call ran (E_TICKET: the ticket is an earlier handle's), or an
+-- idle eviction retired the breaker while the call ran (E_STALE: the outcome is its
+-- name's, counted into the breaker the name has now, found again or re-created). Returns
+-- the code to fire. Off the hot path: only for the codes above.
+local function earlier(br, ticket, outcome, seconds)
+  local code = E_TICKET
+  for _, h in ipairs(br._was or {}) do
+    code = core.fz_done(h, ticket, outcome, seconds)
+    if code ~= E_TICKET then return code end
+  end
+  return code
+end
+
+local function late(br, ticket, outcome, seconds, code)
+  if code == E_TICKET then code = earlier(br, ticket, outcome, seconds) end
+  if code ~= E_STALE then return code end
+  local h, id = live(br), br._id
+  for _ = 1, 3 do  -- (again only when that breaker went too, meanwhile)
+    if not h then return 0 end  -- a full registry: counted in fuse_registry_full_total
+    code = B.late_id(h, id, outcome, seconds)
+    if code ~= E_STALE then return code end
+    h, id = refind(br, id)
+  end
+  return 0
 end
 
 ---------------------------------------------------------------------------- guarded calls
@@ -331,7 +389,10 @@ local function make_run(br, fallback, is_failure, listener, direct)
     local elapsed = -1
     if slow then elapsed = now() - t0 elseif fake then sync() end
     local code = core.fz_done(h, t, outcome, elapsed)
-    if code ~= 0 then fire(listener, name, code) end
+    if code ~= 0 then
+      if code < 0 then code = late(br, t, outcome, elapsed, code) end
+      fire(listener, name, code)
+    end
   end
 
   -- An is_failure that raised: the call counts nowhere (a probe gives its slot back)
@@ -624,16 +685,9 @@ end
 
 -- A ticket that object br's current breaker refused may be one an earlier breaker of its
 -- name issued (before a removal or eviction found the name again): reported to the
--- handle that issued it, it counts nothing there (stale) and is not refused.
-local function earlier(br, ticket, outcome, seconds)
-  local code = E_TICKET
-  for _, h in ipairs(br._was) do
-    code = core.fz_done(h, ticket, outcome, seconds)
-    if code ~= E_TICKET then return code end
-  end
-  return code
-end
-
+-- handle that issued it, it counts nothing there (stale) and is not refused; or, when
+-- an idle eviction retired that breaker while the call ran, it counts into the name's
+-- breaker now (`late`).
 function Breaker:report(ticket, ok, seconds)
   if getmetatable(self) ~= Breaker then not_a_breaker("report", self) end
   if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. type(ticket), 2) end
@@ -645,7 +699,9 @@ function Breaker:report(ticket, ok, seconds)
   if ticket == PASS_TICKET then return end  -- allow's answer when the registry was full: counts nowhere
   if fake then sync() end
   local code = core.fz_done(self._h, ticket, outcome, seconds or -1)
-  if code == E_TICKET and self._was then code = earlier(self, ticket, outcome, seconds or -1) end
+  if code == E_STALE or (code == E_TICKET and self._was) then
+    code = late(self, ticket, outcome, seconds or -1, code)
+  end
   if code == E_REPORTED or code == E_TICKET then
     local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or tostring(ticket)
     if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
@@ -658,11 +714,13 @@ end
 function Breaker:state()
   if getmetatable(self) ~= Breaker then not_a_breaker("state", self) end
   if fake then sync() end
-  local h = live(self)
-  if not h then return "closed" end  -- a full registry: nothing guards its calls
+  -- removed or evicted, and its name not there again: as the fresh breaker its next call
+  -- would make (a read never creates one)
+  local h = readable(self)
+  if not h then return "closed" end
   local code = B.state(h)
   if code % 256 == REMOVED then  -- retired, its identity not moved yet: the name's breaker now
-    h = refind(self, self._id)
+    h = readable(self, self._id)
     if not h then return "closed" end
     code = B.state(h)
   end
@@ -674,11 +732,12 @@ function Breaker:stats()
   if getmetatable(self) ~= Breaker then not_a_breaker("stats", self) end
   if fake then sync() end
   local s = {}
-  -- gone and the registry full: the stats of a fresh breaker, never another's
-  local h = live(self) or B.new(self.cfg)
+  -- gone, and its name not there again: the stats of a fresh breaker, never another's
+  -- (a read never creates one)
+  local h = readable(self) or B.new(self.cfg)
   local code = B.stats(h, s)
   if s.state == REMOVED then  -- retired, its identity not moved yet: the name's breaker now
-    h = refind(self, self._id) or B.new(self.cfg)
+    h = readable(self, self._id) or B.new(self.cfg)
     code = B.stats(h, s)
   end
   fire(self.on_state_change, self.name, code)
@@ -688,11 +747,12 @@ function Breaker:stats()
 end
 
 local function manual(method)
+  local act = B[method .. "_id"]
   return function(self)
     if getmetatable(self) ~= Breaker then not_a_breaker(method, self) end
     if fake then sync() end
-    local h = live(self)
-    if h then fire(self.on_state_change, self.name, B[method](h)) end
+    local code = manual_act(self, act)
+    if code then fire(self.on_state_change, self.name, code) end
   end
 end
 
@@ -707,10 +767,10 @@ function Breaker:force_open(seconds)
       .. tostring(seconds), 2)
   end
   if fake then sync() end
-  local h = live(self)
-  if not h then return end
-  if seconds == nil then return fire(self.on_state_change, self.name, B.force_open(h)) end
-  fire(self.on_state_change, self.name, B.force_open_for(h, seconds))
+  local code
+  if seconds == nil then code = manual_act(self, B.force_open_id)
+  else code = manual_act(self, B.force_open_for_id, seconds) end
+  if code then fire(self.on_state_change, self.name, code) end
 end
 Breaker.disable = manual("disable")
 

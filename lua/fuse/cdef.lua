@@ -1,7 +1,7 @@
 -- generated from csrc/fz.h by make cdef: do not edit
 -- (edit the FZ_CDEF region of csrc/fz.h, then run `make cdef`)
 return {
-  abi = 2,
+  abi = 3,
   cdef = [=[
 enum {
   FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4,
@@ -18,7 +18,7 @@ enum {
 enum {
   FZ_OK = 0, FZ_EINVAL = -1, FZ_ENOMEM = -2, FZ_EFULL = -3, FZ_EMISMATCH = -4,
   FZ_ENAME = -5, FZ_EBUSY = -6, FZ_ETICKET = -7, FZ_ESHARED = -8,
-  FZ_EREPORTED = -9
+  FZ_EREPORTED = -9, FZ_ESTALE = -10
 };
 
 /* Bits of fz_config_diff's result, one per option. */
@@ -109,6 +109,11 @@ int fz_reset(fz_breaker *b);
 int fz_force_open(fz_breaker *b);
 int fz_disable(fz_breaker *b);
 int fz_force_open_for(fz_breaker *b, double seconds);
+int fz_reset_id(fz_breaker *b, uint32_t id);
+int fz_force_open_id(fz_breaker *b, uint32_t id);
+int fz_disable_id(fz_breaker *b, uint32_t id);
+int fz_force_open_for_id(fz_breaker *b, uint32_t id, double seconds);
+int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
 fz_breaker *fz_registry_find(const char *name, size_t len);

@@ -137,6 +137,14 @@ function _M.capacity() return tonumber(C.fz_registry_capacity()) end
 
 function _M.force_open_for(h, seconds) return C.fz_force_open_for(h, seconds) end
 
+-- Manual states through a handle of identity id: FZ_ESTALE (-10) when its breaker is gone.
+function _M.reset_id(h, id) return (C.fz_reset_id(h, id)) end
+function _M.force_open_id(h, id) return (C.fz_force_open_id(h, id)) end
+function _M.disable_id(h, id) return (C.fz_disable_id(h, id)) end
+function _M.force_open_for_id(h, id, seconds) return (C.fz_force_open_for_id(h, id, seconds)) end
+-- The outcome of a call whose breaker was evicted while it ran, into the name's breaker now.
+function _M.late_id(h, id, outcome, elapsed) return (C.fz_late_id(h, id, outcome, elapsed)) end
+
 -- The transition events ring (as fz_lua.c's functions of the same names).
 local event_buf = ffi.new("fz_event")
 function _M.events_init_shared() return C.fz_events_init_shared() end

@@ -1,0 +1,312 @@
+/*
+ * races.c -- the correctness suspicions of the issues 7-11 review, each forced: a
+ * thread parked at a named pause point of the core (test/pause.h) while another runs,
+ * or, where no interleaving is needed, the state it would leave built directly. Time is
+ * the manual clock.
+ *
+ *   manual states on a stale handle  fz_*_id never act on a breaker that took the slot
+ *                                    over, even when the slot passes between the
+ *                                    identity check and the act (pause "manual-checked")
+ *   a timed force-open racing a trip the trip's end never lends itself to the
+ *                                    force-open (pause "trip-stamped")
+ *   idle eviction of a running call  its outcome is not lost: fz_done answers FZ_ESTALE
+ *                                    and fz_late_id counts it into the name's breaker
+ *   reconfigure while calls run      options are atomic (this part is for TSan)
+ */
+#include "../csrc/fz.h"
+#include "tap.h"
+#include "harness.h"
+#include "pause.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+static fz_config defaults(void) {
+  fz_config c;
+  memset(&c, 0, sizeof c);
+  c.window = 10, c.open_for = 10, c.max_open_for = 1000, c.probe_timeout = 5;
+  c.backoff = 1, c.fails = 3, c.min_calls = 10, c.probes = 1;
+  return c;
+}
+
+static fz_breaker *open_named(const char *name, const fz_config *c, uint32_t *id) {
+  int st;
+  return fz_registry_open_id(name, strlen(name), c, &st, id);
+}
+
+static int remove_named(const char *name) { return fz_registry_remove(name, strlen(name)); }
+
+/* ---------------------------------------------------------------- manual states */
+
+enum { RESET, FORCE_OPEN, DISABLE, FORCE_OPEN_FOR };
+static const char *const WHAT[] = { "reset", "force_open", "disable", "force_open(30)" };
+
+static int act(int what, fz_breaker *b, uint32_t id) {
+  switch (what) {
+  case RESET: return fz_reset_id(b, id);
+  case FORCE_OPEN: return fz_force_open_id(b, id);
+  case DISABLE: return fz_disable_id(b, id);
+  default: return fz_force_open_for_id(b, id, 30);
+  }
+}
+
+/* The handle is stale before the call: its slot holds another name now. Nothing of the
+ * other breaker changes: not its state, not its window (reset's fresh window). */
+static void manual_stale(int what) {
+  fz_config c = defaults();
+  uint32_t id_a, id_z;
+  fz_breaker *a = open_named("a", &c, &id_a);
+  remove_named("a");
+  fz_breaker *z = open_named("z", &c, &id_z);
+  ok(a == z && id_a != id_z, "%s on a stale handle: the slot went to another name", WHAT[what]);
+  fz_done(z, fz_enter(z), FZ_FAILURE, -1);
+  is_int(act(what, a, id_a), FZ_ESTALE, "%s on a stale handle: FZ_ESTALE", WHAT[what]);
+  is_int(state(z), FZ_CLOSED, "%s on a stale handle: the other breaker's state is its own", WHAT[what]);
+  is_int(peek(z).failures, 1, "%s on a stale handle: and its window too", WHAT[what]);
+  ok(act(what, z, id_z) > 0, "%s through the live handle acts", WHAT[what]);
+  remove_named("z");
+}
+
+typedef struct manual_job {
+  fz_breaker *b;
+  uint32_t id;
+  int what, rc;
+  atomic_int done;
+} manual_job;
+
+static void do_act(void *p) {
+  manual_job *j = p;
+  j->rc = act(j->what, j->b, j->id);
+}
+
+static void *do_reuse(void *p) {
+  manual_job *j = p;
+  fz_config c = defaults();
+  remove_named("a");
+  fz_breaker *w = open_named("w", &c, NULL);  /* takes a's slot */
+  fz_done(w, fz_enter(w), FZ_FAILURE, -1);     /* one failure in its window */
+  atomic_store(&j->done, 1);
+  return NULL;
+}
+
+/* The handle is live when checked; while the act waits right after the check, another
+ * thread removes the name and opens another into the slot. It cannot: the check and the
+ * act hold the registry's lock, so the removal waits until the act is done, and the act
+ * lands on its own breaker. (With the check made apart from the act, as the facade did,
+ * the removal and the reuse run at once and the act lands on "w".) */
+static void manual_interleaved(int what) {
+  fz_config c = defaults();
+  uint32_t id;
+  fz_breaker *a = open_named("a", &c, &id);
+  manual_job j = { a, id, what, 0, 0 };
+  parked k;
+  pthread_t other;
+  ok(run_parked(&k, "manual-checked", do_act, &j), "%s mid-way: parked after the identity check", WHAT[what]);
+  pthread_create(&other, NULL, do_reuse, &j);
+  struct timespec ms = { 0, 1000000 };
+  for (int i = 0; i < 200 && !atomic_load(&j.done); i++) nanosleep(&ms, NULL);  /* bounded */
+  ok(!atomic_load(&j.done), "%s mid-way: the removal and the reuse wait for the act", WHAT[what]);
+  release(&k);
+  pthread_join(other, NULL);
+  ok(j.rc > 0, "%s mid-way: the act was made, on its own breaker (code %d)", WHAT[what], j.rc);
+  uint32_t wid;
+  fz_breaker *w = fz_registry_find_id("w", 1, &wid);
+  ok(w == a, "%s mid-way: the other name took the slot afterwards", WHAT[what]);
+  is_int(state(w), FZ_CLOSED, "%s mid-way: the other breaker is untouched", WHAT[what]);
+  is_int(peek(w).failures, 1, "%s mid-way: its window too", WHAT[what]);
+  is_int(act(what, a, id), FZ_ESTALE, "%s mid-way: the old handle is stale now", WHAT[what]);
+  remove_named("w");
+}
+
+/* An anonymous breaker has identity 0 and nothing to go stale. */
+static void manual_anonymous(void) {
+  fz_config c = defaults();
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  ok(fz_force_open_id(b, 0) > 0 && state(b) == FZ_FORCED_OPEN, "anonymous: force_open_id acts");
+  ok(fz_reset_id(b, 0) > 0 && state(b) == FZ_CLOSED, "anonymous: reset_id acts");
+  is_int(fz_force_open_for_id(b, 0, -1), FZ_EINVAL, "anonymous: a bad duration is FZ_EINVAL");
+  is_int(fz_reset_id(b, 3), FZ_ESTALE, "anonymous: another identity is stale");
+  fz_breaker_free(b);
+}
+
+/* ---------------------------------------------------------------- force-open vs trip */
+
+typedef struct done_job {
+  fz_breaker *b;
+  double ticket;
+  int rc;
+} done_job;
+
+static void do_fail(void *p) {
+  done_job *j = p;
+  j->rc = fz_done(j->b, j->ticket, FZ_FAILURE, -1);
+}
+
+/* A trip stamps the end of its open period (10 s), then a timed force-open (100 s) wins
+ * the swap it was about to make. The force-open's end is its own: the trip's stamp was
+ * for the same generation, so with one stamp for both the force-open would find that
+ * generation stamped already and end after 10 s. */
+static void forced_vs_trip(void) {
+  at(5000);
+  fz_config c = defaults();
+  c.fails = 1;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  done_job j = { b, fz_enter(b), 0 };
+  parked k;
+  ok(run_parked(&k, "trip-stamped", do_fail, &j), "force vs trip: the trip parked after stamping its end");
+  is_int(fz_force_open_for(b, 100), 64 + FZ_CLOSED * 8 + FZ_FORCED_OPEN, "force vs trip: the force-open wins");
+  release(&k);
+  is_int(j.rc, 0, "force vs trip: the trip lost its swap");
+  later(20);
+  is_int(state(b), FZ_FORCED_OPEN, "force vs trip: still forced open after the trip's 10 s");
+  is_dbl(fz_retry_after(b), 80, 1e-6, "force vs trip: its own end, 80 s away");
+  later(80);
+  is_int(state(b), FZ_HALF_OPEN, "force vs trip: lifted at its own end (probes decide)");
+  fz_breaker_free(b);
+}
+
+/* ---------------------------------------------------------------- idle eviction */
+
+/* A call enters a closed breaker, which is evicted as idle while the call runs (its slot
+ * reused by another name); the call reports. Its outcome is its name's: fz_done counts
+ * nothing in the slot and says FZ_ESTALE, and fz_late_id counts it into the breaker the
+ * name has again. */
+static void evicted_mid_call(void) {
+  at(6000);
+  fz_config c = defaults();
+  c.fails = 1;
+  double evictions = fz_registry_evictions_total();
+  uint32_t id_e, id_f, id_g;
+  fz_breaker *e = open_named("e", &c, &id_e);
+  double t = fz_enter_id(e, id_e);
+  ok(t > 0, "evicted mid-call: the call entered");
+  later(5);  /* more than idle (1 s): e is evictable, a call in flight or not */
+  fz_breaker *f = open_named("f", &c, &id_f);
+  fz_breaker *g = open_named("g", &c, &id_g);  /* full: evicts e (f is fresh) */
+  is_dbl(fz_registry_evictions_total() - evictions, 1, 0, "evicted mid-call: e was evicted");
+  ok(g == e && f != e, "evicted mid-call: g took e's slot");
+  is_int(fz_done(e, t, FZ_FAILURE, -1), FZ_ESTALE, "evicted mid-call: fz_done says the outcome is the name's");
+  is_int(peek(g).failures, 0, "evicted mid-call: nothing counted into g");
+  is_int(state(g), FZ_CLOSED, "evicted mid-call: g stays closed");
+  remove_named("f");
+  uint32_t id_e2;
+  fz_breaker *e2 = open_named("e", &c, &id_e2);
+  is_int(fz_late_id(e2, id_e2, FZ_FAILURE, -1), 64 + FZ_CLOSED * 8 + FZ_OPEN,
+         "evicted mid-call: fz_late_id counts it into e again: the failure trips it");
+  is_int(fz_late_id(e2, id_e2, FZ_FAILURE, -1), 0, "evicted mid-call: an open breaker counts no late outcome");
+  is_int(peek(e2).failures, 1, "evicted mid-call: one failure");
+  is_int(fz_late_id(e, id_e, FZ_FAILURE, -1), FZ_ESTALE, "evicted mid-call: fz_late_id on a stale handle: FZ_ESTALE");
+  remove_named("e");
+  remove_named("g");
+}
+
+/* A removal is deliberate: a call's outcome after it counts nothing, as before. */
+static void removed_mid_call(void) {
+  fz_config c = defaults();
+  uint32_t id;
+  fz_breaker *r = open_named("r", &c, &id);
+  double t = fz_enter_id(r, id);
+  remove_named("r");
+  is_int(fz_done(r, t, FZ_FAILURE, -1), 0, "removed mid-call: the outcome is stale (0)");
+}
+
+typedef struct open_job {
+  const char *name;
+  fz_breaker *got;
+} open_job;
+
+static void do_open(void *p) {
+  open_job *j = p;
+  fz_config c = defaults();
+  j->got = open_named(j->name, &c, NULL);
+}
+
+/* An eviction names the generation it retires from before its swap; when a trip wins
+ * that swap, the name is taken back: a call from before the trip is stale as usual (0),
+ * not an evicted call's outcome (which would count into the next closed window). */
+static void eviction_loses_to_trip(void) {
+  at(7000);
+  fz_config c = defaults();
+  c.fails = 1;
+  fz_breaker *v = open_named("v", &c, NULL);
+  double t1 = fz_enter(v), t2 = fz_enter(v);
+  later(5);
+  open_named("u", &c, NULL);  /* fresh: v is the one idle breaker, the registry full */
+  open_job j = { "x", NULL };
+  parked k;
+  ok(run_parked(&k, "retiring", do_open, &j), "eviction vs trip: the eviction of v parked before its swap");
+  is_int(fz_done(v, t1, FZ_FAILURE, -1), 64 + FZ_CLOSED * 8 + FZ_OPEN, "eviction vs trip: a failure trips v");
+  release(&k);
+  ok(j.got == NULL, "eviction vs trip: nothing else to evict, x is not made");
+  is_int(state(v), FZ_OPEN, "eviction vs trip: v stays, open");
+  is_int(fz_done(v, t2, FZ_FAILURE, -1), 0, "eviction vs trip: a call from before the trip is stale (0)");
+  remove_named("v");
+  remove_named("u");
+}
+
+/* ---------------------------------------------------------------- reconfigure */
+
+typedef struct caller {
+  pthread_t th;
+  fz_breaker *b;
+  atomic_int *stop;
+  unsigned seed;
+} caller;
+
+static void *calls(void *p) {
+  caller *k = p;
+  while (!atomic_load(k->stop)) {
+    for (int i = 0; i < 64; i++) {
+      double t = fz_enter(k->b);
+      k->seed = k->seed * 1103515245u + 12345u;
+      if (t > 0) fz_done(k->b, t, (k->seed >> 16) % 5 == 0 ? FZ_FAILURE : FZ_SUCCESS, (k->seed >> 20) % 3 * 0.1);
+    }
+    fz_stats s;
+    fz_stats_read(k->b, &s);
+  }
+  return NULL;
+}
+
+/* A reload reconfigures a breaker while calls run (in nginx: the old workers, while the
+ * master re-runs init_by_lua). Every option moves; TSan checks no access races. */
+static void reconfigure_under_calls(void) {
+  fz_clock_auto();
+  fz_config c1 = defaults(), c2 = defaults();
+  c1.fails = 50, c1.failure_rate = 0.9, c1.min_calls = 20, c1.slow = 0.15, c1.slow_rate = 0.95;
+  c1.open_for = 0.01, c1.max_open_for = 1, c1.backoff = 2, c1.jitter = 0.5, c1.probes = 4;
+  c2.fails = 80, c2.window = 2, c2.count_window = 100, c2.min_calls = 50, c2.probe_timeout = 0.01;
+  c2.open_for = 0.02, c2.max_open_for = 0.02, c2.probes = 1;
+  uint32_t id;
+  fz_breaker *b = open_named("reconfigured", &c1, &id);
+  atomic_int stop = 0;
+  caller k[2] = { { 0, b, &stop, 1 }, { 0, b, &stop, 2 } };
+  for (int i = 0; i < 2; i++) pthread_create(&k[i].th, NULL, calls, &k[i]);
+  int bad = 0;
+  for (int i = 0; i < 2000; i++) bad += fz_breaker_reconfigure(b, i % 2 ? &c1 : &c2) != FZ_OK;
+  atomic_store(&stop, 1);
+  for (int i = 0; i < 2; i++) pthread_join(k[i].th, NULL);
+  is_int(bad, 0, "reconfigure under calls: 2000 reloads while 2 threads call");
+  fz_config have;
+  fz_breaker_config(b, &have);
+  ok(have.count_window == c1.count_window && have.fails == c1.fails, "reconfigure under calls: the last options hold");
+  remove_named("reconfigured");
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  fz_fault_hook = pause_hook;
+  at(1000);
+  is_int(fz_registry_init(2, 0, 1), FZ_OK, "a private registry of 2 slots, idle 1 s");
+  fz_config c = defaults();
+  open_named("pad", &c, NULL);  /* takes a never-used slot: the names below reuse the other */
+  for (int what = RESET; what <= FORCE_OPEN_FOR; what++) manual_stale(what);
+  for (int what = RESET; what <= FORCE_OPEN_FOR; what++) manual_interleaved(what);
+  manual_anonymous();
+  remove_named("pad");
+  forced_vs_trip();
+  evicted_mid_call();
+  removed_mid_call();
+  eviction_loses_to_trip();
+  reconfigure_under_calls();
+  return done_testing();
+}
