@@ -321,6 +321,9 @@ static int l_name_of(lua_State *L) {
   return 1;
 }
 
+/* A registry identity (fz_registry_open_id's), argument i. */
+static uint32_t check_id(lua_State *L, int i) { return (uint32_t)check_int(L, i, 0, UINT32_MAX); }
+
 static int l_config(lua_State *L) {
   fz_config c;
   fz_breaker_config(check_breaker(L, 1), &c);
@@ -331,13 +334,13 @@ static int l_config(lua_State *L) {
 /* enter(h, identity) -> ticket (FZ_STALE's rejection when the identity is gone) */
 static int l_enter(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
-  lua_pushnumber(L, fz_enter_id(b, (uint32_t)check_int(L, 2, 0, UINT32_MAX)));
+  lua_pushnumber(L, fz_enter_id(b, check_id(L, 2)));
   return 1;
 }
 
 static int l_allow(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
-  lua_pushnumber(L, fz_allow_id(b, (uint32_t)check_int(L, 2, 0, UINT32_MAX)));
+  lua_pushnumber(L, fz_allow_id(b, check_id(L, 2)));
   return 1;
 }
 
@@ -384,28 +387,20 @@ static int l_force_open_for(lua_State *L) {
 
 /* reset_id(h, id), force_open_id(h, id), disable_id(h, id) -> the transition code, or
  * FZ_ESTALE when the handle's breaker is gone */
-static int l_reset_id(lua_State *L) {
-  fz_breaker *b = check_breaker(L, 1);
-  lua_pushinteger(L, fz_reset_id(b, (uint32_t)check_int(L, 2, 0, UINT32_MAX)));
-  return 1;
-}
-
-static int l_force_open_id(lua_State *L) {
-  fz_breaker *b = check_breaker(L, 1);
-  lua_pushinteger(L, fz_force_open_id(b, (uint32_t)check_int(L, 2, 0, UINT32_MAX)));
-  return 1;
-}
-
-static int l_disable_id(lua_State *L) {
-  fz_breaker *b = check_breaker(L, 1);
-  lua_pushinteger(L, fz_disable_id(b, (uint32_t)check_int(L, 2, 0, UINT32_MAX)));
-  return 1;
-}
+#define L_ACT_ID(act)                                       \
+  static int l_##act##_id(lua_State *L) {                   \
+    fz_breaker *b = check_breaker(L, 1);                    \
+    lua_pushinteger(L, fz_##act##_id(b, check_id(L, 2)));   \
+    return 1;                                               \
+  }
+L_ACT_ID(reset)
+L_ACT_ID(force_open)
+L_ACT_ID(disable)
 
 /* force_open_for_id(h, id, seconds) -> as force_open_for, or FZ_ESTALE */
 static int l_force_open_for_id(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
-  uint32_t id = (uint32_t)check_int(L, 2, 0, UINT32_MAX);
+  uint32_t id = check_id(L, 2);
   lua_pushinteger(L, fz_force_open_for_id(b, id, luaL_checknumber(L, 3)));
   return 1;
 }
@@ -413,7 +408,7 @@ static int l_force_open_for_id(lua_State *L) {
 /* late_id(h, id, outcome, elapsed) -> as done, or FZ_ESTALE */
 static int l_late_id(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
-  uint32_t id = (uint32_t)check_int(L, 2, 0, UINT32_MAX);
+  uint32_t id = check_id(L, 2);
   int outcome = (int)check_int(L, 3, FZ_SUCCESS, FZ_IGNORE);
   lua_pushinteger(L, fz_late_id(b, id, outcome, luaL_checknumber(L, 4)));
   return 1;

@@ -191,12 +191,6 @@ describe("fuse #" .. BACKEND, function()
   -- The registry is process-wide, so filling one takes a process of its own: the same
   -- interpreter, with the same paths, runs a script that fills a shared registry of 2.
   describe("a full registry", function()
-    local function interpreter()
-      local i = 0
-      while arg and arg[i - 1] do i = i - 1 end
-      return arg and arg[i] or (jit and "luajit" or "lua")
-    end
-
     it("is a clear error at creation, naming the breaker and the capacity", function()
       local script = os.tmpname()
       local f = assert(io.open(script, "w"))
@@ -212,7 +206,7 @@ describe("fuse #" .. BACKEND, function()
         io.write(tostring(ok), "\n", tostring(err), "\n", again.name, "\n", #fuse.list(), "\n")
       ]])
       f:close()
-      local p = assert(io.popen(("%q %q 2>&1"):format(interpreter(), script)))
+      local p = assert(io.popen(("%q %q 2>&1"):format(support.interpreter(), script)))
       local out = p:read("*a")
       p:close()
       os.remove(script)

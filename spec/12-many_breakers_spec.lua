@@ -9,18 +9,7 @@ local unique = support.unique_names("s12")
 local function ok_fn(x) return x end
 local function failing() return nil, "boom" end
 
-local function has(list, name)
-  for _, n in ipairs(list) do if n == name then return true end end
-  return false
-end
-
--- The interpreter running this spec (busted is run by it), for scripts in a process of
--- their own: a registry's capacity and idle are set before any named breaker exists.
-local function interpreter()
-  local i = 0
-  while arg and arg[i - 1] do i = i - 1 end
-  return arg and arg[i] or (jit and "luajit" or "lua")
-end
+local has = support.has
 
 -- Runs `body` in a fresh process with fuse loaded, a fake clock `clock.now` and
 -- check(cond, what); returns the lines "ok WHAT" / "not ok WHAT" it printed.
@@ -33,18 +22,7 @@ local function ok_fn(x) return x end
 local function failing() return nil, "boom" end
 ]]
 
-local function run_child(body)
-  local script = os.tmpname()
-  local f = assert(io.open(script, "w"))
-  f:write(("package.path = %q; package.cpath = %q\n"):format(package.path, package.cpath))
-  f:write(PRELUDE, body)
-  f:close()
-  local p = assert(io.popen(("%q %q 2>&1"):format(interpreter(), script)))
-  local out = p:read("*a")
-  p:close()
-  os.remove(script)
-  return out
-end
+local function run_child(body) return support.run_child(PRELUDE .. body) end
 
 local function assert_child(body, count)
   local out = run_child(body)

@@ -7,26 +7,9 @@ local BACKEND = support.BACKEND
 
 local unique = support.unique_names("s16")
 
--- The interpreter running this spec, for a script in a process of its own (a registry
--- sized before any named breaker exists).
-local function interpreter()
-  local i = 0
-  while arg and arg[i - 1] do i = i - 1 end
-  return arg and arg[i] or (jit and "luajit" or "lua")
-end
-
 -- Runs `body` in a fresh process with fuse loaded; returns what it printed.
 local function run_child(body)
-  local script = os.tmpname()
-  local f = assert(io.open(script, "w"))
-  f:write(("package.path = %q; package.cpath = %q\n"):format(package.path, package.cpath))
-  f:write(body:find("^local B") and "local fuse\n" or 'local fuse = require "fuse"\n', body)
-  f:close()
-  local p = assert(io.popen(("%q %q 2>&1"):format(interpreter(), script)))
-  local out = p:read("*a")
-  p:close()
-  os.remove(script)
-  return out
+  return support.run_child((body:find("^local B") and "local fuse\n" or 'local fuse = require "fuse"\n') .. body)
 end
 
 describe("seams #" .. BACKEND, function()

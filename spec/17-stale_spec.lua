@@ -11,34 +11,14 @@ local BACKEND = support.BACKEND
 
 local unique = support.unique_names("s17")
 
--- The interpreter running this spec, for a script in a process of its own (a registry
--- sized before any named breaker exists).
-local function interpreter()
-  local i = 0
-  while arg and arg[i - 1] do i = i - 1 end
-  return arg and arg[i] or (jit and "luajit" or "lua")
-end
-
 -- Runs `body` in a fresh process with fuse loaded (and B, the backend); returns what it
 -- printed.
 local function run_child(body)
-  local script = os.tmpname()
-  local f = assert(io.open(script, "w"))
-  f:write(("package.path = %q; package.cpath = %q\n"):format(package.path, package.cpath))
-  f:write('local fuse = require "fuse"\n')
-  f:write('local B = jit and require("fuse.ffi") or require("fuse.core")\n', body)
-  f:close()
-  local p = assert(io.popen(("%q %q 2>&1"):format(interpreter(), script)))
-  local out = p:read("*a")
-  p:close()
-  os.remove(script)
-  return out
+  return support.run_child('local fuse = require "fuse"\n'
+    .. 'local B = jit and require("fuse.ffi") or require("fuse.core")\n' .. body)
 end
 
-local function has(list, name)
-  for _, n in ipairs(list) do if n == name then return true end end
-  return false
-end
+local has = support.has
 
 -- A registry of 2 slots: "a" and "pad". When the facade checks that a's object is live
 -- (B.id, called from `live`), "a" is removed, "w" takes its slot and fails once, and

@@ -104,4 +104,34 @@ function support.promtool(text)
   return tonumber(out:match("rc=(%d+)%s*$")), (out:gsub("rc=%d+%s*$", ""))
 end
 
+-- Whether the array `list` holds `x`.
+function support.has(list, x)
+  for _, v in ipairs(list) do if v == x then return true end end
+  return false
+end
+
+-- The interpreter running this spec (busted's --lua), for a script in a process of its
+-- own.
+function support.interpreter()
+  local i = 0
+  while arg and arg[i - 1] do i = i - 1 end
+  return arg and arg[i] or (jit and "luajit" or "lua")
+end
+
+-- Runs the Lua `text` in a fresh process of this interpreter, with this process's paths
+-- (busted may have set them with --lpath/--cpath) on line 1; returns what it printed,
+-- stderr included. For what is process-wide: a registry sized before any named breaker.
+function support.run_child(text)
+  local script = os.tmpname()
+  local f = assert(io.open(script, "w"))
+  f:write(("package.path = %q; package.cpath = %q\n"):format(package.path, package.cpath))
+  f:write(text)
+  f:close()
+  local p = assert(io.popen(("%q %q 2>&1"):format(support.interpreter(), script)))
+  local out = p:read("*a")
+  p:close()
+  os.remove(script)
+  return out
+end
+
 return support
