@@ -363,28 +363,6 @@ static int l_retry_after(lua_State *L) {
   return 1;
 }
 
-static int l_reset(lua_State *L) {
-  lua_pushinteger(L, fz_reset(check_breaker(L, 1)));
-  return 1;
-}
-
-static int l_force_open(lua_State *L) {
-  lua_pushinteger(L, fz_force_open(check_breaker(L, 1)));
-  return 1;
-}
-
-static int l_disable(lua_State *L) {
-  lua_pushinteger(L, fz_disable(check_breaker(L, 1)));
-  return 1;
-}
-
-/* force_open_for(h, seconds) -> the transition code, or FZ_EINVAL */
-static int l_force_open_for(lua_State *L) {
-  fz_breaker *b = check_breaker(L, 1);
-  lua_pushinteger(L, fz_force_open_for(b, luaL_checknumber(L, 2)));
-  return 1;
-}
-
 /* reset_id(h, id), force_open_id(h, id), disable_id(h, id) -> the transition code, or
  * FZ_ESTALE when the handle's breaker is gone */
 #define L_ACT_ID(act)                                       \
@@ -397,7 +375,7 @@ L_ACT_ID(reset)
 L_ACT_ID(force_open)
 L_ACT_ID(disable)
 
-/* force_open_for_id(h, id, seconds) -> as force_open_for, or FZ_ESTALE */
+/* force_open_for_id(h, id, seconds) -> the transition code, FZ_EINVAL, or FZ_ESTALE */
 static int l_force_open_for_id(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
   uint32_t id = check_id(L, 2);
@@ -609,14 +587,14 @@ static const luaL_Reg FUNCS[] = {
   { "strerror", l_strerror }, { "new", l_new }, { "open", l_open }, { "find", l_find },
   { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
   { "enter", l_enter }, { "allow", l_allow }, { "done", l_done }, { "state", l_state },
-  { "retry_after", l_retry_after }, { "reset", l_reset }, { "force_open", l_force_open },
-  { "disable", l_disable }, { "stats", l_stats }, { "peek", l_peek }, { "init_shared", l_init_shared },
+  { "retry_after", l_retry_after },
+  { "stats", l_stats }, { "peek", l_peek }, { "init_shared", l_init_shared },
   { "is_shared", l_is_shared }, { "capacity", l_capacity },
   { "remove", l_remove }, { "id", l_id }, { "reconfigure", l_reconfigure }, { "live", l_live },
   { "init", l_init }, { "idle", l_idle }, { "full_add", l_full_add },
   { "full_total", l_full_total }, { "evictions_total", l_evictions_total },
   { "clock_manual", l_clock_manual }, { "clock_auto", l_clock_auto },
-  { "clock_now", l_clock_now }, { "bounds", l_bounds }, { "force_open_for", l_force_open_for },
+  { "clock_now", l_clock_now }, { "bounds", l_bounds },
   { "events_init_shared", l_events_init_shared }, { "event", l_event },
   { "events_last", l_events_last }, { "event_at", l_event_at }, 
   { "counter_open", l_counter_open }, { "counter_add", l_counter_add },

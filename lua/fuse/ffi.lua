@@ -99,9 +99,6 @@ end
 -- never a tail call into C, which a trace starting at the function's entry cannot record.
 function _M.state(h) return (C.fz_state(h)) end
 function _M.retry_after(h) return (C.fz_retry_after(h)) end
-function _M.reset(h) return (C.fz_reset(h)) end
-function _M.force_open(h) return (C.fz_force_open(h)) end
-function _M.disable(h) return (C.fz_disable(h)) end
 
 local function fill(t)
   local s = stats_buf
@@ -134,8 +131,6 @@ function _M.full_total() return (C.fz_registry_full_total()) end
 function _M.evictions_total() return (C.fz_registry_evictions_total()) end
 function _M.is_shared() return C.fz_registry_is_shared() ~= 0 end
 function _M.capacity() return tonumber(C.fz_registry_capacity()) end
-
-function _M.force_open_for(h, seconds) return C.fz_force_open_for(h, seconds) end
 
 -- Manual states through a handle of identity id: FZ_ESTALE (-10) when its breaker is gone.
 function _M.reset_id(h, id) return (C.fz_reset_id(h, id)) end
