@@ -103,6 +103,10 @@ local function now()
   return (core.fz_clock_now())
 end
 
+-- fuse.now(): seconds as the breakers read them (monotonic; the fuse.clock function when
+-- one is installed). fuse.upstream times its slow-start ramps with it.
+function _M.now() return now() end
+
 ---------------------------------------------------------------------------- protected calls
 
 -- pcall(call, fn, ...) is pcall(fn, ...) with every result, for the functions fuse calls
@@ -985,7 +989,10 @@ function _M.metrics()
   out[#out + 1] = ("# HELP fuse_registry_evictions_total Idle breakers evicted to make room.\n"
     .. "# TYPE fuse_registry_evictions_total counter\nfuse_registry_evictions_total %.17g\n")
     :format(B.evictions_total())
-  return concat(out) .. _M._counter_metrics()
+  -- fuse.upstream's counters (panic picks, failure classes), when a pool was made
+  local up = package.loaded["fuse.upstream"]
+  local extra = type(up) == "table" and type(up.metrics) == "function" and up.metrics() or ""
+  return concat(out) .. _M._counter_metrics() .. extra
 end
 
 ---------------------------------------------------------------------------- shared counters

@@ -2,14 +2,15 @@
 -- run time (examples/nginx/peers.conf serves them). State lives in the lua_shared_dict
 -- `peers`, so every worker answers alike. Per peer (its listening port):
 --   mode  ok (200) | fail (500) | status (answers `status`) | hang (sleeps `delay` s, then 200)
---         | slowfail (sleeps `delay` s, then 500)
+--         | slowfail (sleeps `delay` s, then 500) | refuse (closes the connection unanswered:
+--         the front sees a reset, a connect-class failure)
 --   hits  requests that reached it; `max` the most it ever served at once.
 local ngx = ngx
 local d = ngx.shared.peers
 
 local _M = {}
 
-local MODES = { ok = true, fail = true, status = true, hang = true, slowfail = true }
+local MODES = { ok = true, fail = true, status = true, hang = true, slowfail = true, refuse = true }
 
 function _M.serve()
   local port = ngx.var.server_port
@@ -19,6 +20,7 @@ function _M.serve()
   d:set("reached:" .. port .. ":" .. now, true)      -- concurrency levels seen
   if mode == "hang" or mode == "slowfail" then ngx.sleep(d:get("delay:" .. port) or 1) end
   d:incr("now:" .. port, -1, 0)
+  if mode == "refuse" then return ngx.exit(444) end
   ngx.header["X-Peer"] = port
   if mode == "fail" or mode == "slowfail" then
     ngx.status = 500
