@@ -147,6 +147,25 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.truthy(hits["3"] and hits["3"] > 0) -- the panic pick, retried on A
   end)
 
+  it("a retry prefers a closed peer to a panic pick", function()
+    local P = { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3", "10.0.0.1:4" }
+    local pool = upstream.new(unique("p"), P, { max_ejected = 0.25 })   -- a = 1
+    open_peer(pool, P[2])                     -- skipped
+    open_peer(pool, P[3])                     -- picked in panic on first tries
+    local first, retries = {}, {}
+    for _ = 1, 40 do
+      local p, t = pool:pick()
+      first[p.addr] = (first[p.addr] or 0) + 1
+      if t then p.b:report(t, true) end
+      local r, rt = pool:pick({ [pool._peers[1]] = true })   -- a retry after a try on peer 1
+      retries[r.addr] = (retries[r.addr] or 0) + 1
+      if rt then r.b:report(rt, true) end
+    end
+    assert.truthy(first[P[3]] and first[P[3]] > 0)   -- first tries: exactly a = 1 skipped
+    assert.is_nil(first[P[2]])
+    assert.same({ [P[4]] = 40 }, retries)
+  end)
+
   it("a retry goes to a peer the request has not tried while one is admitted, else to a tried one", function()
     local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }, { max_ejected = 1 })
     local tried = {}

@@ -600,8 +600,23 @@ function Pool:pick(tried)
   local known = false  -- the open set was read (only once a peer rejected the try)
   local fallback = left == 0
   if fallback then for i = 1, n do ex[i] = false end end
+  -- a retry (tried is given) prefers admitted peers over panic picks: the request has
+  -- failed once already, and a peer picked in panic is open
+  local retry = tried ~= nil and next(tried) ~= nil
   while true do
     local best, bestv, total = nil, -huge, 0
+    if retry and known then
+      for i = 1, n do
+        if not ex[i] and not skip[i] and not pan[i] then
+          local p = peers[i]
+          if p.cur + p.weight > bestv then best, bestv = i, p.cur + p.weight end
+        end
+      end
+      if best then  -- the panic peers stay out of this pick's round robin step
+        for i = 1, n do if pan[i] and not ex[i] then ex[i] = true end end
+      end
+      best, bestv = nil, -huge
+    end
     for i = 1, n do
       if not ex[i] and not skip[i] then
         local p = peers[i]
