@@ -335,10 +335,12 @@ LINT_DIRS = $(wildcard lua spec bench examples)
 lint:
 	$(LUACHECK) $(if $(CI),--no-color) $(LINT_DIRS)
 
-# Installs the rock into build/rocktree, then requires it from there, away from the tree.
-# luarocks' builtin build leaves csrc/*.o and fuse/core.so in the directory it builds
-# in, so it builds in a copy of the sources, build/rock-src.
+# Installs the rock into ROCKTREE (default build/rocktree; `make rock ROCKTREE=DIR`
+# installs elsewhere), then requires it from there, away from the tree. luarocks'
+# builtin build leaves csrc/*.o and fuse/core.so in the directory it builds in, so it
+# builds in a copy of the sources, build/rock-src, and the clone stays clean.
 ROCKTREE   := $(CURDIR)/build/rocktree
+override ROCKTREE := $(abspath $(ROCKTREE))
 ROCK_CHECK := local tree = os.getenv("ROCKTREE"); \
   local fuse = require "fuse"; \
   local from = package.searchpath("fuse", package.path); \
@@ -360,7 +362,9 @@ rock:
 dist:
 	@sh tools/mkdist $(ROCKSPEC) build
 
+# also what a `luarocks make` run in the clone itself left (csrc/*.o, fuse/core.so)
 clean:
-	rm -rf build lua/fuse/cdef.lua.tmp
+	rm -rf build lua/fuse/cdef.lua.tmp csrc/*.o fuse/core.so
+	if [ -d fuse ]; then rmdir fuse 2>/dev/null || true; fi
 
 -include $(wildcard build/*.d build/*/*.d build/*/obj/*.d)
