@@ -410,7 +410,7 @@ check "dry run (enforce = false): B's breaker is $st (opens $opens), yet B got $
 ev=$(curl -s -m 5 "http://127.0.0.1:$POOLS/events" | grep -c "dry/127.0.0.1:$B closed open")
 check "dry run: B's trip is in fuse.events ($ev)" [ "$ev" -ge 1 ]
 
-# slow_start = 6: B fails once (open_for 1), heals, is probed, closes, ramps 10% -> 100%
+# slow_start = 8: B fails once (open_for 1), heals, is probed, closes, ramps 10% -> 100%
 allmode 'mode=ok&reset=1'
 mode "$B" 'mode=fail&reset=1'
 tries_b=0
@@ -421,25 +421,23 @@ mode "$B" 'mode=ok&reset=1'
 wait_for 20 sh -c "[ \"\$(curl -s -m 5 'http://127.0.0.1:$POOLS/state?name=ss/127.0.0.1:$B' | cut -d' ' -f1)\" = half_open ]"
 probe=0
 until [ "$(hits $B)" -ge 1 ] || [ "$probe" -ge 50 ]; do get "$POOLS" /p/ss; probe=$((probe + 1)); done
+# 40 requests at once, right after the close, then 40 once the ramp is over
+batch() { # batch N -> "B-hits total workers elapsed-ms"
+  local t=${EPOCHREALTIME/./}
+  curl -s --no-progress-meter -m 10 --parallel --parallel-immediate --parallel-max 40 \
+    -H 'Connection: close' -o /dev/null -w '%{http_code} %header{x-peer} %header{x-worker-pid}\n' \
+    "http://127.0.0.1:$POOLS/p/ss?i=[1-$1]" > "$T/ss.out" 2> /dev/null
+  echo "$(awk -v b="$B" '$2 == b' "$T/ss.out" | grep -c .) $(grep -c '^200 ' "$T/ss.out") $(cut -d' ' -f3 "$T/ss.out" | sort -u | grep -c .) $(( (${EPOCHREALTIME/./} - t) / 1000 ))"
+}
 t0=${EPOCHREALTIME/./}
-early_b=0 early_n=0 late_b=0 late_n=0 early_w="" late_w=""
-while :; do
-  get "$POOLS" /p/ss
-  el=$(( ${EPOCHREALTIME/./} - t0 ))   # microseconds since the probe answered
-  if [ "$el" -lt 1500000 ]; then
-    early_n=$((early_n + 1)); [ "$PEER" = "$B" ] && early_b=$((early_b + 1)); early_w="$early_w$WPID\n"
-  elif [ "$el" -ge 6200000 ]; then
-    late_n=$((late_n + 1)); [ "$PEER" = "$B" ] && late_b=$((late_b + 1)); late_w="$late_w$WPID\n"
-    [ "$late_n" -ge 40 ] && break
-  fi
-  [ "$el" -gt 30000000 ] && break
-  sleep 0.02
-done
-ew=$(printf "$early_w" | grep . | sort -u | grep -c .)
-lw=$(printf "$late_w" | grep . | sort -u | grep -c .)
+read -r early_b early_n ew early_ms <<< "$(batch 40)"
+early_at=$(( (${EPOCHREALTIME/./} - t0) / 1000 ))
+# the ramp is defined by the clock: what is waited for here is its end (8 s), nothing else
+while [ $(( (${EPOCHREALTIME/./} - t0) / 1000 )) -lt 8500 ]; do sleep 0.2; done
+read -r late_b late_n lw late_ms <<< "$(batch 40)"
 read -r st _ <<< "$(pstate "ss/127.0.0.1:$B")"
-check "slow_start: B closed ($st) and got $early_b of $early_n requests in the ramp's first 1.5 s ($ew workers; weight 10% to 33%: under 30%), then $late_b of $late_n after 6 s ($lw workers; full weight: at least 35%)" \
-  eval '[ "$st" = closed ] && [ "$early_n" -ge 8 ] && [ "$late_n" -ge 8 ] && [ $((early_b * 100)) -lt $((early_n * 30)) ] && [ $((late_b * 100)) -ge $((late_n * 35)) ]'
+check "slow_start = 8: B closed ($st); 40 requests at once in its ramp's first $early_at ms got B $early_b times ($early_n answered 200, $ew workers; weight 10% to $((10 + 90 * early_at / 8000))%: under 30%), 40 after the ramp $late_b times ($late_n, $lw workers; full weight: at least 35%)" \
+  eval '[ "$st" = closed ] && [ "$early_n" = 40 ] && [ "$late_n" = 40 ] && [ $((early_b * 100)) -lt $((40 * 30)) ] && [ $((late_b * 100)) -ge $((40 * 35)) ]'
 
 # 300 pools, then one closed
 allmode 'mode=ok&reset=1'

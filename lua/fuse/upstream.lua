@@ -409,12 +409,17 @@ end
 -- The slow-start ramps, read again from the store after any version change.
 local function read_ramps(self)
   if self._slow_start <= 0 then return end
-  local any = false
+  local last = nil
   for _, p in ipairs(self._peers) do
-    p.ramp = self._store:get(p.rkey)
-    if p.ramp then any = true end
+    local r = self._store:get(p.rkey)
+    -- a new ramp starts the peer at the back of the round robin (a weight it gathered
+    -- before it opened would otherwise send it a burst in every worker)
+    if r and r ~= p.ramp then p.cur = 0 end
+    p.ramp = r
+    if p.ramp and (not last or p.ramp > last) then last = p.ramp end
   end
-  self._ramping = any
+  self._ramping = last ~= nil
+  self._ramp_end = last and last + self._slow_start
 end
 
 -- Brings this worker's pool to the store's version: the list set_peers stored (by any
@@ -596,7 +601,10 @@ function Pool:pick(tried)
     if not t then left = left + 1 end
   end
   local now, ss = nil, self._slow_start
-  if self._ramping then now = fuse.now() end
+  if self._ramping then
+    now = fuse.now()
+    if now >= self._ramp_end then self._ramping, now = false, nil end  -- every ramp is over
+  end
   local known = false  -- the open set was read (only once a peer rejected the try)
   local fallback = left == 0
   if fallback then for i = 1, n do ex[i] = false end end
