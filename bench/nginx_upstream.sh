@@ -20,9 +20,10 @@
 #    proxy_next_upstream_tries 2 for nginx): client errors.
 # 3. Throughput with every peer healthy (three static peers, return 200, keepalive):
 #    ROUNDS rounds of 2 s wrk (16 connections) of each of fuse.upstream, nginx's plain
-#    round robin, and the floor of any Lua balancer (balancer_by_lua calling
-#    set_current_peer, an empty log_by_lua), in rotating order; the medians, the median
-#    per-round ratios fuse/rr and fuse/floor, and the front's CPU time per request.
+#    round robin, the floor of any Lua balancer (balancer_by_lua calling
+#    set_current_peer, an empty log_by_lua) and that floor plus what a balancer that
+#    reports needs (a table in ngx.ctx, one $upstream_status read), in rotating order;
+#    the medians, the median per-round ratios, and the front's CPU time per request.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +33,7 @@ NGINX=$(nginx_bin)
 ROUNDS=${ROUNDS:-9}
 OUTAGE=${OUTAGE:-60}
 RATE=${RATE:-50}
+# FAILURES=0 skips parts 1 and 2
 die() { echo "bench-nginx: $*" >&2; exit 1; }
 [ -x "$NGINX" ] || die "nginx is not installed"
 command -v wrk >/dev/null || die "wrk is not installed"
@@ -53,7 +55,7 @@ A1=$((BASE + 2)) B1=$((BASE + 3)) C1=$((BASE + 4))      # fuse (backoff)
 A2=$((BASE + 5)) B2=$((BASE + 6)) C2=$((BASE + 7))      # nginx
 A3=$((BASE + 8)) B3=$((BASE + 9)) C3=$((BASE + 10))     # fuse5
 F1=$((BASE + 11)) F2=$((BASE + 12)) F3=$((BASE + 13))   # fronts of part 1 and 2
-FS=$((BASE + 14)) RS=$((BASE + 15)) LS=$((BASE + 16))   # fronts of part 3
+FS=$((BASE + 14)) RS=$((BASE + 15)) LS=$((BASE + 16)) XS=$((BASE + 20))   # fronts of part 3
 S1=$((BASE + 17)) S2=$((BASE + 18)) S3=$((BASE + 19))   # static peers
 sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/" \
   -e "s/listen 127\.0\.0\.1:18091;/listen 127.0.0.1:$A1; listen 127.0.0.1:$A2; listen 127.0.0.1:$A3;/" \
@@ -127,6 +129,20 @@ $(fuse_server "$FS" static)
         keepalive 32;
     }
     server { listen 127.0.0.1:$LS; location / { proxy_pass http://lua_static; log_by_lua_block { } } }
+    # the floor plus what any balancer that reports needs: per-request state in ngx.ctx
+    # (a table set in the balancer, read in the log phase) and one \$upstream_status read
+    upstream ctx_static {
+        server 0.0.0.1;
+        balancer_by_lua_block {
+            local i = (package.loaded.lua_rr or 0) % 3 + 1
+            package.loaded.lua_rr = i
+            ngx.ctx.try = { n = 1, peer = i }
+            require("ngx.balancer").set_current_peer("127.0.0.1", ($S1 - 1) + i)
+        }
+        keepalive 32;
+    }
+    server { listen 127.0.0.1:$XS; location / { proxy_pass http://ctx_static;
+        log_by_lua_block { local t, s = ngx.ctx.try, ngx.var.upstream_status } } }
     server {
         listen 127.0.0.1:$S1;
         listen 127.0.0.1:$S2;
@@ -221,6 +237,7 @@ echo
 SIDES="fuse:$F1:$A1:$B1:$C1 nginx:$F2:$A2:$B2:$C2 fuse5:$F3:$A3:$B3:$C3"
 for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
 
+if [ "${FAILURES:-1}" = 1 ]; then   # FAILURES=0: part 3 only
 echo "1. outage: $RATE requests/s to each side at once; 5 s healthy, B answers 500 for $OUTAGE s, then heals"
 total=$((5 + OUTAGE + 40))
 for s in $SIDES; do IFS=: read -r name front _ <<< "$s"; load "$front" "$total" "out-$name"; done
@@ -267,10 +284,11 @@ for s in $SIDES; do
 done
 for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
 
+fi
 echo
 echo "3. throughput, every peer healthy: $ROUNDS rounds of 2 s wrk (16 connections) per balancer,"
 echo "   in rotating order, three static peers (return 200), keepalive"
-for port in $FS $RS $LS; do wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$port/" > /dev/null 2>&1; done  # warm-up
+for port in $FS $RS $LS $XS; do wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$port/" > /dev/null 2>&1; done  # warm-up
 FRONT_WORKERS=$(workers "${PIDS[1]}" | tr '\n' ' ')
 ticks() { # CPU time (user + system, clock ticks) of the front nginx's workers
   local t=0 w
@@ -287,31 +305,34 @@ rps() { # rps PORT: "requests/s CPU-us/request" of one round
   echo "$r $(echo "($t1 - $t0) * 1000000 / $HZ / $n" | bc -l)"
 }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-f_all="" r_all="" l_all="" qr_all="" ql_all="" fu_all="" ru_all="" lu_all=""
+f_all="" r_all="" l_all="" qr_all="" ql_all="" fu_all="" ru_all="" lu_all="" x_all="" xu_all="" qx_all=""
 for i in $(seq "$ROUNDS"); do
   case $((i % 3)) in
-    1) order="f r l" ;; 2) order="r l f" ;; 0) order="l f r" ;;
+    1) order="f r l x" ;; 2) order="r l x f" ;; 0) order="l x f r" ;;
   esac
-  for x in $order; do
-    case $x in
+  for side in $order; do
+    case $side in
       f) read -r f fu <<< "$(rps "$FS")" ;;
       r) read -r r ru <<< "$(rps "$RS")" ;;
       l) read -r l lu <<< "$(rps "$LS")" ;;
+      x) read -r x xu <<< "$(rps "$XS")" ;;
     esac
   done
-  qr=$(echo "$f / $r" | bc -l) ql=$(echo "$f / $l" | bc -l)
+  qr=$(echo "$f / $r" | bc -l) ql=$(echo "$f / $l" | bc -l) qx=$(echo "$f / $x" | bc -l)
+  x_all="$x_all $x" xu_all="$xu_all $xu" qx_all="$qx_all $qx"
   f_all="$f_all $f" r_all="$r_all $r" l_all="$l_all $l" qr_all="$qr_all $qr" ql_all="$ql_all $ql"
   fu_all="$fu_all $fu" ru_all="$ru_all $ru" lu_all="$lu_all $lu"
-  printf '   round %d: fuse.upstream %6.0f req/s %5.1f us   round robin %6.0f %5.1f us   Lua floor %6.0f %5.1f us   fuse/rr %.3f fuse/floor %.3f\n' \
-    "$i" "$f" "$fu" "$r" "$ru" "$l" "$lu" "$qr" "$ql"
+  printf '   round %d: fuse %6.0f req/s %4.1f us | rr %6.0f %4.1f us | floor %6.0f %4.1f us | floor+ctx %6.0f %4.1f us | fuse/rr %.3f /floor %.3f /floor+ctx %.3f\n' \
+    "$i" "$f" "$fu" "$r" "$ru" "$l" "$lu" "$x" "$xu" "$qr" "$ql" "$qx"
 done
 fm=$(echo "$f_all" | median) rm=$(echo "$r_all" | median) lm=$(echo "$l_all" | median)
-qr=$(echo "$qr_all" | median) ql=$(echo "$ql_all" | median)
+qr=$(echo "$qr_all" | median) ql=$(echo "$ql_all" | median) qx=$(echo "$qx_all" | median)
+xm=$(echo "$x_all" | median) xum=$(echo "$xu_all" | median)
 fum=$(echo "$fu_all" | median) rum=$(echo "$ru_all" | median) lum=$(echo "$lu_all" | median)
 lr=$(echo "$l_all $r_all" | awk -v l="$lm" -v r="$rm" '{ print l / r }')
 printf '   medians: fuse.upstream %.0f req/s, round robin %.0f, Lua floor %.0f (floor/rr %.3f: the Lua phases alone cost %.1f%%)\n' \
   "$fm" "$rm" "$lm" "$lr" "$(echo "(1 - $lr) * 100" | bc -l)"
-printf '   median ratios of the rounds: fuse/rr %.3f (target >= 0.95), fuse/floor %.3f (target >= 0.98)\n' "$qr" "$ql"
-printf '   front CPU per request (medians): fuse.upstream %.1f us, round robin %.1f us, Lua floor %.1f us\n' \
-  "$fum" "$rum" "$lum"
+printf '   median ratios of the rounds: fuse/rr %.3f (target >= 0.95), fuse/floor %.3f (target >= 0.98), fuse/floor+ctx %.3f\n' "$qr" "$ql" "$qx"
+printf '   front CPU per request (medians): fuse.upstream %.1f us, round robin %.1f us, Lua floor %.1f us, floor+ctx %.1f us (%.0f req/s)\n' \
+  "$fum" "$rum" "$lum" "$xum" "$xm"
 echo "   load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

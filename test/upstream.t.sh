@@ -4,14 +4,19 @@
 # Three nginx instances in one temp prefix laid out like the repository (lua/,
 # build/fuse/core.so, examples/nginx/), on free loopback ports, each stopped by its pid:
 #   peers  examples/nginx/peers.conf: fake peers A B C (and a spare E) whose mode the
-#          test switches (ok, 500, a status, hang, slow failure); a port nobody listens
-#          on (D) gives refused connections
+#          test switches (ok, 500, a status, hang, slow failure, refuse: a reset); a
+#          port nobody listens on (D) gives refused connections
 #   front  README's "Upstream peers" config, as printed (tools/readme-block upstream-nginx),
-#          paths and ports replaced: pool "backend" over A B C, 4 workers
+#          paths and ports replaced: pool "backend" over A B C, 4 workers; set_peers
+#          through its /peers, then `nginx -s reload` (HUP), answers counted only once
+#          every old worker has exited
 #   pools  test/upstream-pools.conf: the other pools (max_ejected, weights, slow, statuses,
-#          refused, timeouts, probes = 2), 4 workers
+#          refused, timeouts, probes = 2, two sick of three, a peer nginx refuses at run
+#          time (set_current_peer wrapped on the test's word), failure classes, fail_on,
+#          enforce = false, slow_start, 300 pools and close), 4 workers
+# Each check's line carries its evidence (counts, states, codes, worker pids).
 # Needs nginx with the Lua module, lua-resty-core, curl, wrk (for the load phases). Under
-# CI=true a missing tool fails the suite. A watchdog stops it after 240 s. KEEP=1 keeps
+# CI=true a missing tool fails the suite. A watchdog stops it after 600 s. KEEP=1 keeps
 # the temp prefix.
 set -u
 
@@ -36,7 +41,7 @@ P=$T/examples/nginx
 F=$T/front
 PIDS=()
 trap 'cleanup_nginx "${PIDS[@]}"' EXIT
-watchdog 400
+watchdog 600
 
 mkdir -p "$P/logs-peers" "$P/logs-pools" "$P/temp" "$F/logs"
 copy_fuse "$T"
