@@ -1456,39 +1456,42 @@ void fzi_set_id(fz_breaker *b, uint64_t id) {
 }
 
 /* A breaker in a registry slot, with the slot's ring (room for FZ_MAX_COUNT_WINDOW).
- * The slot's generation goes on from the previous breaker there, so that its tickets are
- * stale here. The identity is left 0 (not live) for the registry to publish. Built aside,
- * then stored word by word with atomic stores: a stale handle may be reading the slot's
- * state word and identity meanwhile (fz_enter_id). */
+ * Built aside, then stored word by word with release stores, whether the slot was used
+ * before or not: a stale handle may be reading any word of the slot meanwhile, and a
+ * reader that acquires one of the new words then sees the retirement that came before
+ * this reuse (fzi_retire, and the even identity the registry stored after it).
+ *
+ * Nothing that numbers the slot's life restarts (docs/registry.md, "Incarnations"):
+ *   - the identity is not written at all: it stays the even value the removal left (or
+ *     0 for a slot never used) until the registry publishes the next odd one, so a
+ *     process killed anywhere in here leaves an identity that the next reuse continues;
+ *   - the generation goes on from the state word's, and the words stamped with a
+ *     generation (the open and forced ends, the half-open word, probe starts, the last
+ *     eviction) are kept: their generations are all older than the new breaker's;
+ *   - the key goes on (a ticket of an earlier breaker here is stale by generation).
+ * The state word is stored last. */
 void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t len, uint32_t *ring) {
   typedef uint64_t __attribute__((may_alias)) word;
   fz_breaker tmp;
-  uint64_t gen = sw_gen(at_load_acq(&b->sw));
-  if (gen == 0 && at_load_acq(&b->id) == 0) {
-    /* a slot never used: no handle can point at it, so it is built in place */
-    breaker_init(b, c, name, len);
-    b->in_registry = 1;
-    b->sw = sw_make(1, FZ_CLOSED);
-    b->last_use = (uint32_t)(((u128)now_ns() * b->bucket_inv) >> 64);
-    b->cw_ring_off = (int64_t)((char *)ring - (char *)b);
-    memset(ring, 0, (size_t)c->count_window * sizeof *ring);
-    return;
-  }
+  uint64_t gen = sw_gen(at_load_acq(&b->sw)), key = at_load_rlx(&b->key);
   breaker_init(&tmp, c, name, len);
-  /* the slot's key goes on too: a ticket of an earlier breaker here is then stale by its
-   * generation (counts nothing, no error), as it was between the removal and the reuse */
-  tmp.key = at_load_rlx(&b->key);
+  if (key) tmp.key = key;  /* 0: a slot never used takes the one breaker_init drew */
   tmp.evicted = at_load_rlx(&b->evicted);  /* late outcomes of its last evicted breaker */
+  tmp.until = at_load_rlx(&b->until), tmp.until_gen = at_load_rlx(&b->until_gen) & ~STAMPING;
+  tmp.forced_until = at_load_rlx(&b->forced_until);
+  tmp.forced_gen = at_load_rlx(&b->forced_gen) & ~STAMPING;
+  tmp.ho = at_load_rlx(&b->ho);
+  for (int i = 0; i < FZ_MAX_PROBES; i++) tmp.probe_start[i] = at_load_rlx(&b->probe_start[i]);
   tmp.in_registry = 1;
   tmp.sw = sw_make(gen + 1, FZ_CLOSED);
-  tmp.id = 0;
   tmp.last_use = (uint32_t)(((u128)now_ns() * tmp.bucket_inv) >> 64);
   tmp.cw_ring_off = (int64_t)((char *)ring - (char *)b);
   word *to = (word *)(void *)b;
   const word *from = (const word *)(const void *)&tmp;
   _Static_assert(offsetof(fz_breaker, sw) == 0, "the state word comes first");
-  for (size_t i = 1; i < sizeof tmp / sizeof(word); i++) at_store_rlx((uint64_t *)&to[i], from[i]);
-  memset(ring, 0, (size_t)c->count_window * sizeof *ring);
+  _Static_assert(offsetof(fz_breaker, id) == sizeof(word), "the identity comes second");
+  for (size_t i = 2; i < sizeof tmp / sizeof(word); i++) at_store_rel((uint64_t *)&to[i], from[i]);
+  for (uint32_t i = 0; i < c->count_window; i++) at_store32_rel(&ring[i], 0);
   /* the state word last (release: pairs with the acquire of a stale handle's read of the
    * state word, so that one that reads the new breaker's state then reads an identity
    * at least as new as the removal's, which came before this reuse: see fz_enter_id) */

@@ -357,9 +357,10 @@ static fz_breaker *create(registry *r, const uint64_t *key, const char *name, si
   }
   FAULT("reg-claimed");
   fz_breaker *b = slot_of(r, (uint32_t)s);
-  uint32_t old = fz_breaker_id(b);  /* even: never used, or freed */
+  uint32_t old = fz_breaker_id(b);  /* even: never used (0), or freed; never reset */
   write_meta(r, (uint32_t)s, key, len, h);
   fzi_slot_init(b, c, name, len, ring_of(r, (uint32_t)s));
+  FAULT("reg-initialised");  /* the identity is still `old`: a repair frees the slot */
   fzi_set_id(b, (uint64_t)old + 1);  /* release: publishes the breaker and its meta */
   FAULT("reg-published");
   idx_put(r, (uint32_t)s, h);

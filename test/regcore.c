@@ -1,0 +1,129 @@
+/*
+ * regcore.c -- the registry's life cycle, correct by construction (issue 15, "What
+ * broke"): one test per finding, named "finding N: ...", each forcing its interleaving
+ * with a pause point of the core (test/pause.h), or a process killed at a named fault
+ * point (the -DFZ_FAULTS build), or the state it needs built directly.
+ *
+ * Each finding runs in a process of its own (forked before any registry is made), so
+ * that each can make the registry it needs (fz_registry_init works only before a named
+ * breaker exists); its checks are numbered on from the ones before it.
+ */
+#include "../csrc/fz.h"
+#include "tap.h"
+#include "harness.h"
+#include "pause.h"
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define STALE (-(1 + FZ_STALE * 4))
+
+static fz_config defaults(void) {
+  fz_config c;
+  memset(&c, 0, sizeof c);
+  c.window = 10, c.open_for = 10, c.max_open_for = 1000, c.probe_timeout = 5;
+  c.backoff = 1, c.fails = 3, c.min_calls = 10, c.probes = 1;
+  return c;
+}
+
+static fz_breaker *open_named(const char *name, const fz_config *c, uint32_t *id) {
+  int st;
+  return fz_registry_open_id(name, strlen(name), c, &st, id);
+}
+
+static int remove_named(const char *name) { return fz_registry_remove(name, strlen(name)); }
+
+/* ---------------------------------------------------------------- processes */
+
+/* Runs fn in a forked process; its checks are numbered on from ours and added to ours. */
+static void in_process(const char *what, void (*fn)(void)) {
+  int fd[2];
+  if (pipe(fd) != 0) {
+    printf("Bail out! pipe\n");
+    exit(1);
+  }
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    fz_fault_hook = pause_hook;
+    diag("%s", what);
+    fn();
+    int counts[2] = { tap_state()->run, tap_state()->failed };
+    if (write(fd[1], counts, sizeof counts) != (ssize_t)sizeof counts) _exit(3);
+    _exit(0);
+  }
+  close(fd[1]);
+  int counts[2] = { -1, -1 }, status = 0;
+  ssize_t n = read(fd[0], counts, sizeof counts);
+  close(fd[0]);
+  waitpid(pid, &status, 0);
+  if (n != (ssize_t)sizeof counts || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    ok(0, "%s: the test process ended early (status %d)", what, status);
+    return;
+  }
+  tap_state()->failed = counts[1];
+  tap_state()->run = counts[0];
+}
+
+static const char *g_target;
+static void die_at_target(const char *where) {
+  if (strcmp(where, g_target) == 0) _exit(42);
+}
+
+/* Runs fn(arg) in a child that dies at fault point `where`; 1 when it died there. */
+static int die_in_child(const char *where, void (*fn)(void *), void *arg) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    g_target = where;
+    fz_fault_hook = die_at_target;
+    fn(arg);
+    _exit(0);  /* did not reach the point */
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 42;
+}
+
+static void do_open(void *name) {
+  fz_config c = defaults();
+  open_named(name, &c, NULL);
+}
+
+/* ---------------------------------------------------------------- finding 3 */
+
+/* A reuse of a slot killed after the new breaker's words are stored, before its identity
+ * is published. The identity must not restart: the next breaker of the slot gets a new
+ * one, and a handle of the slot's first breaker stays stale. (At 4a88316 the reuse
+ * stored identity 0; repair freed the slot with 0, and the next creation published 1:
+ * the first breaker's handle was live again, on another name.) */
+static void finding3(void) {
+  if (fz_registry_init(1, 1, 0) != FZ_OK) {
+    ok(0, "finding 3: a shared registry of one slot");
+    return;
+  }
+  fz_config c = defaults();
+  uint32_t id1, id3;
+  fz_breaker *first = open_named("first", &c, &id1);
+  remove_named("first");
+  ok(die_in_child("reg-initialised", do_open, (void *)(uintptr_t)"second"),
+     "finding 3: a process died reusing the slot, before publishing the identity");
+  fz_breaker *third = open_named("third", &c, &id3);
+  ok(third == first, "finding 3: the next creation repaired the registry and took the slot");
+  ok(id3 != id1 && id3 > id1, "finding 3: identity never repeats after a kill during reuse (%u, then %u)",
+     id1, id3);
+  is_int(fz_enter_id(first, id1), STALE, "finding 3: the first breaker's handle stays stale");
+  is_int(peek(third).calls + peek(third).rejections, 0, "finding 3: nothing of it reached the new breaker");
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  in_process("finding 3: identity never repeats after a kill during reuse", finding3);
+  return done_testing();
+}
