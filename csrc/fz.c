@@ -725,6 +725,18 @@ static int both(int first, int second);
 
 /* ---------------------------------------------------------------- admission */
 
+/*
+ * Whether the state word sw, just re-read after an attempt at a transition, is still
+ * that of the breaker of identity `id` (the one the call came in for): not removed,
+ * and the slot not passed to another breaker. Every path that re-reads the state word
+ * and then issues a ticket or counts from it asks this first (the identity is read
+ * after the state word: a reuse stores the new breaker's state word with release after
+ * the removal made the identity even, see fzi_slot_init). Only slow paths re-read.
+ */
+static int still(fz_breaker *b, uint32_t id, uint64_t sw) {
+  return sw_state(sw) != FZ_REMOVED && (uint32_t)at_load_acq(&b->id) == id;
+}
+
 static void count_rejection(fz_breaker *b, uint64_t e) {
   bump(b, my_stripe(b)->rej, &b->folded_rej, e, __ATOMIC_RELAXED);
 }
@@ -752,7 +764,7 @@ static void stamp_probe(fz_breaker *b, unsigned slot, uint32_t g32, uint64_t t) 
   }
 }
 
-static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
+static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made, uint32_t id) {
   uint32_t g32 = (uint32_t)sw_gen(sw);
   uint64_t ho = at_load_acq(&b->ho);
   unsigned slot;
@@ -777,6 +789,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
   uint64_t now_sw = at_load_acq(&b->sw);
   if (now_sw != sw) {
     probe_release(b, sw_gen(sw), slot);
+    if (!still(b, id, now_sw)) return rejection(FZ_STALE, 0);  /* another breaker's state */
     if (sw_state(now_sw) == FZ_CLOSED) return ticket(b, sw_gen(now_sw), 0, KIND_NORMAL, made ? 1 : 0);
     if (sw_state(now_sw) == FZ_DISABLED) return ticket(b, sw_gen(now_sw), 0, KIND_PASS, made ? 1 : 0);
     count_rejection(b, epoch_at(b, t));
@@ -786,22 +799,26 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
 }
 
 /* fz_enter when the circuit is not closed. A state machine: one case a state. */
-static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
+static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw, uint32_t id) {
   /* the manual states need no clock: forced_open counts in the bucket of the last read */
   if (sw_state(sw) == FZ_DISABLED) return ticket(b, sw_gen(sw), 0, KIND_PASS, 0);
   if (sw_state(sw) == FZ_FORCED_OPEN && !forced_end(b, sw)) {
     count_rejection(b, at_load_rlx(&b->cur_epoch));
     return rejection(FZ_FORCED_OPEN, 0);
   }
+  /* retired (fz_enter, which checks no identity): nothing to count into */
+  if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_REMOVED, 0);
   uint64_t t = now_ns();
   if (sw_state(sw) == FZ_FORCED_OPEN) {  /* timed: lifted when its time is up */
     int lifted = lift_forced(b, &sw, t);
+    if (!lifted && !still(b, id, sw)) return rejection(FZ_STALE, 0);
     if (lifted || sw_state(sw) == FZ_FORCED_OPEN) {
       count_rejection(b, epoch_at(b, t));
       return lifted ? rejection(FZ_OPEN, 3) : rejection(FZ_FORCED_OPEN, 0);
     }
   }
   int made = settle(b, &sw, t);
+  if (!still(b, id, sw)) return rejection(FZ_STALE, 0);  /* re-read: the slot moved on */
   if (made == trans_code(FZ_HALF_OPEN, FZ_OPEN)) {
     /* this call re-opened the circuit: it is rejected, and the rejection says so,
      * whatever another caller made of the state since */
@@ -816,7 +833,7 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
   case FZ_DISABLED:
     return ticket(b, sw_gen(sw), 0, KIND_PASS, to_half);
   case FZ_HALF_OPEN:
-    return claim_probe(b, sw, t, to_half);
+    return claim_probe(b, sw, t, to_half, id);
   default: /* FZ_OPEN, FZ_FORCED_OPEN */
     count_rejection(b, epoch_at(b, t));
     return rejection(sw_state(sw), to_half ? 1 : 0);
@@ -839,14 +856,24 @@ static inline int reject_open(fz_breaker *b, uint64_t sw) {
 
 /* fz_enter's body, inlined into fz_allow too (an exported function may be interposed,
  * so the compiler calls it through the PLT instead). */
-static inline double enter_sw(fz_breaker *b, uint64_t sw) {
+static inline double enter_sw(fz_breaker *b, uint64_t sw, uint32_t id) {
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
   if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
-  return enter_slow(b, sw);
+  return enter_slow(b, sw, id);
+}
+
+/* fz_enter's slow path has no identity from a handle: it takes the one the breaker has
+ * now (read after the state word), so that a slot that passes to another breaker while
+ * the call runs is noticed there too. */
+static __attribute__((noinline)) double enter_slow_any(fz_breaker *b, uint64_t sw) {
+  return enter_slow(b, sw, (uint32_t)at_load_acq(&b->id));
 }
 
 static inline double enter(fz_breaker *b) {
-  return enter_sw(b, at_load_acq(&b->sw));  /* acquire: pairs with the acq_rel swap of a transition */
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
+  if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
+  return enter_slow_any(b, sw);
 }
 
 double fz_enter(fz_breaker *b) { return enter(b); }
@@ -994,7 +1021,7 @@ double fz_allow_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in fz_enter_id */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);
-  double u = enter_sw(b, sw);
+  double u = enter_sw(b, sw, id);
   return u > 0 ? track(b, (uint64_t)(int64_t)u) : u;
 }
 
@@ -1013,7 +1040,7 @@ double fz_enter_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);  /* its identity goes next */
-  return enter_sw(b, sw);
+  return enter_sw(b, sw, id);
 }
 
 /* ---------------------------------------------------------------- outcomes */
@@ -1382,6 +1409,7 @@ static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t) {
   uint64_t end = forced_end(b, *sw), want = *sw;
   if (!end || t < end) return 0;
   stamp_open(b, sw_gen(want) + 1, end);
+  FAULT("lifting");
   int made = 0;
   if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(want) + 1, FZ_OPEN))) {
     at_store_rlx(&b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */

@@ -122,8 +122,108 @@ static void finding3(void) {
   is_int(peek(third).calls + peek(third).rejections, 0, "finding 3: nothing of it reached the new breaker");
 }
 
+/* ---------------------------------------------------------------- finding 2 */
+
+typedef struct enter_job {
+  fz_breaker *b;
+  uint32_t id;
+  double ticket;
+} enter_job;
+
+static void do_enter_id(void *p) {
+  enter_job *j = p;
+  j->ticket = fz_enter_id(j->b, j->id);
+}
+
+/* The name's slot passes to another name (closed) while the call is parked. */
+static fz_breaker *take_over(const char *old, const char *other, uint32_t *id) {
+  fz_config c = defaults();
+  remove_named(old);
+  return open_named(other, &c, id);
+}
+
+/* After the call that was parked at `point` returns: it is the stale code, and the
+ * ticket (had it been one) counts nothing into the breaker that took the slot. */
+static void no_cross_admission(const char *how, enter_job *j, fz_breaker *z) {
+  is_int(j->ticket, STALE, "finding 2 (%s): the call re-checks the identity and answers stale", how);
+  if (j->ticket > 0) fz_done(z, j->ticket, FZ_FAILURE, -1);
+  is_int(peek(z).failures_total, 0, "finding 2 (%s): no ticket of the other name was issued", how);
+  is_int(state(z), FZ_CLOSED, "finding 2 (%s): the other name is untouched", how);
+}
+
+/* claim_probe re-reads the state word after claiming a probe slot: a slot taken over
+ * meanwhile must not make it hand out the new breaker's closed ticket. */
+static void finding2_probe(void) {
+  fz_config c = defaults();
+  c.fails = 1;
+  uint32_t id, zid;
+  at(1000);
+  fz_breaker *a = open_named("a", &c, &id);
+  fz_done(a, fz_enter(a), FZ_FAILURE, -1);
+  later(11);
+  is_int(state(a), FZ_HALF_OPEN, "finding 2 (probe): a is half_open");
+  enter_job j = { a, id, 0 };
+  parked k;
+  ok(run_parked(&k, "probe-claimed", do_enter_id, &j), "finding 2 (probe): parked after claiming a probe slot");
+  fz_breaker *z = take_over("a", "z", &zid);
+  ok(z == a, "finding 2 (probe): z took a's slot");
+  release(&k);
+  no_cross_admission("probe", &j, z);
+  remove_named("z");
+}
+
+/* settle re-reads the state word after making open -> half_open; enter_slow's switch
+ * then issued a ticket of whatever state it read. */
+static void finding2_settle(void) {
+  fz_config c = defaults();
+  c.fails = 1;
+  uint32_t id, zid;
+  at(2000);
+  fz_breaker *a = open_named("a", &c, &id);
+  fz_done(a, fz_enter(a), FZ_FAILURE, -1);
+  later(11);
+  enter_job j = { a, id, 0 };
+  parked k;
+  ok(run_parked(&k, "settling", do_enter_id, &j), "finding 2 (settle): parked after open -> half_open");
+  fz_breaker *z = take_over("a", "z", &zid);
+  ok(z == a, "finding 2 (settle): z took a's slot");
+  release(&k);
+  no_cross_admission("settle", &j, z);
+  remove_named("z");
+}
+
+/* lift_forced re-reads the state word when its swap fails (here: the slot was taken
+ * over); the state read is the other name's closed one. */
+static void finding2_lift(void) {
+  fz_config c = defaults();
+  uint32_t id, zid;
+  at(3000);
+  fz_breaker *a = open_named("a", &c, &id);
+  ok(fz_force_open_for_id(a, id, 5) > 0, "finding 2 (lift): a is forced open for 5 s");
+  later(6);
+  enter_job j = { a, id, 0 };
+  parked k;
+  ok(run_parked(&k, "lifting", do_enter_id, &j), "finding 2 (lift): parked before lifting the forced_open");
+  fz_breaker *z = take_over("a", "z", &zid);
+  ok(z == a, "finding 2 (lift): z took a's slot");
+  release(&k);
+  no_cross_admission("lift", &j, z);
+  remove_named("z");
+}
+
+static void finding2(void) {
+  if (fz_registry_init(1, 0, 0) != FZ_OK) {
+    ok(0, "finding 2: a registry of one slot");
+    return;
+  }
+  finding2_probe();
+  finding2_settle();
+  finding2_lift();
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
+  in_process("finding 2: no ticket of another name from a re-read state word", finding2);
   in_process("finding 3: identity never repeats after a kill during reuse", finding3);
   return done_testing();
 }
