@@ -138,6 +138,11 @@ struct fz_breaker {
   uint64_t folded_rej, folded_fail, folded_slow;
   uint64_t totals_seen[4];        /* concurrent: the highest totals read (succ, rej, fail, slow) */
   uint64_t opens_total;           /* concurrent */
+  /* What the totals above (folded + live words, and opens_total) stood at when this
+   * breaker took its registry slot, plus one: its own totals are the difference. Totals
+   * only move forward over the slot's life, so a late write of an earlier breaker here,
+   * prepared from a value read before the reuse, can never find that value again. */
+  uint64_t base[5];               /* succ, rej, fail, slow, opens; 0 outside a registry */
   uint64_t cur_open_ns;           /* concurrent: the open period before jitter */
   uint64_t last_use;              /* concurrent: bucket (no shift) a call last recycled a word in */
 
@@ -264,6 +269,32 @@ static uint32_t cnt_of(uint64_t w) { return (uint32_t)w; }
 
 static uint64_t epoch_now(fz_breaker *b);
 
+/*
+ * Incarnations. A registry slot passes from breaker to breaker; a call of an earlier
+ * breaker there may still be running, and may write at any moment (docs/registry.md,
+ * "Incarnations"). Every write a call makes to a breaker's words follows one protocol:
+ * read the words the write is computed from (acquire), then check that the identity is
+ * still the one the call started with (alive), then write with a compare-and-swap from
+ * the value read. A reuse stores every word with release after the identity went even
+ * (fzi_slot_init), so a call that read a word of the next breaker fails the check; and
+ * a reuse gives every word a value that word never held before (epochs jump ahead,
+ * totals jump ahead, generations go on), so a swap prepared before the reuse fails
+ * after it. Nothing else writes: no fetch-and-add on a breaker's words.
+ */
+static inline int alive(const fz_breaker *b, uint32_t id) { return (uint32_t)at_load_acq(&b->id) == id; }
+
+/* Adds n to *w, while the breaker is still the one of identity id. */
+static void add_if(fz_breaker *b, uint32_t id, uint64_t *w, uint64_t n) {
+  uint64_t v = at_load_acq(w);
+  while (alive(b, id) && !at_cas_sc(w, &v, v + n)) {}  /* seq_cst: as the failures' adds */
+}
+
+/* Sets *w to v, while the breaker is still the one of identity id. */
+static void set_if(fz_breaker *b, uint32_t id, uint64_t *w, uint64_t v) {
+  uint64_t cur = at_load_acq(w);
+  while (cur != v && alive(b, id) && !at_cas_acqrel(w, &cur, v)) {}
+}
+
 /* Whether the clock, read now, is still more than a window behind epoch tag. */
 static int clock_went_back(fz_breaker *b, uint32_t tag) {
   return (int32_t)(tag - (uint32_t)epoch_now(b)) > SPAN + 1;
@@ -276,36 +307,39 @@ static int clock_went_back(fz_breaker *b, uint32_t tag) {
  * belongs to a newer window than this caller's (it was descheduled between its clock
  * read and this add): the call is older than that window, so it goes to the totals
  * only and the newer counts are left alone (unless the clock now reads behind that word
- * too: a manual clock set back, whose words are recycled as old). Any other word (older, never used, or left
- * from before a jump of the clock) is recycled: the compare-and-swap that retags it
- * captures its count exactly, which moves into *folded.
- * Returns the count before the add (0 when it went to the totals only).
+ * too: a manual clock set back, whose words are recycled as old). Any other word (older,
+ * never used, or left from before a jump of the clock) is recycled: the
+ * compare-and-swap that retags it captures its count exactly, which moves into *folded.
+ * Every write is a compare-and-swap after the identity check (see "Incarnations").
+ * Returns the count before the add (0 when it went to the totals only, or nowhere).
  */
-static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e, int order) {
+static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e, uint32_t id) {
   FAULT("counting");
-  uint64_t v = at_load_rlx(w);
+  uint64_t v = at_load_acq(w);
   for (;;) {
     int32_t ahead = (int32_t)(tag_of(v) - e);
-    if (ahead > SPAN + 1 && !clock_went_back(b, tag_of(v))) {
-      at_add_sc(folded, 1);
+    int back = ahead > SPAN + 1 && clock_went_back(b, tag_of(v));
+    if (!alive(b, id)) return 0;  /* after every word the write is computed from */
+    if (ahead > SPAN + 1 && !back) {
+      add_if(b, id, folded, 1);
       return 0;
     }
-    if (ahead > SPAN + 1) ahead = -1;  /* a word from before the clock was set back: recycle */
-    if (ahead >= 0) {
-      if (cnt_of(v) >= UINT32_C(0x80000000)) {  /* bucket saturated: totals still exact */
-        at_add_rlx(folded, 1);
-        return cnt_of(v);
-      }
-      /* seq_cst for failures: pairs with the seq_cst loads in tw_sum of a concurrent
-       * failure, so one of two racing failures sees both (see the design note). */
-      v = order == __ATOMIC_SEQ_CST ? at_add_sc(w, 1) : at_add_rlx(w, 1);
+    if (back) ahead = -1;  /* a word from before the clock was set back: recycle */
+    if (ahead >= 0 && cnt_of(v) >= UINT32_C(0x80000000)) {  /* saturated: totals still exact */
+      add_if(b, id, folded, 1);
       return cnt_of(v);
+    }
+    /* seq_cst: pairs with the seq_cst loads in tw_sum of a concurrent failure, so one
+     * of two racing failures sees both (see the design note) */
+    if (ahead >= 0) {
+      if (at_cas_sc(w, &v, v + 1)) return cnt_of(v);
+      continue;
     }
     if (at_cas_sc(w, &v, (uint64_t)e << 32 | 1)) {
       FAULT("folding");
-      at_add_sc(folded, cnt_of(v));
+      add_if(b, id, folded, cnt_of(v));
       /* at most once a bucket a word: the coarse stamp of the last call (idle eviction) */
-      at_store_rlx(&b->last_use, (uint32_t)(e - (uint32_t)at_load_rlx(&b->shift)));
+      set_if(b, id, &b->last_use, (uint32_t)(e - (uint32_t)at_load_acq(&b->shift)));
       return 0;
     }
   }
@@ -328,7 +362,6 @@ static uint64_t tw_all(const uint64_t *w) {
   return sum;
 }
 
-/* The bucket epoch of time t; remembers the newest one for calls that read no clock. */
 /*
  * Retires every word of `w`: its count moves to *folded and it is retagged just behind
  * the window that ends at epoch e. Called when the epoch has just jumped past a whole
@@ -336,13 +369,13 @@ static uint64_t tw_all(const uint64_t *w) {
  * epoch (tags keep only 32 bits of the epoch; this pass is what keeps them from
  * aliasing). A call racing with the pass may see its count moved to the totals only.
  */
-static void retire(uint64_t *w, uint64_t *folded, uint64_t e) {
+static void retire(fz_breaker *b, uint32_t id, uint64_t *w, uint64_t *folded, uint64_t e) {
   uint64_t behind = (uint64_t)(uint32_t)(e - SPAN - 2) << 32;
   for (int i = 0; i < NBUCKETS; i++) {
-    uint64_t v = at_load_rlx(&w[i]);
-    while (v != behind) {
+    uint64_t v = at_load_acq(&w[i]);
+    while (v != behind && alive(b, id)) {
       if (at_cas_sc(&w[i], &v, behind)) {
-        at_add_sc(folded, cnt_of(v));
+        add_if(b, id, folded, cnt_of(v));
         break;
       }
     }
@@ -350,21 +383,21 @@ static void retire(uint64_t *w, uint64_t *folded, uint64_t e) {
 }
 
 /* After the clock jumped past a whole window: one pass over every bucket. */
-static void retire_all(fz_breaker *b, uint64_t e) {
-  retire(b->fails, &b->folded_fail, e);
-  retire(b->slow, &b->folded_slow, e);
+static void retire_all(fz_breaker *b, uint64_t e, uint32_t id) {
+  retire(b, id, b->fails, &b->folded_fail, e);
+  retire(b, id, b->slow, &b->folded_slow, e);
   for (int i = 0; i < NSTRIPES; i++) {
-    retire(b->stripes[i].succ, &b->folded_succ, e);
-    retire(b->stripes[i].rej, &b->folded_rej, e);
+    retire(b, id, b->stripes[i].succ, &b->folded_succ, e);
+    retire(b, id, b->stripes[i].rej, &b->folded_rej, e);
   }
 }
 
 /* Moves the remembered epoch forward to e (the CAS winner retires every bucket when
  * the clock jumped past a whole window). */
-static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, uint64_t cur) {
-  while (e > cur) {
+static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, uint64_t cur, uint32_t id) {
+  while (e > cur && alive(b, id)) {
     if (at_cas_acqrel(&b->cur_epoch, &cur, e)) {
-      if (e - cur > SPAN + 1) retire_all(b, e);
+      if (e - cur > SPAN + 1) retire_all(b, e, id);
       break;
     }
   }
@@ -374,27 +407,31 @@ static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, u
  * Division by the bucket width is a multiplication by its reciprocal (precomputed):
  * exact to within one bucket at the edges, and the same t always gives the same e. */
 static uint64_t epoch_now(fz_breaker *b) {
-  return (uint64_t)(((u128)now_ns() * OPT(b, bucket_inv)) >> 64) + at_load_rlx(&b->shift);
+  return (uint64_t)(((u128)now_ns() * OPT(b, bucket_inv)) >> 64) + at_load_acq(&b->shift);
 }
 
-static inline uint64_t epoch_at(fz_breaker *b, uint64_t t) {
-  uint64_t e = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64) + at_load_rlx(&b->shift);
-  uint64_t cur = at_load_rlx(&b->cur_epoch);
-  if (e > cur) advance_epoch(b, e, cur);  /* once a bucket */
+static inline uint64_t epoch_raw(fz_breaker *b, uint64_t t) {
+  return (uint64_t)(((u128)t * at_load_acq(&b->bucket_inv)) >> 64) + at_load_acq(&b->shift);
+}
+
+static inline uint64_t epoch_at(fz_breaker *b, uint64_t t, uint32_t id) {
+  uint64_t e = epoch_raw(b, t);
+  uint64_t cur = at_load_acq(&b->cur_epoch);
+  if (e > cur) advance_epoch(b, e, cur, id);  /* once a bucket */
   return e;
 }
 
 /* Bumps the counter of bucket epoch e in the array w (striped or not). */
-static uint32_t bump(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e, int order) {
-  return tw_add(b, &w[e % NBUCKETS], folded, (uint32_t)e, order);
+static uint32_t bump(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e, uint32_t id) {
+  return tw_add(b, &w[e % NBUCKETS], folded, (uint32_t)e, id);
 }
 
 /* Starts a fresh window: every bucket written so far falls out of it. */
-static void fresh_window(fz_breaker *b) {
-  at_add_sc(&b->shift, NBUCKETS + 1);
-  epoch_at(b, now_ns());
-  uint64_t agg = at_load_rlx(&b->cw_agg);
-  while (!at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
+static void fresh_window(fz_breaker *b, uint32_t id) {
+  add_if(b, id, &b->shift, NBUCKETS + 1);
+  epoch_at(b, now_ns(), id);
+  uint64_t agg = at_load_acq(&b->cw_agg);
+  while (alive(b, id) && !at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
 }
 
 /* ---------------------------------------------------------------- tickets */
@@ -607,34 +644,34 @@ static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
 }
 
 /* closed -> open. Returns the transition code, or 0 when another caller moved first. */
-static int trip(fz_breaker *b, uint64_t sw, uint64_t t) {
+static int trip(fz_breaker *b, uint64_t sw, uint64_t t, uint32_t id) {
   stamp_open(b, sw_gen(sw) + 1, t + jittered(b, OPT(b, open_for_ns)));
   FAULT("trip-stamped");
   /* acq_rel: the stamp above happens-before any reader that sees this open state */
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
   FAULT("tripped");
-  at_store_rlx(&b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
-  at_add_rlx(&b->opens_total, 1);
+  set_if(b, id, &b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
+  add_if(b, id, &b->opens_total, 1);
   return trans_code(FZ_CLOSED, FZ_OPEN);
 }
 
 /* half_open -> open after a failed or timed-out probe: the open period backs off. */
-static int reopen(fz_breaker *b, uint64_t sw, uint64_t t) {
+static int reopen(fz_breaker *b, uint64_t sw, uint64_t t, uint32_t id) {
   double next = (double)at_load_rlx(&b->cur_open_ns) * OPT(b, cfg.backoff);
   uint64_t max_open = OPT(b, max_open_ns);
   uint64_t period = next > (double)max_open ? max_open : (uint64_t)next;
   stamp_open(b, sw_gen(sw) + 1, t + jittered(b, period));
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
-  at_store_rlx(&b->cur_open_ns, period);
-  at_add_rlx(&b->opens_total, 1);
+  set_if(b, id, &b->cur_open_ns, period);
+  add_if(b, id, &b->opens_total, 1);
   return trans_code(FZ_HALF_OPEN, FZ_OPEN);
 }
 
 /* half_open -> closed. The fresh window is laid before the swap: while half-open no
  * rule reads the window, so a swap that loses leaves nothing wrong behind. The backoff
  * is left alone: the next trip starts a new run of open periods. */
-static int close_circuit(fz_breaker *b, uint64_t sw) {
-  fresh_window(b);
+static int close_circuit(fz_breaker *b, uint64_t sw, uint32_t id) {
+  fresh_window(b, id);
   FAULT("closing");
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_CLOSED))) return 0;
   return trans_code(FZ_HALF_OPEN, FZ_CLOSED);
@@ -696,7 +733,7 @@ static int probe_take(fz_breaker *b, uint32_t g32, unsigned slot, int succ, uint
 /* Makes a transition due by time alone, if one is: returns its code (0 when none was
  * made by this caller) and leaves the current state word in *sw. At most one, so that
  * the caller can report exactly what it did. */
-static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
+static int settle(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id) {
   int made = 0, st = sw_state(*sw);
   unsigned slot;
   if (st == FZ_OPEN && open_due(b, *sw, t)) {
@@ -707,8 +744,8 @@ static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
     uint64_t ho;
     /* the caller that takes the timed-out probe back counts it as failed, once */
     if (probe_take(b, (uint32_t)sw_gen(*sw), slot - 1, 0, &ho)) {
-      at_add_sc(&b->folded_fail, 1);
-      made = reopen(b, *sw, t);
+      add_if(b, id, &b->folded_fail, 1);
+      made = reopen(b, *sw, t, id);
     }
   } else {
     return 0;
@@ -720,7 +757,7 @@ static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
 
 /* The timed forced_open (defined with the manual states). */
 static uint64_t forced_end(fz_breaker *b, uint64_t sw);
-static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t);
+static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id);
 static int both(int first, int second);
 
 /* ---------------------------------------------------------------- admission */
@@ -737,8 +774,8 @@ static int still(fz_breaker *b, uint32_t id, uint64_t sw) {
   return sw_state(sw) != FZ_REMOVED && (uint32_t)at_load_acq(&b->id) == id;
 }
 
-static void count_rejection(fz_breaker *b, uint64_t e) {
-  bump(b, my_stripe(b)->rej, &b->folded_rej, e, __ATOMIC_RELAXED);
+static void count_rejection(fz_breaker *b, uint64_t e, uint32_t id) {
+  bump(b, my_stripe(b)->rej, &b->folded_rej, e, id);
 }
 
 /* Claims a probe slot in half-open generation sw; returns the ticket or a rejection. */
@@ -774,7 +811,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made, uint
     if (ahead < 0) succ = busy = 0;  /* the first probe of this generation */
     if (ahead > 0 || (uint32_t)__builtin_popcount(busy) >= OPT(b, cfg.probes)) {
       /* `probes` run already, or a later half-open began: this call's view is stale */
-      count_rejection(b, epoch_at(b, t));
+      count_rejection(b, epoch_at(b, t, id), id);
       return rejection(FZ_HALF_OPEN, made ? 1 : 0);
     }
     slot = (unsigned)__builtin_ctz(~busy);
@@ -792,7 +829,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made, uint
     if (!still(b, id, now_sw)) return rejection(FZ_STALE, 0);  /* another breaker's state */
     if (sw_state(now_sw) == FZ_CLOSED) return ticket(b, sw_gen(now_sw), 0, KIND_NORMAL, made ? 1 : 0);
     if (sw_state(now_sw) == FZ_DISABLED) return ticket(b, sw_gen(now_sw), 0, KIND_PASS, made ? 1 : 0);
-    count_rejection(b, epoch_at(b, t));
+    count_rejection(b, epoch_at(b, t, id), id);
     return rejection(sw_state(now_sw), made ? 1 : 0);
   }
   return ticket(b, sw_gen(sw), slot, KIND_PROBE, made ? 1 : 0);
@@ -803,26 +840,26 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw, u
   /* the manual states need no clock: forced_open counts in the bucket of the last read */
   if (sw_state(sw) == FZ_DISABLED) return ticket(b, sw_gen(sw), 0, KIND_PASS, 0);
   if (sw_state(sw) == FZ_FORCED_OPEN && !forced_end(b, sw)) {
-    count_rejection(b, at_load_rlx(&b->cur_epoch));
+    count_rejection(b, at_load_acq(&b->cur_epoch), id);
     return rejection(FZ_FORCED_OPEN, 0);
   }
   /* retired (fz_enter, which checks no identity): nothing to count into */
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_REMOVED, 0);
   uint64_t t = now_ns();
   if (sw_state(sw) == FZ_FORCED_OPEN) {  /* timed: lifted when its time is up */
-    int lifted = lift_forced(b, &sw, t);
+    int lifted = lift_forced(b, &sw, t, id);
     if (!lifted && !still(b, id, sw)) return rejection(FZ_STALE, 0);
     if (lifted || sw_state(sw) == FZ_FORCED_OPEN) {
-      count_rejection(b, epoch_at(b, t));
+      count_rejection(b, epoch_at(b, t, id), id);
       return lifted ? rejection(FZ_OPEN, 3) : rejection(FZ_FORCED_OPEN, 0);
     }
   }
-  int made = settle(b, &sw, t);
+  int made = settle(b, &sw, t, id);
   if (!still(b, id, sw)) return rejection(FZ_STALE, 0);  /* re-read: the slot moved on */
   if (made == trans_code(FZ_HALF_OPEN, FZ_OPEN)) {
     /* this call re-opened the circuit: it is rejected, and the rejection says so,
      * whatever another caller made of the state since */
-    count_rejection(b, epoch_at(b, t));
+    count_rejection(b, epoch_at(b, t, id), id);
     return rejection(FZ_OPEN, 2);
   }
   /* the transition this call made travels back in the ticket, whatever happened next */
@@ -835,7 +872,7 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw, u
   case FZ_HALF_OPEN:
     return claim_probe(b, sw, t, to_half, id);
   default: /* FZ_OPEN, FZ_FORCED_OPEN */
-    count_rejection(b, epoch_at(b, t));
+    count_rejection(b, epoch_at(b, t, id), id);
     return rejection(sw_state(sw), to_half ? 1 : 0);
   }
 }
@@ -845,13 +882,15 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw, u
 static inline int reject_open(fz_breaker *b, uint64_t sw) {
   uint64_t t = now_ns();
   if (open_due(b, sw, t)) return 0;
-  uint64_t e = epoch_at(b, t);
+  uint64_t e = epoch_raw(b, t);
   uint32_t si = t_stripe;
-  uint64_t *w = si == UINT32_MAX ? NULL : &b->stripes[si].rej[e % NBUCKETS];
-  uint64_t v = w ? at_load_rlx(w) : 0;
-  if (w && tag_of(v) == (uint32_t)e && cnt_of(v) < UINT32_C(0x80000000)) at_add_rlx(w, 1);
-  else count_rejection(b, e);
-  return 1;
+  if (si == UINT32_MAX || e > at_load_acq(&b->cur_epoch)) return 0;  /* enter_slow counts it */
+  uint64_t *w = &b->stripes[si].rej[e % NBUCKETS];
+  uint64_t v = at_load_acq(w);
+  /* the state word again, after every word the add is computed from: unchanged, they
+   * are this breaker's (see "Incarnations"); then the add is a swap from what was read */
+  if (tag_of(v) != (uint32_t)e || cnt_of(v) >= UINT32_C(0x80000000) || at_load_acq(&b->sw) != sw) return 0;
+  return at_cas_acqrel(w, &v, v + 1);
 }
 
 /* fz_enter's body, inlined into fz_allow too (an exported function may be interposed,
@@ -1047,10 +1086,10 @@ double fz_enter_id(fz_breaker *b, uint32_t id) {
 
 /* Adds (sign 1) or removes (sign -1) one outcome to the aggregate of era `era`.
  * Returns the new aggregate, or 0 when a fresh window has begun meanwhile. */
-static uint64_t cw_apply(fz_breaker *b, uint64_t era, int sign, uint32_t bits) {
+static uint64_t cw_apply(fz_breaker *b, uint64_t era, int sign, uint32_t bits, uint32_t id) {
   uint64_t agg = at_load_acq(&b->cw_agg);
   for (;;) {
-    if (agg >> 33 != era) return 0;
+    if (agg >> 33 != era || !alive(b, id)) return 0;
     uint64_t calls = (agg >> 22 & 0x7ff) + (uint64_t)(int64_t)sign;
     uint64_t f = (agg >> 11 & 0x7ff) + (bits & CW_FAIL ? (uint64_t)(int64_t)sign : 0);
     uint64_t s = (agg & 0x7ff) + (bits & CW_SLOW ? (uint64_t)(int64_t)sign : 0);
@@ -1067,22 +1106,25 @@ static uint64_t cw_apply(fz_breaker *b, uint64_t era, int sign, uint32_t bits) {
  * calls to N). A writer whose era has passed (a fresh window began) leaves the ring
  * alone when the slot already holds a newer era's outcome.
  */
-static uint64_t cw_record(fz_breaker *b, int fail, int slow) {
+static uint64_t cw_record(fz_breaker *b, int fail, int slow, uint32_t id) {
   uint32_t n = OPT(b, cfg.count_window);
   if (!n) return 0;  /* a reload made it a time window while this call ran */
   uint64_t era = at_load_acq(&b->cw_agg) >> 33;
   uint32_t era28 = (uint32_t)era & 0x0fffffff;
   uint32_t nv = era28 << 4 | CW_VALID | (fail ? CW_FAIL : 0) | (slow ? CW_SLOW : 0);
-  uint64_t agg = cw_apply(b, era, 1, nv);
+  uint64_t agg = cw_apply(b, era, 1, nv, id);
   if (!agg) return 0;  /* a fresh window began: this outcome belongs to none */
-  uint32_t *ring = (uint32_t *)(void *)((char *)b + b->cw_ring_off);
-  uint32_t *slot = &ring[at_add_rlx(&b->cw_seq, 1) % n];
+  uint32_t *ring = (uint32_t *)(void *)((char *)b + at_load_acq((const uint64_t *)&b->cw_ring_off));
+  uint64_t seq = at_load_acq(&b->cw_seq);
+  while (alive(b, id) && !at_cas_acqrel(&b->cw_seq, &seq, seq + 1)) {}
+  uint32_t *slot = &ring[seq % n];
   uint32_t old = at_load32_acq(slot);
   do {
     if ((old & CW_VALID) && (int32_t)(((old >> 4) - era28) << 4) > 0) return 0;  /* newer era */
+    if (!alive(b, id)) return 0;
   } while (!at_cas32_acqrel(slot, &old, nv));
   if ((old & CW_VALID) && old >> 4 == era28) {
-    uint64_t after = cw_apply(b, era, -1, old);
+    uint64_t after = cw_apply(b, era, -1, old, id);
     if (after) agg = after;
   }
   return agg;
@@ -1120,16 +1162,16 @@ static uint32_t sum_succ(fz_breaker *b, uint32_t e) {
 }
 
 /* An outcome of a call admitted while closed (generation sw), through the rules. */
-static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
-  uint64_t t = now_ns(), e = epoch_at(b, t);
-  if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
-  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
-  if (slow) bump(b, b->slow, &b->folded_slow, e, __ATOMIC_SEQ_CST);
+static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow, uint32_t id) {
+  uint64_t t = now_ns(), e = epoch_at(b, t, id);
+  if (fail) bump(b, b->fails, &b->folded_fail, e, id);
+  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, id);
+  if (slow) bump(b, b->slow, &b->folded_slow, e, id);
   const rules r = rules_of(b), *c = &r;
   uint32_t flags = OPT(b, flags);
   uint64_t calls, f, s;
   if (flags & F_CW) {
-    uint64_t agg = cw_record(b, fail, slow);
+    uint64_t agg = cw_record(b, fail, slow, id);
     if (!agg) return 0;
     calls = cw_calls(b, agg), f = agg >> 11 & 0x7ff, s = agg & 0x7ff;
   } else {
@@ -1146,25 +1188,25 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
     if (!need_f) f = tw_sum(b->fails, (uint32_t)e);  /* calls are successes + failures */
     calls = f + sum_succ(b, (uint32_t)e);
   }
-  return rules_trip(c, calls, f, s) ? trip(b, sw, t) : 0;
+  return rules_trip(c, calls, f, s) ? trip(b, sw, t, id) : 0;
 }
 
 /* The outcome of the probe in `slot` of half-open generation sw. A slow probe counts
  * as failed when a slow-call rate rule is set. */
-static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int slow) {
+static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int slow, uint32_t id) {
   int bad = fail || (slow && OPT(b, cfg.slow_rate) > 0);
   uint64_t ho;
   FAULT("probe-recording");
   /* a probe taken back already (timed out) was counted as failed by whoever took it */
   if (!probe_take(b, (uint32_t)sw_gen(sw), slot, !bad, &ho)) return 0;
-  uint64_t t = now_ns(), e = epoch_at(b, t);
-  if (slow) bump(b, b->slow, &b->folded_slow, e, __ATOMIC_SEQ_CST);
-  if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
-  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
-  if (bad) return reopen(b, sw, t);
+  uint64_t t = now_ns(), e = epoch_at(b, t, id);
+  if (slow) bump(b, b->slow, &b->folded_slow, e, id);
+  if (fail) bump(b, b->fails, &b->folded_fail, e, id);
+  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, id);
+  if (bad) return reopen(b, sw, t, id);
   /* only the success that completes `probes` closes; later ones of this generation
    * (probes still running when it closed) are stale */
-  return (ho >> 16 & 0xffff) == OPT(b, cfg.probes) ? close_circuit(b, sw) : 0;
+  return (ho >> 16 & 0xffff) == OPT(b, cfg.probes) ? close_circuit(b, sw, id) : 0;
 }
 
 /* An ignored probe gives its slot back. */
@@ -1185,20 +1227,21 @@ static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot) {
  * and for every 64th call, so a busy one stays current. Returns 1 when it counted.
  */
 static inline int done_fast(fz_breaker *b, uint64_t t) {
-  if ((t & 0x7f) != KIND_NORMAL << 1 || OPT(b, flags)) return 0;
-  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
   uint32_t si = t_stripe;
+  if ((t & 0x7f) != KIND_NORMAL << 1 || OPT(b, flags) || si == UINT32_MAX) return 0;
+  /* the words the add is computed from first (acquire), the state word after them: a
+   * ticket current in it means they are this breaker's (see "Incarnations") */
+  uint64_t e = at_load_acq(&b->cur_epoch);
+  uint64_t *w = &b->stripes[si].succ[e % NBUCKETS];
+  uint64_t v = at_load_acq(w);
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
   /* one compare: key, generation, and state closed (sw << 5 puts the generation at bit 8
    * and the state at bits 5-7, which are 0 in a kind-1 ticket) */
-  if ((t & ~UINT64_C(0x1f)) != (at_load_rlx(&b->key) | ((sw << 5) & (GEN_MASK << 8 | 0xe0))) || si == UINT32_MAX)
-    return 0;
-  uint64_t e = at_load_rlx(&b->cur_epoch);
-  uint64_t *w = &b->stripes[si].succ[e % NBUCKETS];
-  uint64_t v = at_load_rlx(w);
+  if ((t & ~UINT64_C(0x1f)) != (at_load_rlx(&b->key) | ((sw << 5) & (GEN_MASK << 8 | 0xe0)))) return 0;
   uint32_t n = cnt_of(v);
   if (tag_of(v) != (uint32_t)e || n < 64 || (n & 63) == 63 || n >= UINT32_C(0x80000000)) return 0;
-  at_add_rlx(w, 1);  /* a retag racing with this lands it a bucket late, never lost */
-  return 1;
+  FAULT("done-fast");  /* tests only (-DFZ_FAULTS): nothing in other builds */
+  return at_cas_acqrel(w, &v, v + 1);  /* from what was read: else done_slow counts it */
 }
 
 static __attribute__((noinline)) int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed);
@@ -1236,6 +1279,9 @@ static int stale(fz_breaker *b, uint64_t gen, int kind) {
 }
 
 static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
+  /* the identity before the state word: a state word current for the ticket then means
+   * that identity is the ticket's breaker's (every write below checks it, "Incarnations") */
+  uint32_t id = (uint32_t)at_load_acq(&b->id);
   int kind = (int)(t >> 1 & 3);
   unsigned slot = (unsigned)(t >> 3 & 15);
   if (kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || (t & TK_TRACKED) ||
@@ -1257,22 +1303,23 @@ static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
   int fail = outcome == FZ_FAILURE;
   double slow_s = OPT(b, cfg.slow);
   int slow = slow_s > 0 && elapsed >= slow_s;
-  if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail, slow);
+  if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail, slow, id);
   if (!fail && !slow && !OPT(b, flags)) {
     /* what done_fast declined: count in the bucket of a fresh clock read */
-    bump(b, my_stripe(b)->succ, &b->folded_succ, epoch_at(b, now_ns()), __ATOMIC_RELAXED);
+    bump(b, my_stripe(b)->succ, &b->folded_succ, epoch_at(b, now_ns(), id), id);
     return 0;
   }
   FAULT("recording");
-  return closed_record(b, sw, fail, slow);
+  return closed_record(b, sw, fail, slow, id);
 }
 
 /* ---------------------------------------------------------------- reading */
 
 int fz_state(fz_breaker *b) {
+  uint32_t id = (uint32_t)at_load_acq(&b->id);  /* before the state word, as in done_slow */
   uint64_t sw = at_load_acq(&b->sw);
-  int lifted = sw_state(sw) == FZ_FORCED_OPEN ? lift_forced(b, &sw, now_ns()) : 0;
-  int made = sw_state(sw) == FZ_OPEN || sw_state(sw) == FZ_HALF_OPEN ? settle(b, &sw, now_ns()) : 0;
+  int lifted = sw_state(sw) == FZ_FORCED_OPEN ? lift_forced(b, &sw, now_ns(), id) : 0;
+  int made = sw_state(sw) == FZ_OPEN || sw_state(sw) == FZ_HALF_OPEN ? settle(b, &sw, now_ns(), id) : 0;
   return sw_state(sw) + 256 * both(lifted, made);
 }
 
@@ -1310,20 +1357,22 @@ static void read_totals(fz_breaker *b, fz_stats *out) {
   }
   fail += tw_all(b->fails);
   slow += tw_all(b->slow);
-  out->successes_total = seen_max(&b->totals_seen[0], succ);
-  out->rejections_total = seen_max(&b->totals_seen[1], rej);
-  out->failures_total = seen_max(&b->totals_seen[2], fail);
-  out->slow_total = seen_max(&b->totals_seen[3], slow);
+  /* base: read after the words (acquire), it is at least as new as they are */
+  out->successes_total = seen_max(&b->totals_seen[0], succ) - at_load_acq(&b->base[0]);
+  out->rejections_total = seen_max(&b->totals_seen[1], rej) - at_load_acq(&b->base[1]);
+  out->failures_total = seen_max(&b->totals_seen[2], fail) - at_load_acq(&b->base[2]);
+  out->slow_total = seen_max(&b->totals_seen[3], slow) - at_load_acq(&b->base[3]);
 }
 
 /* The snapshot of fz_stats_read and fz_stats_peek. With `settle`, due transitions are
  * made (and the code of one returned); without, the state they would give is reported. */
 static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   uint64_t t = now_ns();
+  uint32_t id = (uint32_t)at_load_acq(&b->id);  /* before the state word, as in done_slow */
   uint64_t sw = at_load_acq(&b->sw);
-  int lifted = settle_due ? lift_forced(b, &sw, t) : 0;
-  int made = settle_due ? both(lifted, settle(b, &sw, t)) : 0;
-  uint32_t e = (uint32_t)epoch_at(b, t);
+  int lifted = settle_due ? lift_forced(b, &sw, t, id) : 0;
+  int made = settle_due ? both(lifted, settle(b, &sw, t, id)) : 0;
+  uint32_t e = (uint32_t)epoch_at(b, t, id);
   memset(out, 0, sizeof *out);
   out->state = sw_state(sw);
   out->generation = sw_gen(sw);
@@ -1348,7 +1397,7 @@ static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   }
   out->retry_after = fz_retry_after(b);
   read_totals(b, out);
-  out->opens_total = at_load_rlx(&b->opens_total);
+  out->opens_total = at_load_acq(&b->opens_total) - at_load_acq(&b->base[4]);
   return made;
 }
 
@@ -1361,9 +1410,10 @@ void fz_stats_peek(fz_breaker *b, fz_stats *out) { stats_fill(b, out, 0); }
 /* A breaker retired by a removal or an eviction (FZ_REMOVED) is left alone: a manual
  * state through a handle that went stale meanwhile must not bring it back (0). */
 static int move_to(fz_breaker *b, int to) {
+  uint32_t id = (uint32_t)at_load_acq(&b->id);
   uint64_t sw = at_load_acq(&b->sw);
   if (sw_state(sw) == FZ_REMOVED) return 0;
-  if (to == FZ_CLOSED) fresh_window(b);
+  if (to == FZ_CLOSED) fresh_window(b, id);
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED) return 0;
     if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) break;
@@ -1405,14 +1455,14 @@ static int both(int first, int second) { return first && second ? first + 128 * 
  * state word in *sw. The open stamp of gen + 1 is safe: no one else stamps it, as only
  * a trip or a reopen from gen would, and gen is a forced_open.
  */
-static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t) {
+static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id) {
   uint64_t end = forced_end(b, *sw), want = *sw;
   if (!end || t < end) return 0;
   stamp_open(b, sw_gen(want) + 1, end);
   FAULT("lifting");
   int made = 0;
   if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(want) + 1, FZ_OPEN))) {
-    at_store_rlx(&b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
+    set_if(b, id, &b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
     made = trans_code(FZ_FORCED_OPEN, FZ_OPEN);
   }
   *sw = at_load_acq(&b->sw);
@@ -1483,6 +1533,35 @@ void fzi_set_id(fz_breaker *b, uint64_t id) {
   at_store_rel(&b->id, id);  /* release: pairs with the acquire in fz_enter_id and lookups */
 }
 
+/* The words of slot b's previous breaker that a call of it may still swap (see
+ * "Incarnations"), given values in tmp (the next breaker, built aside) that those words
+ * never held: epochs start EPOCH_GAP past the old ones (and the shift never goes back),
+ * the count window's era and sequence go on, and every total starts past everything
+ * counted so far (its base). */
+#define EPOCH_GAP (UINT64_C(1) << 20)
+static void carry_on(fz_breaker *b, fz_breaker *tmp) {
+  uint64_t cur = at_load_acq(&b->cur_epoch), shift = at_load_acq(&b->shift) + 1;
+  uint64_t raw = (uint64_t)(((u128)now_ns() * tmp->bucket_inv) >> 64);
+  if (raw + shift < cur + EPOCH_GAP) shift = cur + EPOCH_GAP - raw;
+  tmp->shift = shift;
+  tmp->cur_epoch = raw + shift;
+  retire_fresh(tmp, tmp->cur_epoch);
+  tmp->cw_agg = ((at_load_acq(&b->cw_agg) >> 33) + 1) << 33;
+  tmp->cw_seq = at_load_acq(&b->cw_seq) + 1;
+  uint64_t live[4] = { 0, 0, tw_all(b->fails), tw_all(b->slow) };
+  for (int i = 0; i < NSTRIPES; i++) live[0] += tw_all(b->stripes[i].succ), live[1] += tw_all(b->stripes[i].rej);
+  uint64_t *folded[4] = { &b->folded_succ, &b->folded_rej, &b->folded_fail, &b->folded_slow };
+  uint64_t *to[4] = { &tmp->folded_succ, &tmp->folded_rej, &tmp->folded_fail, &tmp->folded_slow };
+  for (int i = 0; i < 4; i++) {
+    uint64_t past = at_load_acq(folded[i]) + live[i] + 1, seen = at_load_acq(&b->totals_seen[i]);
+    if (past <= seen) past = seen + 1;
+    *to[i] = tmp->base[i] = tmp->totals_seen[i] = past;
+  }
+  tmp->opens_total = tmp->base[4] = at_load_acq(&b->opens_total) + 1;
+  uint64_t open_ns = at_load_acq(&b->cur_open_ns);
+  if (tmp->cur_open_ns == open_ns) tmp->cur_open_ns ^= 1;  /* 1 ns off: a value it never held */
+}
+
 /* A breaker in a registry slot, with the slot's ring (room for FZ_MAX_COUNT_WINDOW).
  * Built aside, then stored word by word with release stores, whether the slot was used
  * before or not: a stale handle may be reading any word of the slot meanwhile, and a
@@ -1510,6 +1589,7 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t l
   tmp.forced_gen = at_load_rlx(&b->forced_gen) & ~STAMPING;
   tmp.ho = at_load_rlx(&b->ho);
   for (int i = 0; i < FZ_MAX_PROBES; i++) tmp.probe_start[i] = at_load_rlx(&b->probe_start[i]);
+  carry_on(b, &tmp);
   tmp.in_registry = 1;
   tmp.sw = sw_make(gen + 1, FZ_CLOSED);
   tmp.last_use = (uint32_t)(((u128)now_ns() * tmp.bucket_inv) >> 64);
@@ -1545,7 +1625,7 @@ void fzi_set_ring(fz_breaker *b, uint32_t *ring) {
 int64_t fzi_unused_ns(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw), t = now_ns();
   if (sw_state(sw) != FZ_CLOSED) return -1;
-  uint64_t e = epoch_at(b, t);
+  uint64_t e = epoch_at(b, t, fz_breaker_id(b));
   uint32_t f = OPT(b, flags) & F_CW ? (uint32_t)(at_load_acq(&b->cw_agg) >> 11 & 0x7ff) : tw_sum(b->fails, (uint32_t)e);
   if (f) return -1;
   uint32_t now_b = (uint32_t)(((u128)t * OPT(b, bucket_inv)) >> 64);
@@ -1583,7 +1663,7 @@ static void reepoch(fz_breaker *b) {
   uint64_t cur = at_load_rlx(&b->cur_epoch), shift = at_load_rlx(&b->shift);
   if (raw + shift < cur + NBUCKETS + 1) at_store_rlx(&b->shift, cur + NBUCKETS + 1 - raw);
   at_store_rlx(&b->last_use, (uint32_t)raw);
-  epoch_at(b, t);
+  epoch_at(b, t, fz_breaker_id(b));
 }
 
 /* Fewer probes than a half-open under way counted: the successes it counted stop one

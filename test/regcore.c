@@ -122,6 +122,53 @@ static void finding3(void) {
   is_int(peek(third).calls + peek(third).rejections, 0, "finding 3: nothing of it reached the new breaker");
 }
 
+/* ---------------------------------------------------------------- finding 1 */
+
+typedef struct done_job {
+  fz_breaker *b;
+  uint32_t id;
+  int warm;      /* successes to report first, so that the stripe's word is busy */
+  int outcome;
+  int rc;
+} done_job;
+
+static void do_done(void *p) {
+  done_job *j = p;
+  for (int i = 0; i < j->warm; i++) fz_done(j->b, fz_enter_id(j->b, j->id), FZ_SUCCESS, -1);
+  j->rc = fz_done(j->b, fz_enter_id(j->b, j->id), j->outcome, -1);
+}
+
+/* A call's report parked after its ticket was checked (current), while its breaker is
+ * removed and the slot goes to another name: nothing of it may count there. */
+static void finding1_at(const char *point, int warm, int outcome) {
+  fz_config c = defaults();
+  c.fails = 1;
+  uint32_t id, zid;
+  fz_breaker *a = open_named("a", &c, &id);
+  done_job j = { a, id, warm, outcome, -1 };
+  parked k;
+  ok(run_parked(&k, point, do_done, &j), "finding 1 (%s): the report parked after its ticket was checked", point);
+  remove_named("a");
+  fz_breaker *z = open_named("z", &c, &zid);
+  ok(z == a, "finding 1 (%s): z took a's slot", point);
+  release(&k);
+  fz_stats st = peek(z);
+  is_int(st.successes_total + st.failures_total, 0, "finding 1 (%s): a late fz_done never counts into another name", point);
+  is_int(st.calls, 0, "finding 1 (%s): z's window is empty", point);
+  is_int(state(z), FZ_CLOSED, "finding 1 (%s): z is still closed", point);
+  remove_named("z");
+}
+
+static void finding1(void) {
+  if (fz_registry_init(1, 0, 0) != FZ_OK) {
+    ok(0, "finding 1: a registry of one slot");
+    return;
+  }
+  at(1000);
+  finding1_at("recording", 0, FZ_FAILURE);  /* done_slow, then closed_record */
+  finding1_at("done-fast", 100, FZ_SUCCESS);  /* the hot path's one add */
+}
+
 /* ---------------------------------------------------------------- finding 2 */
 
 typedef struct enter_job {
@@ -223,6 +270,7 @@ static void finding2(void) {
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
+  in_process("finding 1: a late fz_done never counts into another name", finding1);
   in_process("finding 2: no ticket of another name from a re-read state word", finding2);
   in_process("finding 3: identity never repeats after a kill during reuse", finding3);
   return done_testing();
