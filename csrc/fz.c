@@ -617,30 +617,38 @@ static uint64_t ms_since(uint64_t st, uint64_t t_ms) {
  * the newer claim right after and swaps that value back. It ends the stamp with a
  * compare-and-swap, never over a newer claim. If the circuit is
  * open with a stamp left half-written, open_due reads it as "due": a probe is admitted
- * early rather than the circuit staying open for ever.
+ * early rather than the circuit staying open for ever. Every timed stamp uses this one
+ * protocol: the end of an open period (until/until_gen) and of a timed forced_open
+ * (forced_until/forced_gen).
  */
-static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
-  uint64_t cur = at_load_acq(&b->until_gen);
+static void stamp(uint64_t *gen_w, uint64_t *end_w, uint64_t gen, uint64_t end_ns, const char *where) {
+  (void)where;  /* the fault point's name: only the -DFZ_FAULTS build uses it */
+  uint64_t cur = at_load_acq(gen_w);
   for (;;) {
     if ((cur & ~STAMPING) > gen || cur == gen) return;  /* newer, or this gen is stamped */
     if (cur == (gen | STAMPING)) break;  /* another stamper of gen, alive or dead: finish */
-    if (at_cas_acqrel(&b->until_gen, &cur, gen | STAMPING)) break;
+    if (at_cas_acqrel(gen_w, &cur, gen | STAMPING)) break;
   }
-  uint64_t u = at_load_sc(&b->until);
+  uint64_t u = at_load_sc(end_w);
   for (;;) {
     /* after the load of u: a newer claim seen here was made after u was read */
-    if (at_load_sc(&b->until_gen) != (gen | STAMPING)) return;  /* done, or a newer claim */
-    FAULT("stamping");
-    if (at_cas_sc(&b->until, &u, end_ns)) break;  /* fails if `until` moved since u */
+    if (at_load_sc(gen_w) != (gen | STAMPING)) return;  /* done, or a newer claim */
+    FAULT(where);
+    if (at_cas_sc(end_w, &u, end_ns)) break;  /* fails if the end moved since u */
   }
-  cur = at_load_sc(&b->until_gen);
+  cur = at_load_sc(gen_w);
   if ((cur & ~STAMPING) > gen) {  /* a newer claim whose end was u: give it back */
     uint64_t mine = end_ns;
-    at_cas_sc(&b->until, &mine, u);
+    at_cas_sc(end_w, &mine, u);
     return;
   }
   cur = gen | STAMPING;
-  at_cas_acqrel(&b->until_gen, &cur, gen);  /* release: pairs with the acquire in open_due */
+  at_cas_acqrel(gen_w, &cur, gen);  /* release: pairs with the acquire in open_due / forced_end */
+}
+
+/* The end of the open period of generation gen. */
+static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
+  stamp(&b->until_gen, &b->until, gen, end_ns, "stamping");
 }
 
 /* closed -> open. Returns the transition code, or 0 when another caller moved first. */
@@ -1424,17 +1432,12 @@ static int move_to(fz_breaker *b, int to) {
 /* ---------------------------------------------------------------- timed forced_open */
 
 /* Publishes the end of the timed forced_open of generation gen BEFORE the swap that
- * enters it: the same small seqlock as stamp_open, on forced_until/forced_gen (own
- * fields, so that a trip racing with the force-open never lends it its end). */
+ * enters it: stamp_open's protocol (one for every timed stamp), on forced_until/forced_gen
+ * (own fields, so that a trip racing with the force-open never lends it its end). A
+ * stamper whose view is late never writes over a newer stamp, so none can leave the
+ * forced_open of a later generation without its end (forced for ever). */
 static void stamp_forced(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
-  uint64_t cur = at_load_acq(&b->forced_gen);
-  for (;;) {
-    if ((cur & ~STAMPING) > gen || cur == gen) return;  /* newer, or this gen is stamped */
-    if (cur == (gen | STAMPING)) break;  /* another stamper of gen, alive or dead: finish */
-    if (at_cas_acqrel(&b->forced_gen, &cur, gen | STAMPING)) break;
-  }
-  at_store_rlx(&b->forced_until, end_ns);
-  at_store_rel(&b->forced_gen, gen);  /* release: pairs with the acquire in forced_end */
+  stamp(&b->forced_gen, &b->forced_until, gen, end_ns, "forced-stamping");
 }
 
 /* The end (ns) of the forced_open of state word sw when it is timed; 0 when sw is not
@@ -1476,6 +1479,7 @@ int fz_force_open_for(fz_breaker *b, double seconds) {
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED) return 0;  /* as move_to */
     stamp_forced(b, sw_gen(sw) + 1, end);
+    FAULT("forced-stamped");
     if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_FORCED_OPEN))) break;
   }
   return trans_code(sw_state(sw), FZ_FORCED_OPEN);

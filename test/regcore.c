@@ -96,6 +96,63 @@ static void do_open(void *name) {
   open_named(name, &c, NULL);
 }
 
+/* ---------------------------------------------------------------- finding 4 */
+
+/* A child that pauses at one fault point (until the parent writes a byte) and dies at
+ * another: a process killed right after its late stores. */
+static int g_to_parent[2], g_to_child[2];
+static const char *g_pause_at, *g_die_at;
+
+static void pause_then_die(const char *where) {
+  char x = 1;
+  if (g_pause_at && strcmp(where, g_pause_at) == 0) {
+    g_pause_at = NULL;
+    if (write(g_to_parent[1], &x, 1) != 1 || read(g_to_child[0], &x, 1) != 1) _exit(3);
+  } else if (strcmp(where, g_die_at) == 0) {
+    _exit(42);
+  }
+}
+
+static void do_force_for_10(void *b) { fz_force_open_for(b, 10); }
+
+/* A timed force-open whose stamper is late: it claimed the stamp of its generation, then
+ * stalled while another force-open finished that stamp and entered forced_open, a reset
+ * closed the breaker and a third force-open stamped and entered a newer forced_open.
+ * The late stamper then writes, and is killed before it does anything else. (At
+ * 4a88316 its plain stores set the stamp's generation back: the newer forced_open had
+ * no end any more, forced for ever with retry_after 0.) */
+static void finding4(void) {
+  if (fz_registry_init(4, 1, 0) != FZ_OK || pipe(g_to_parent) || pipe(g_to_child)) {
+    ok(0, "finding 4: a shared registry");
+    return;
+  }
+  fz_config c = defaults();
+  at(1000);
+  fz_breaker *b = open_named("forced", &c, NULL);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    g_pause_at = "forced-stamping", g_die_at = "forced-stamped";
+    fz_fault_hook = pause_then_die;
+    do_force_for_10(b);
+    _exit(0);
+  }
+  char x = 0;
+  ok(read(g_to_parent[0], &x, 1) == 1, "finding 4: the late stamper stalled while stamping its end");
+  ok(fz_force_open_for(b, 5) > 0, "finding 4: another force-open finishes that stamp and wins");
+  ok(fz_reset(b) > 0, "finding 4: a reset");
+  ok(fz_force_open_for(b, 5) > 0, "finding 4: a newer timed force-open, 5 s");
+  x = 1;
+  ok(write(g_to_child[1], &x, 1) == 1, "finding 4: the late stamper goes on");
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ok(WIFEXITED(status) && WEXITSTATUS(status) == 42, "finding 4: and is killed right after its stamp");
+  is_int(state(b), FZ_FORCED_OPEN, "finding 4: forced open");
+  is_dbl(fz_retry_after(b), 5, 1e-6, "finding 4: a late stamp never unstamps a newer forced_open (5 s left)");
+  later(6);
+  is_int(state(b), FZ_HALF_OPEN, "finding 4: lifted after its 5 s: the breaker is not wedged");
+}
+
 /* ---------------------------------------------------------------- finding 3 */
 
 /* A reuse of a slot killed after the new breaker's words are stored, before its identity
@@ -272,6 +329,7 @@ int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   in_process("finding 1: a late fz_done never counts into another name", finding1);
   in_process("finding 2: no ticket of another name from a re-read state word", finding2);
+  in_process("finding 4: a timed force-open never wedges after a late stamper is killed", finding4);
   in_process("finding 3: identity never repeats after a kill during reuse", finding3);
   return done_testing();
 }
