@@ -54,6 +54,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #ifdef FZ_FAULTS
 extern void (*fz_fault_hook)(const char *where);
@@ -79,6 +82,7 @@ typedef struct meta {
 typedef struct registry {
   _Alignas(LINE) uint32_t magic, shared, capacity, tmask;  /* tmask: index words - 1 */
   uint64_t idle_ns;           /* 0: no eviction */
+  uint64_t hkey[2];           /* the name hash's key: random, made with the mapping */
   uint64_t size, slot_size;
   uint64_t off_meta, off_index, off_free, off_slots, off_rings;
   pthread_mutex_t lock;       /* process-shared and robust: writers only */
@@ -114,6 +118,21 @@ static uint32_t *ring_of(registry *r, uint32_t s) {
 
 static size_t up(size_t n) { return (n + 4095) / 4096 * 4096; }
 
+/* A random key for the name hash: the kernel's, or (without it) the clocks, the pid and
+ * an address, mixed. Made with each mapping, so every forked worker has its registry's. */
+static void make_key(uint64_t key[2]) {
+  if (getrandom(key, 2 * sizeof key[0], GRND_NONBLOCK) == (ssize_t)(2 * sizeof key[0])) return;
+  struct timespec a, b;
+  clock_gettime(CLOCK_REALTIME, &a), clock_gettime(CLOCK_MONOTONIC, &b);
+  uint64_t x = (uint64_t)a.tv_nsec ^ (uint64_t)a.tv_sec << 32 ^ (uint64_t)(uintptr_t)key;
+  uint64_t y = (uint64_t)b.tv_nsec ^ (uint64_t)b.tv_sec << 20 ^ (uint64_t)getpid() << 40;
+  for (int i = 0; i < 2; i++) {
+    x = (x ^ x >> 31) * 0x9e3779b97f4a7c15u ^ y;
+    y = (y ^ y >> 29) * 0xbf58476d1ce4e5b9u ^ x;
+  }
+  key[0] = x, key[1] = y | 1;
+}
+
 static registry *reg_map(uint32_t capacity, int shared, uint64_t idle_ns) {
   uint32_t words = 16;
   while (words < 2 * capacity) words *= 2;
@@ -136,6 +155,7 @@ static registry *reg_map(uint32_t capacity, int shared, uint64_t idle_ns) {
   r->idle_ns = idle_ns, r->size = size, r->slot_size = fzi_breaker_size();
   r->off_meta = off_meta, r->off_index = off_index, r->off_free = off_free;
   r->off_slots = off_slots, r->off_rings = off_rings;
+  make_key(r->hkey);
   return r;
 }
 
@@ -157,21 +177,29 @@ static int name_ok(const char *name, size_t len) {
   return name && len >= 1 && len <= FZ_NAME_MAX && !memchr(name, 0, len);
 }
 
-/* The name as zero-padded words, and its hash (64-bit multiply-xor over the words). */
-static uint64_t pack(const char *name, size_t len, uint64_t key[NAME_WORDS]) {
-  uint64_t h = 0x9e3779b97f4a7c15u ^ len;
+/* 64 x 64 -> 128-bit multiply, folded: the high half xor the low half. */
+static uint64_t mix(uint64_t a, uint64_t b) {
+  __extension__ unsigned __int128 p = (unsigned __int128)a * b;
+  return (uint64_t)p ^ (uint64_t)(p >> 64);
+}
+
+/* The name as zero-padded words, and its hash under the registry's key: every word is
+ * mixed with both halves of the key (a keyed multiply-fold of our own, not a
+ * cryptographic MAC): names chosen without the key, which never leaves the mapping,
+ * cannot be made to share a home (DESIGN.md, "Gateway scale"). */
+static uint64_t pack(const registry *r, const char *name, size_t len, uint64_t key[NAME_WORDS]) {
+  uint64_t k0 = r->hkey[0], k1 = r->hkey[1];
+  uint64_t h = mix(k0 ^ len, k1 ^ 0x9e3779b97f4a7c15u);
   size_t n = (len + 7) / 8;
   key[n - 1] = 0;
   memcpy(key, name, len);
-  for (size_t i = 0; i < n; i++) {
-    h = (h ^ key[i]) * 0xff51afd7ed558ccdu;
-    h ^= h >> 32;
-  }
-  h *= 0xc4ceb9fe1a85ec53u;
-  return h ^ h >> 29;
+  for (size_t i = 0; i < n; i++) h = mix(h ^ key[i] ^ k1, k0 ^ 0xff51afd7ed558ccdu);
+  return mix(h ^ k0, k1 ^ 0xc4ceb9fe1a85ec53u);
 }
 
-static uint32_t tag_of(uint64_t h) { return (uint32_t)(h >> 32) | 1u; }  /* never 0 */
+/* The word's tag and home: the hash's high 32 bits, all of them (0 too: a word is never
+ * 0 anyway, its slot + 1 is not), so every index word can be a home. */
+static uint32_t tag_of(uint64_t h) { return (uint32_t)(h >> 32); }
 
 /* Whether live slot s holds this name; its identity in *id. A seqlock read (see the note). */
 static int slot_is(registry *r, uint32_t s, const uint64_t *key, size_t len, uint64_t h, uint32_t *id) {
@@ -210,6 +238,7 @@ static int64_t idx_find(registry *r, const uint64_t *key, size_t len, uint64_t h
     uint64_t i = tag & mask;
     for (uint64_t n = 0; n <= mask; n++, i = (i + 1) & mask) {
       uint64_t w = at_load_acq(&t[i]);  /* acquire: pairs with the release of idx_put */
+      FAULT("reg-probe");  /* tests count the words a lookup reads */
       if (!w) break;
       uint32_t s = (uint32_t)w - 1;
       if ((uint32_t)(w >> 32) == tag && s < r->capacity && slot_is(r, s, key, len, h, id)) return s;
@@ -382,7 +411,7 @@ fz_breaker *fz_registry_open_id(const char *name, size_t len, const fz_config *c
   if (!name_ok(name, len)) st = FZ_ENAME;
   else if (fz_config_check(c) != FZ_OK) st = FZ_EINVAL;
   else if (!r) st = FZ_ENOMEM;
-  else h = pack(name, len, key);
+  else h = pack(r, name, len, key);
   for (int tries = 0; st == 0 && !b; tries++) {
     int64_t s = tries ? -2 : idx_find(r, key, len, h, &mine);
     if (s < 0) {
@@ -410,7 +439,7 @@ fz_breaker *fz_registry_find_id(const char *name, size_t len, uint32_t *id) {
   registry *r = reg_get();
   uint64_t key[NAME_WORDS];
   if (!r || !name_ok(name, len)) return NULL;
-  uint64_t h = pack(name, len, key);
+  uint64_t h = pack(r, name, len, key);
   int64_t s = idx_find(r, key, len, h, id);
   if (s == -2) {
     reg_lock(r);
@@ -429,7 +458,7 @@ int fz_registry_remove(const char *name, size_t len) {
   uint64_t key[NAME_WORDS], h;
   if (!name_ok(name, len)) return FZ_ENAME;
   if (!r) return 0;
-  h = pack(name, len, key);
+  h = pack(r, name, len, key);
   reg_lock(r);
   int64_t s = idx_find(r, key, len, h, NULL);
   int done = s >= 0 && fzi_retire(slot_of(r, (uint32_t)s), 0);
@@ -466,6 +495,9 @@ static int migrate(registry *from, registry *to) {
     fz_breaker *nb = slot_of(to, n);
     memcpy(nb, b, from->slot_size);
     memcpy(meta_of(to, n), meta_of(from, s), sizeof(meta));
+    meta *m = meta_of(to, n);  /* the new mapping has a key of its own: hash again */
+    uint64_t words[NAME_WORDS];
+    m->hash = pack(to, fz_breaker_name(b), (size_t)m->len, words);
     fzi_set_ring(nb, ring_of(to, n));
     fz_config c;
     fz_breaker_config(b, &c);

@@ -153,6 +153,96 @@ static void finding4(void) {
   is_int(state(b), FZ_HALF_OPEN, "finding 4: lifted after its 5 s: the breaker is not wedged");
 }
 
+/* ---------------------------------------------------------------- findings 14, 15 */
+
+static long g_probes;
+static void count_probes(const char *where) {
+  if (strcmp(where, "reg-probe") == 0) g_probes++;
+}
+
+/* The inverse of an odd number mod 2^64 (Newton). */
+static uint64_t inverse(uint64_t a) {
+  uint64_t x = a;
+  for (int i = 0; i < 6; i++) x *= 2 - a * x;
+  return x;
+}
+
+/* The hash of 4a88316 (no key) of an 8-byte name w, and its index tag. */
+static uint32_t old_tag(uint64_t w) {
+  uint64_t h = (UINT64_C(0x9e3779b97f4a7c15) ^ 8 ^ w) * UINT64_C(0xff51afd7ed558ccd);
+  h ^= h >> 32;
+  h *= UINT64_C(0xc4ceb9fe1a85ec53);
+  h ^= h >> 29;
+  return (uint32_t)(h >> 32) | 1u;
+}
+
+/* An 8-byte name whose old hash has the tag `tag` in its low 16 bits (so the same home in
+ * an index of up to 65536 words) and `salt` in bits 48-63: made by running the old hash
+ * backwards, as an attacker would offline. 0 when the bytes hold a NUL (try another). */
+static uint64_t colliding_name(uint32_t tag16, uint64_t salt) {
+  uint64_t h = (uint64_t)tag16 << 32 | salt << 48 | (salt * UINT64_C(0x2545f4914f6cdd1d) & 0xffffffffu);
+  h ^= h >> 29 ^ h >> 58;                     /* undo h ^= h >> 29 */
+  h *= inverse(UINT64_C(0xc4ceb9fe1a85ec53));
+  h ^= h >> 32;                               /* undo h ^= h >> 32 */
+  uint64_t w = h * inverse(UINT64_C(0xff51afd7ed558ccd)) ^ UINT64_C(0x9e3779b97f4a7c15) ^ 8;
+  for (int i = 0; i < 8; i++)
+    if (!(w >> (8 * i) & 0xff)) return 0;
+  return w;
+}
+
+/* Probes per lookup of every name in names[n], found or (missing) not. */
+static double probes_per_lookup(const char (*names)[9], int n) {
+  fz_fault_hook = count_probes;
+  g_probes = 0;
+  for (int i = 0; i < n; i++) fz_registry_find(names[i], strlen(names[i]));
+  fz_fault_hook = pause_hook;
+  return (double)g_probes / n;
+}
+
+enum { NCOLLIDE = 20000 };
+static char g_names[65536][9];
+
+static void finding14(void) {
+  if (fz_registry_init(NCOLLIDE, 0, 0) != FZ_OK) {
+    ok(0, "finding 14: a registry of 20,000 slots");
+    return;
+  }
+  int n = 0;
+  for (uint64_t salt = 1; n < NCOLLIDE; salt++) {
+    uint64_t w = colliding_name(0x1235, salt);
+    if (!w) continue;
+    memcpy(g_names[n], &w, 8);
+    n += old_tag(w) == (old_tag(w) & 0xffff0000u) + 0x1235u;
+  }
+  ok(1, "finding 14: 20,000 names that share one home under the unkeyed hash of 4a88316");
+  fz_config c = defaults();
+  int made = 0;
+  for (int i = 0; i < NCOLLIDE; i++) made += open_named(g_names[i], &c, NULL) != NULL;
+  is_int(made, NCOLLIDE, "finding 14: all registered");
+  double p = probes_per_lookup((const char (*)[9])g_names, NCOLLIDE);
+  ok(p < 4, "finding 14: keyed hash: names chosen offline do not collide (%.1f index words a lookup)", p);
+}
+
+/* Random names at the maximal load (capacity names, 2 * capacity index words): with
+ * every word a possible home, a lookup reads about 1.5 words (linear probing at load
+ * 1/2); with only odd homes (4a88316) the homes are twice as loaded. */
+static void finding15(void) {
+  enum { N = 65536 };
+  if (fz_registry_init(N, 0, 0) != FZ_OK) {
+    ok(0, "finding 15: a registry of 65536 slots");
+    return;
+  }
+  fz_config c = defaults();
+  for (int i = 0; i < N; i++) {
+    snprintf(g_names[i], sizeof g_names[i], "n%07d", i);
+    open_named(g_names[i], &c, NULL);
+  }
+  double hit = probes_per_lookup((const char (*)[9])g_names, N);
+  for (int i = 0; i < N; i++) snprintf(g_names[i], sizeof g_names[i], "m%07d", i);
+  double miss = probes_per_lookup((const char (*)[9])g_names, N);
+  ok(hit < 1.58 && miss < 2.62, "finding 15: hash homes use the whole index (%.2f words a hit, %.2f a miss)", hit, miss);
+}
+
 /* ---------------------------------------------------------------- finding 3 */
 
 /* A reuse of a slot killed after the new breaker's words are stored, before its identity
@@ -330,6 +420,8 @@ int main(void) {
   in_process("finding 1: a late fz_done never counts into another name", finding1);
   in_process("finding 2: no ticket of another name from a re-read state word", finding2);
   in_process("finding 4: a timed force-open never wedges after a late stamper is killed", finding4);
+  in_process("finding 14: names chosen offline cannot be made to collide", finding14);
+  in_process("finding 15: hash homes use the whole index", finding15);
   in_process("finding 3: identity never repeats after a kill during reuse", finding3);
   return done_testing();
 }
