@@ -37,8 +37,8 @@
  * slots (repair), under an odd `moves`, so readers retry rather than miss.
  *
  * Eviction (with `idle`): when creation finds every slot taken, it scans from a rotating
- * hand (every slot when the capacity is at most SCAN, else SCAN slots, more only while
- * none was evictable) for the evictable breaker (closed, no failure in its window, no
+ * hand (SCAN slots at most, whatever the capacity: the next creation goes on where it
+ * stopped) for the evictable breaker (closed, no failure in its window, no
  * call for `idle` seconds) that has been unused longest, and retires it with a
  * compare-and-swap of its state word from closed, so a breaker that trips meanwhile is
  * never evicted. "Last call" is the coarse stamp a call writes when it is the first to
@@ -71,7 +71,7 @@ extern void (*fz_fault_hook)(const char *where);
 #define MAX_CAPACITY 1000000
 #define RING_BYTES ((size_t)FZ_MAX_COUNT_WINDOW * sizeof(uint32_t))
 #define NAME_WORDS ((FZ_NAME_MAX + 1) / 8)
-#define SCAN 256  /* slots an eviction looks at, at least */
+#define SCAN 256  /* slots an eviction looks at, at most */
 
 typedef struct meta {
   uint64_t hash;              /* concurrent: the name's hash */
@@ -92,6 +92,7 @@ typedef struct registry {
   uint64_t moves;               /* concurrent: odd while the index is being shifted or rebuilt */
   uint64_t free_head, free_tail;/* under the lock: the FIFO of freed slots */
   uint64_t hand;                /* under the lock: where the eviction scan goes on */
+  uint64_t dry;                 /* under the lock: slots scanned in a row with none evictable */
   double barren_until;          /* under the lock: a scan found nothing evictable; none before */
   uint64_t full_total;          /* concurrent: calls run unguarded, registry full */
   uint64_t evictions_total;     /* concurrent */
@@ -334,14 +335,17 @@ static void drop(registry *r, uint32_t s) {
   at_store32_rel(&r->live, r->live - 1);
 }
 
-/* The evictable breaker unused longest, looking at SCAN slots from the hand (more while
- * none is evictable); -1 when there is none. */
+/* The evictable breaker unused longest among the SCAN slots after the hand (which moves
+ * on past them, so successive creations look at the whole registry in turn); -1 when
+ * none of them is evictable. Bounded whatever the capacity: the lock is held for SCAN
+ * slots at most (DESIGN.md: never the whole registry under the lock). */
 static int64_t victim(registry *r) {
   uint32_t top = at_load32_rlx(&r->top), best = 0;
   int64_t best_unused = -1;
-  for (uint32_t n = 0; n < top && (n < SCAN || best_unused < 0); n++) {
+  for (uint32_t n = 0; n < top && n < SCAN; n++) {
     uint32_t s = (uint32_t)(r->hand++ % top);
     fz_breaker *b = slot_of(r, s);
+    FAULT("reg-scan");  /* tests count the slots a scan looks at */
     if (!(fz_breaker_id(b) & 1)) continue;
     int64_t unused = fzi_unused_ns(b);
     if (unused >= (int64_t)r->idle_ns && unused > best_unused) best = s, best_unused = unused;
@@ -357,16 +361,19 @@ static int64_t claim(registry *r) {
     return top;
   }
   if (r->free_tail != r->free_head) return free_of(r)[r->free_tail++ % r->capacity];
-  /* A scan that found nothing evictable is not repeated for a tenth of `idle` (at most
-   * 0.1 s): a flood of new names into a registry of busy breakers costs no scan each. */
+  /* Scans that found nothing evictable in a whole turn of the hand are not repeated for
+   * a tenth of `idle` (at most 0.1 s): a flood of new names into a registry of busy
+   * breakers costs no scan each. */
   double now = r->idle_ns ? fz_clock_now() : 0;
   if (now < r->barren_until && now > r->barren_until - 1) return -1;
   for (int tries = 0; r->idle_ns && tries < 4; tries++) {
     int64_t s = victim(r);
     if (s < 0) {
-      r->barren_until = now + fmin((double)r->idle_ns / 1e10, 0.1);
+      /* a whole turn of the hand found nothing: not again for a while */
+      if ((r->dry += SCAN) >= at_load32_rlx(&r->top)) r->barren_until = now + fmin((double)r->idle_ns / 1e10, 0.1), r->dry = 0;
       return -1;
     }
+    r->dry = 0;
     if (!fzi_retire(slot_of(r, (uint32_t)s), 1)) continue;  /* it moved meanwhile */
     FAULT("reg-evicting");
     drop(r, (uint32_t)s);

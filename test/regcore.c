@@ -243,6 +243,39 @@ static void finding15(void) {
   ok(hit < 1.58 && miss < 2.62, "finding 15: hash homes use the whole index (%.2f words a hit, %.2f a miss)", hit, miss);
 }
 
+/* ---------------------------------------------------------------- finding 13 */
+
+static long g_scanned;
+static void count_scans(const char *where) {
+  if (strcmp(where, "reg-scan") == 0) g_scanned++;
+}
+
+/* A full registry of breakers with a failure in their window (never evictable), idle
+ * long past: a creation must look at a bounded number of slots under the lock, whatever
+ * the capacity (4a88316 scanned all of them). */
+static void finding13(void) {
+  enum { N = 4096 };
+  if (fz_registry_init(N, 0, 1) != FZ_OK) {
+    ok(0, "finding 13: a registry of 4096 slots, idle 1 s");
+    return;
+  }
+  at(1000);
+  fz_config c = defaults();
+  char name[32];
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof name, "busy-%d", i);
+    fz_breaker *b = open_named(name, &c, NULL);
+    fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  }
+  later(5);
+  fz_fault_hook = count_scans;
+  g_scanned = 0;
+  ok(open_named("one-more", &c, NULL) == NULL, "finding 13: full, nothing evictable: not created");
+  fz_fault_hook = pause_hook;
+  ok(g_scanned > 0 && g_scanned <= 256, "finding 13: creation looks at a bounded number of slots (%ld of %d)",
+     g_scanned, N);
+}
+
 /* ---------------------------------------------------------------- finding 3 */
 
 /* A reuse of a slot killed after the new breaker's words are stored, before its identity
@@ -420,6 +453,7 @@ int main(void) {
   in_process("finding 1: a late fz_done never counts into another name", finding1);
   in_process("finding 2: no ticket of another name from a re-read state word", finding2);
   in_process("finding 4: a timed force-open never wedges after a late stamper is killed", finding4);
+  in_process("finding 13: a creation's eviction scan is bounded", finding13);
   in_process("finding 14: names chosen offline cannot be made to collide", finding14);
   in_process("finding 15: hash homes use the whole index", finding15);
   in_process("finding 3: identity never repeats after a kill during reuse", finding3);
