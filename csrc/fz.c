@@ -144,7 +144,7 @@ struct fz_breaker {
    * prepared from a value read before the reuse, can never find that value again. */
   uint64_t base[5];               /* succ, rej, fail, slow, opens; 0 outside a registry */
   uint64_t cur_open_ns;           /* concurrent: the open period before jitter */
-  uint64_t last_use;              /* concurrent: bucket (no shift) a call last recycled a word in */
+  uint64_t last_use;              /* concurrent: bucket (no shift, all 64 bits) a call last recycled a word in */
 
   /* The count window: a ring of the last N outcomes and one aggregate word (beside the
    * cold words, which are written once a bucket at most: a breaker fits in 2.5 KB). */
@@ -313,7 +313,8 @@ static int clock_went_back(fz_breaker *b, uint32_t tag) {
  * Every write is a compare-and-swap after the identity check (see "Incarnations").
  * Returns the count before the add (0 when it went to the totals only, or nowhere).
  */
-static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e, uint32_t id) {
+static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e64, uint32_t id) {
+  uint32_t e = (uint32_t)e64;
   FAULT("counting");
   uint64_t v = at_load_acq(w);
   for (;;) {
@@ -339,7 +340,7 @@ static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e,
       FAULT("folding");
       add_if(b, id, folded, cnt_of(v));
       /* at most once a bucket a word: the coarse stamp of the last call (idle eviction) */
-      set_if(b, id, &b->last_use, (uint32_t)(e - (uint32_t)at_load_acq(&b->shift)));
+      set_if(b, id, &b->last_use, e64 - at_load_acq(&b->shift));
       return 0;
     }
   }
@@ -423,7 +424,7 @@ static inline uint64_t epoch_at(fz_breaker *b, uint64_t t, uint32_t id) {
 
 /* Bumps the counter of bucket epoch e in the array w (striped or not). */
 static uint32_t bump(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e, uint32_t id) {
-  return tw_add(b, &w[e % NBUCKETS], folded, (uint32_t)e, id);
+  return tw_add(b, &w[e % NBUCKETS], folded, e, id);
 }
 
 /* Starts a fresh window: every bucket written so far falls out of it. */
@@ -1596,7 +1597,8 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t l
   carry_on(b, &tmp);
   tmp.in_registry = 1;
   tmp.sw = sw_make(gen + 1, FZ_CLOSED);
-  tmp.last_use = (uint32_t)(((u128)now_ns() * tmp.bucket_inv) >> 64);
+  tmp.last_use = (uint64_t)(((u128)now_ns() * tmp.bucket_inv) >> 64);
+  if (tmp.last_use == at_load_acq(&b->last_use)) tmp.last_use++;  /* a value it never held */
   tmp.cw_ring_off = (int64_t)((char *)ring - (char *)b);
   word *to = (word *)(void *)b;
   const word *from = (const word *)(const void *)&tmp;
@@ -1632,10 +1634,12 @@ int64_t fzi_unused_ns(fz_breaker *b) {
   uint64_t e = epoch_at(b, t, fz_breaker_id(b));
   uint32_t f = OPT(b, flags) & F_CW ? (uint32_t)(at_load_acq(&b->cw_agg) >> 11 & 0x7ff) : tw_sum(b->fails, (uint32_t)e);
   if (f) return -1;
-  uint32_t now_b = (uint32_t)(((u128)t * OPT(b, bucket_inv)) >> 64);
-  uint32_t buckets = now_b - (uint32_t)at_load_rlx(&b->last_use);
-  if ((int32_t)buckets < 1) return 0;
-  return (int64_t)((uint64_t)(buckets - 1) * OPT(b, bucket_ns));
+  /* 64-bit buckets: no idle time is too long to be told (a 32-bit difference of 1 ms
+   * buckets wrapped after 24.8 days, and the breaker was never evicted again) */
+  uint64_t now_b = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64), last = at_load_acq(&b->last_use);
+  if (now_b <= last) return 0;
+  u128 ns = (u128)(now_b - last - 1) * OPT(b, bucket_ns);
+  return ns > INT64_MAX ? INT64_MAX : (int64_t)ns;
 }
 
 /* Takes the breaker out of service: its state becomes FZ_REMOVED (generation bumped, so
@@ -1666,7 +1670,7 @@ static void reepoch(fz_breaker *b) {
   uint64_t raw = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64);
   uint64_t cur = at_load_rlx(&b->cur_epoch), shift = at_load_rlx(&b->shift);
   if (raw + shift < cur + NBUCKETS + 1) at_store_rlx(&b->shift, cur + NBUCKETS + 1 - raw);
-  at_store_rlx(&b->last_use, (uint32_t)raw);
+  at_store_rlx(&b->last_use, raw);
   epoch_at(b, t, fz_breaker_id(b));
 }
 

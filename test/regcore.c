@@ -243,6 +243,28 @@ static void finding15(void) {
   ok(hit < 1.58 && miss < 2.62, "finding 15: hash homes use the whole index (%.2f words a hit, %.2f a miss)", hit, miss);
 }
 
+/* ---------------------------------------------------------------- finding 11 */
+
+/* A breaker with a 0.01 s window (1 ms buckets) idle for 26 days is evictable. (At
+ * 4a88316 the last use was a 32-bit bucket difference, negative past 24.8 days: never
+ * evictable again, and the registry stayed full.) */
+static void finding11(void) {
+  if (fz_registry_init(1, 0, 1) != FZ_OK) {
+    ok(0, "finding 11: a registry of one slot, idle 1 s");
+    return;
+  }
+  fz_config c = defaults();
+  c.window = 0.01;
+  at(1000);
+  fz_breaker *old = open_named("old", &c, NULL);
+  fz_done(old, fz_enter(old), FZ_SUCCESS, -1);
+  later(26 * 86400.0);
+  double ev = fz_registry_evictions_total();
+  ok(open_named("new", &c, NULL) != NULL, "finding 11: a breaker idle 26 days (1 ms buckets) is evicted for a new one");
+  is_dbl(fz_registry_evictions_total() - ev, 1, 0, "finding 11: one eviction");
+  ok(fz_registry_find("old", 3) == NULL, "finding 11: the idle one is gone");
+}
+
 /* ---------------------------------------------------------------- finding 13 */
 
 static long g_scanned;
@@ -453,6 +475,7 @@ int main(void) {
   in_process("finding 1: a late fz_done never counts into another name", finding1);
   in_process("finding 2: no ticket of another name from a re-read state word", finding2);
   in_process("finding 4: a timed force-open never wedges after a late stamper is killed", finding4);
+  in_process("finding 11: a long idle time is never too long to evict", finding11);
   in_process("finding 13: a creation's eviction scan is bounded", finding13);
   in_process("finding 14: names chosen offline cannot be made to collide", finding14);
   in_process("finding 15: hash homes use the whole index", finding15);
