@@ -513,6 +513,9 @@ static int migrate(registry *from, registry *to) {
     n++;
   }
   to->top = to->live = n;
+  /* totals never go down: the new mapping goes on from the old one's */
+  at_store_rel(&to->full_total, at_load_acq(&from->full_total));
+  at_store_rel(&to->evictions_total, at_load_acq(&from->evictions_total));
   return FZ_OK;
 }
 

@@ -265,6 +265,29 @@ static void finding11(void) {
   ok(fz_registry_find("old", 3) == NULL, "finding 11: the idle one is gone");
 }
 
+/* ---------------------------------------------------------------- finding 12 */
+
+/* A reload that changes capacity (nginx's master: a new mapping, live breakers copied)
+ * keeps fuse_registry_full_total and the evictions total. (At 4a88316 both went back
+ * to 0.) */
+static void finding12(void) {
+  if (fz_registry_init(1, 1, 1) != FZ_OK) {
+    ok(0, "finding 12: a shared registry of one slot, idle 1 s");
+    return;
+  }
+  fz_config c = defaults();
+  at(1000);
+  open_named("first", &c, NULL);
+  later(5);
+  open_named("second", &c, NULL);  /* evicts first */
+  for (int i = 0; i < 3; i++) fz_registry_full_add();
+  is_dbl(fz_registry_evictions_total(), 1, 0, "finding 12: one eviction before the reload");
+  is_int(fz_registry_init(8, 1, 2), FZ_OK, "finding 12: a reload with another capacity and idle");
+  is_dbl(fz_registry_full_total(), 3, 0, "finding 12: totals carried across migration (full)");
+  is_dbl(fz_registry_evictions_total(), 1, 0, "finding 12: totals carried across migration (evictions)");
+  ok(fz_registry_find("second", 6) != NULL, "finding 12: and the breaker");
+}
+
 /* ---------------------------------------------------------------- finding 13 */
 
 static long g_scanned;
@@ -476,6 +499,7 @@ int main(void) {
   in_process("finding 2: no ticket of another name from a re-read state word", finding2);
   in_process("finding 4: a timed force-open never wedges after a late stamper is killed", finding4);
   in_process("finding 11: a long idle time is never too long to evict", finding11);
+  in_process("finding 12: totals carried across migration", finding12);
   in_process("finding 13: a creation's eviction scan is bounded", finding13);
   in_process("finding 14: names chosen offline cannot be made to collide", finding14);
   in_process("finding 15: hash homes use the whole index", finding15);
