@@ -348,8 +348,9 @@ const char *fz_counter_name(int i);
  * fz_events_last(): the seq of the newest event recorded (0 when none).
  * fz_events_read(seq, out): copies event seq into *out. Returns 1 when copied, 0 when
  *   it is not complete yet (being written, or not recorded yet), -1 when it was
- *   overwritten (lost to the ring) or written over by a stalled older writer. A copy is validated by the entry's seq (a seqlock; see
- *   csrc/fz_events.c for the one stall it does not cover).
+ *   overwritten (lost to the ring), written over by a stalled older writer, or taken
+ *   back from a writer that died holding it (or held it 10 s). A copy is validated by
+ *   the entry's seq (a seqlock; see csrc/fz_events.c).
  *
  * fz_registry_open(name, len, c, status): the breaker registered under name (1 to
  *   FZ_NAME_MAX bytes, no NUL), created with options c when missing. *status is 1 when

@@ -243,6 +243,32 @@ static void finding15(void) {
   ok(hit < 1.58 && miss < 2.62, "finding 15: hash homes use the whole index (%.2f words a hit, %.2f a miss)", hit, miss);
 }
 
+/* ---------------------------------------------------------------- finding 10 */
+
+static void do_event(void *unused) {
+  (void)unused;
+  fz_events_add("dying", 5, FZ_CLOSED, FZ_OPEN);
+}
+
+/* A process killed right after claiming its journal entry: in-order readers must not
+ * wait on that entry for ever. (At 4a88316 it stayed "being written": fz_events_read
+ * answered 0, not complete yet, until 1,024 more events were written.) */
+static void finding10(void) {
+  if (fz_events_init_shared() != FZ_OK) {
+    ok(0, "finding 10: a shared events ring");
+    return;
+  }
+  double before = fz_events_add("before", 6, FZ_CLOSED, FZ_OPEN);
+  ok(die_in_child("event-claimed", do_event, NULL), "finding 10: a writer died right after claiming its entry");
+  double dead = fz_events_last();
+  is_dbl(dead, before + 1, 0, "finding 10: its seq was taken");
+  double after = fz_events_add("after", 5, FZ_OPEN, FZ_HALF_OPEN);
+  fz_event ev;
+  is_int(fz_events_read(dead, &ev), -1, "finding 10: a dead writer's claim is taken back: the entry reads as lost");
+  is_int(fz_events_read(after, &ev), 1, "finding 10: and the next event is delivered");
+  ok(strcmp(ev.name, "after") == 0, "finding 10: it is the event written after");
+}
+
 /* ---------------------------------------------------------------- finding 11 */
 
 /* A breaker with a 0.01 s window (1 ms buckets) idle for 26 days is evictable. (At
@@ -498,6 +524,7 @@ int main(void) {
   in_process("finding 1: a late fz_done never counts into another name", finding1);
   in_process("finding 2: no ticket of another name from a re-read state word", finding2);
   in_process("finding 4: a timed force-open never wedges after a late stamper is killed", finding4);
+  in_process("finding 10: a journal entry of a dead writer is taken back", finding10);
   in_process("finding 11: a long idle time is never too long to evict", finding11);
   in_process("finding 12: totals carried across migration", finding12);
   in_process("finding 13: a creation's eviction scan is bounded", finding13);
