@@ -96,6 +96,8 @@ void (*fz_fault_hook)(const char *where);
 #define REPORTED (UINT64_C(1) << 63)       /* in a ledger entry's tk */
 #define MANUAL_ORIGIN (UINT64_C(1) << 62) /* the manual clock's 0 s, so negatives work */
 #define MANUAL_RANGE 4.5e9                /* seconds either side of it */
+#define EVICTIONS 4                       /* evictions of a slot remembered (late outcomes) */
+#define TENTATIVE (UINT64_C(1) << 63)     /* an eviction mark before its swap */
 
 __extension__ typedef unsigned __int128 u128;
 
@@ -159,11 +161,15 @@ struct fz_breaker {
   uint64_t forced_until;        /* concurrent: end of the forced_open, ns */
   uint64_t forced_gen;          /* concurrent: generation forced_until belongs to (| STAMPING) */
 
-  /* The generation of the FZ_REMOVED state an idle eviction of this slot's breaker made
-   * last (0: none), kept when the slot is reused: a ticket of the generation before it
-   * was current when its breaker was evicted, and its outcome is the name's (fz_done
-   * answers FZ_ESTALE, see fz_late_id). */
-  uint64_t evicted;             /* concurrent */
+  /* The generations of the FZ_REMOVED states the last EVICTIONS idle evictions of this
+   * slot's breakers made (0: none), kept when the slot is reused: a ticket of the
+   * generation before one of them was current when its breaker was evicted, and its
+   * outcome is the name's (fz_done answers FZ_ESTALE, see fz_late_id). A mark is written
+   * TENTATIVE before the eviction's swap and confirmed after it; a tentative mark counts
+   * only while the state word is that very FZ_REMOVED state (so an eviction killed
+   * before its swap marks nothing: the breaker lives on, fzi_finish_marks drops it). */
+  uint64_t evicted[EVICTIONS];  /* concurrent; written under the registry's lock */
+  uint64_t ev_next;             /* under the registry's lock: the next mark to write */
 };
 
 /* An option a reload may rewrite while calls read it (fzi_reconfigure): a relaxed load.
@@ -1283,8 +1289,14 @@ static int probe_busy(fz_breaker *b, uint64_t gen, unsigned slot) {
  * when it is a closed call's that was current when an idle eviction retired the breaker
  * (the outcome is its name's: the caller counts it with fz_late_id). */
 static int stale(fz_breaker *b, uint64_t gen, int kind) {
-  uint64_t ev = at_load_acq(&b->evicted);  /* acquire: pairs with the release in fzi_retire */
-  return kind == KIND_NORMAL && ev && gen == ((ev - 1) & GEN_MASK) ? FZ_ESTALE : 0;
+  if (kind != KIND_NORMAL) return 0;
+  for (int i = 0; i < EVICTIONS; i++) {
+    uint64_t ev = at_load_acq(&b->evicted[i]);  /* acquire: pairs with the release in fzi_retire */
+    uint64_t g = ev & ~TENTATIVE;
+    if (!g || gen != ((g - 1) & GEN_MASK)) continue;
+    if (!(ev & TENTATIVE) || at_load_acq(&b->sw) == sw_make(g, FZ_REMOVED)) return FZ_ESTALE;
+  }
+  return 0;
 }
 
 static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
@@ -1319,7 +1331,10 @@ static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
     return 0;
   }
   FAULT("recording");
-  return closed_record(b, sw, fail, slow, id);
+  int rc = closed_record(b, sw, fail, slow, id);
+  /* retired while it recorded (its writes then stopped): the outcome is the name's when
+   * an eviction did it, as for a ticket found stale above */
+  return alive(b, id) ? rc : stale(b, gen, kind);
 }
 
 /* ---------------------------------------------------------------- reading */
@@ -1588,7 +1603,8 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t l
   uint64_t gen = sw_gen(at_load_acq(&b->sw)), key = at_load_rlx(&b->key);
   breaker_init(&tmp, c, name, len);
   if (key) tmp.key = key;  /* 0: a slot never used takes the one breaker_init drew */
-  tmp.evicted = at_load_rlx(&b->evicted);  /* late outcomes of its last evicted breaker */
+  for (int i = 0; i < EVICTIONS; i++) tmp.evicted[i] = at_load_rlx(&b->evicted[i]);  /* late outcomes */
+  tmp.ev_next = at_load_rlx(&b->ev_next);
   tmp.until = at_load_rlx(&b->until), tmp.until_gen = at_load_rlx(&b->until_gen) & ~STAMPING;
   tmp.forced_until = at_load_rlx(&b->forced_until);
   tmp.forced_gen = at_load_rlx(&b->forced_gen) & ~STAMPING;
@@ -1646,16 +1662,32 @@ int64_t fzi_unused_ns(fz_breaker *b) {
  * every ticket out is stale). With only_closed, only from closed (an eviction must not
  * race a trip), and the eviction is remembered (`evicted`). Returns 1 when done. */
 int fzi_retire(fz_breaker *b, int only_closed) {
-  uint64_t sw = at_load_acq(&b->sw), was = at_load_rlx(&b->evicted);
+  uint64_t sw = at_load_acq(&b->sw), k = at_load_rlx(&b->ev_next) % EVICTIONS;
+  uint64_t was = at_load_rlx(&b->evicted[k]);
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED || (only_closed && sw_state(sw) != FZ_CLOSED)) return 0;
-    /* an eviction is named before the swap that makes it (release: pairs with the
-     * acquire in `stale`), and unnamed when the swap fails (evictions hold the registry's
-     * lock: no other writer of `evicted`) */
-    if (only_closed) at_store_rel(&b->evicted, sw_gen(sw) + 1);
+    /* an eviction is named (tentatively) before the swap that makes it (release: pairs
+     * with the acquire in `stale`), confirmed after it, and unnamed when the swap fails
+     * (evictions hold the registry's lock: no other writer of `evicted`) */
+    if (only_closed) at_store_rel(&b->evicted[k], (sw_gen(sw) + 1) | TENTATIVE);
     FAULT("retiring");
-    if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_REMOVED))) return 1;
-    if (only_closed) at_store_rel(&b->evicted, was);
+    if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_REMOVED))) {
+      if (only_closed) at_store_rel(&b->evicted[k], sw_gen(sw) + 1), at_store_rlx(&b->ev_next, k + 1);
+      return 1;
+    }
+    if (only_closed) at_store_rel(&b->evicted[k], was);
+  }
+}
+
+/* After a writer died holding the registry's lock (repair): a tentative eviction mark is
+ * confirmed when its swap was made, else dropped (the breaker lives on). */
+void fzi_finish_marks(fz_breaker *b) {
+  for (uint64_t k = 0; k < EVICTIONS; k++) {
+    uint64_t ev = at_load_rlx(&b->evicted[k]);
+    if (!(ev & TENTATIVE)) continue;
+    int made = at_load_acq(&b->sw) == sw_make(ev & ~TENTATIVE, FZ_REMOVED);
+    at_store_rel(&b->evicted[k], made ? ev & ~TENTATIVE : 0);
+    if (made) at_store_rlx(&b->ev_next, k + 1);
   }
 }
 

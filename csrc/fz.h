@@ -276,10 +276,13 @@ const char *fz_counter_name(int i);
  *                   ticket that b's fz_allow did not record;
  *     FZ_EREPORTED  a ticket of fz_allow given to fz_done before;
  *     FZ_ESTALE     a ticket of a closed breaker that an idle eviction retired while the
- *                   call ran (the ticket was current then): the outcome belongs to the
- *                   name, not to this slot; count it with fz_late_id into the breaker
- *                   the name has now (re-found or re-created). After fz_registry_remove
- *                   such a ticket is stale as any other (0): a removal starts afresh.
+ *                   call ran (the ticket was current then, or the eviction landed while
+ *                   fz_done recorded it): the outcome belongs to the name, not to this
+ *                   slot; count it with fz_late_id into the breaker the name has now
+ *                   (re-found or re-created). The slot remembers its last 4 evictions: a
+ *                   call that outlives more is dropped (0). An eviction killed before its
+ *                   swap evicted nothing and marks nothing. After fz_registry_remove such
+ *                   a ticket is stale as any other (0): a removal starts afresh.
  *   fz_enter's tickets are checked by key, generation and state only: give each to
  *   fz_done once.
  *

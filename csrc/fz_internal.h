@@ -17,6 +17,7 @@ void fzi_set_ring(fz_breaker *b, uint32_t *ring);
 void fzi_set_id(fz_breaker *b, uint64_t id);
 int64_t fzi_unused_ns(fz_breaker *b);
 int fzi_retire(fz_breaker *b, int only_closed);
+void fzi_finish_marks(fz_breaker *b);
 int fzi_is_removed(const fz_breaker *b);
 void fzi_reconfigure(fz_breaker *b, const fz_config *c);
 

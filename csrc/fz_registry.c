@@ -305,6 +305,7 @@ static void repair(registry *r) {
   for (uint32_t s = 0; s < top; s++) {
     fz_breaker *b = slot_of(r, s);
     uint32_t id = fz_breaker_id(b);
+    fzi_finish_marks(b);  /* an eviction killed mid-way names no breaker that lives on */
     if ((id & 1) && fzi_is_removed(b)) fzi_set_id(b, (uint64_t)id + 1), id++;
     if (id & 1) {
       idx_put(r, s, at_load_rlx(&meta_of(r, s)->hash));

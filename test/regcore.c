@@ -96,6 +96,21 @@ static void do_open(void *name) {
   open_named(name, &c, NULL);
 }
 
+typedef struct done_job {
+  fz_breaker *b;
+  uint32_t id;
+  int warm;      /* successes to report first, so that the stripe's word is busy */
+  int outcome;
+  int rc;
+} done_job;
+
+static void do_done(void *p) {
+  done_job *j = p;
+  for (int i = 0; i < j->warm; i++) fz_done(j->b, fz_enter_id(j->b, j->id), FZ_SUCCESS, -1);
+  j->rc = fz_done(j->b, fz_enter_id(j->b, j->id), j->outcome, -1);
+}
+
+
 /* ---------------------------------------------------------------- finding 4 */
 
 /* A child that pauses at one fault point (until the parent writes a byte) and dies at
@@ -243,6 +258,89 @@ static void finding15(void) {
   ok(hit < 1.58 && miss < 2.62, "finding 15: hash homes use the whole index (%.2f words a hit, %.2f a miss)", hit, miss);
 }
 
+/* ---------------------------------------------------------------- findings 7, 8, 9 */
+
+static fz_config idle_config(void) {
+  fz_config c = defaults();
+  c.fails = 1;
+  return c;
+}
+
+/* An eviction lands while fz_done records a failure: the outcome is the name's
+ * (FZ_ESTALE, for fz_late_id), not lost with a 0. */
+static void finding7(void) {
+  fz_config c = idle_config();
+  uint32_t id, id_e2;
+  at(1000);
+  fz_breaker *e = open_named("e", &c, &id);
+  later(5);  /* e is idle, and the call below leaves it closed with nothing counted yet */
+  done_job j = { e, id, 0, FZ_FAILURE, -1 };
+  parked k;
+  ok(run_parked(&k, "recording", do_done, &j), "finding 7: a failure's report parked while it records");
+  fz_breaker *f = open_named("f", &c, NULL);  /* full: evicts e (idle) */
+  ok(f == e, "finding 7: an eviction retired e meanwhile (f took the slot)");
+  release(&k);
+  is_int(j.rc, FZ_ESTALE, "finding 7: an eviction during fz_done gives FZ_ESTALE, the outcome is not lost");
+  is_int(peek(f).failures_total, 0, "finding 7: nothing counted into f");
+  remove_named("f");
+  fz_breaker *e2 = open_named("e", &c, &id_e2);
+  is_int(fz_late_id(e2, id_e2, FZ_FAILURE, -1), code(FZ_CLOSED, FZ_OPEN), "finding 7: fz_late_id counts it into e again");
+  remove_named("e");
+}
+
+/* A call outlives two evictions of its slot: its outcome is still the name's. */
+static void finding8(void) {
+  fz_config c = idle_config();
+  uint32_t id;
+  at(2000);
+  fz_breaker *e = open_named("e", &c, &id);
+  double t = fz_enter_id(e, id);
+  later(5);
+  open_named("f", &c, NULL);  /* evicts e */
+  later(5);
+  fz_breaker *g = open_named("g", &c, NULL);  /* evicts f */
+  ok(g == e && !fz_registry_find("f", 1), "finding 8: the slot was evicted twice while the call ran");
+  is_int(fz_done(e, t, FZ_FAILURE, -1), FZ_ESTALE, "finding 8: a call that outlives two evictions still gets FZ_ESTALE");
+  is_int(peek(g).failures_total, 0, "finding 8: nothing counted into g");
+  remove_named("g");
+}
+
+static void finding78(void) {
+  if (fz_registry_init(1, 0, 1) != FZ_OK) {
+    ok(0, "findings 7, 8: a registry of one slot, idle 1 s");
+    return;
+  }
+  finding7();
+  finding8();
+}
+
+/* An eviction killed before its swap: the breaker lives on, and nothing of the eviction
+ * may act on it (at 4a88316 its mark stayed, and after a reset an old call answered
+ * FZ_ESTALE, to be counted into the fresh window). */
+static void finding9(void) {
+  if (fz_registry_init(1, 1, 1) != FZ_OK) {
+    ok(0, "finding 9: a shared registry of one slot, idle 1 s");
+    return;
+  }
+  fz_config c = idle_config();
+  uint32_t id;
+  at(1000);
+  fz_breaker *v = open_named("v", &c, &id);
+  double t = fz_enter_id(v, id);
+  later(5);
+  ok(die_in_child("retiring", do_open, (void *)(uintptr_t)"x"), "finding 9: an eviction of v was killed before its swap");
+  is_int(state(v), FZ_CLOSED, "finding 9: v lives on");
+  ok(fz_reset_id(v, id) > 0, "finding 9: a reset (it repairs the registry first)");
+  is_int(fz_done(v, t, FZ_FAILURE, -1), 0, "finding 9: a killed eviction's mark never makes an old call FZ_ESTALE");
+  ok(fz_reset(v) > 0, "finding 9: a plain reset, no repair");
+  t = fz_enter_id(v, id);
+  later(5);
+  ok(die_in_child("retiring", do_open, (void *)(uintptr_t)"y"), "finding 9: another eviction killed before its swap");
+  ok(fz_reset(v) > 0, "finding 9: a reset (no lock, no repair)");
+  is_int(fz_done(v, t, FZ_FAILURE, -1), 0, "finding 9: a tentative mark is not an eviction either");
+  is_int(peek(v).failures, 0, "finding 9: nothing counted in v's fresh window");
+}
+
 /* ---------------------------------------------------------------- finding 10 */
 
 static void do_event(void *unused) {
@@ -374,20 +472,6 @@ static void finding3(void) {
 }
 
 /* ---------------------------------------------------------------- finding 1 */
-
-typedef struct done_job {
-  fz_breaker *b;
-  uint32_t id;
-  int warm;      /* successes to report first, so that the stripe's word is busy */
-  int outcome;
-  int rc;
-} done_job;
-
-static void do_done(void *p) {
-  done_job *j = p;
-  for (int i = 0; i < j->warm; i++) fz_done(j->b, fz_enter_id(j->b, j->id), FZ_SUCCESS, -1);
-  j->rc = fz_done(j->b, fz_enter_id(j->b, j->id), j->outcome, -1);
-}
 
 /* A call's report parked after its ticket was checked (current), while its breaker is
  * removed and the slot goes to another name: nothing of it may count there. */
@@ -524,6 +608,8 @@ int main(void) {
   in_process("finding 1: a late fz_done never counts into another name", finding1);
   in_process("finding 2: no ticket of another name from a re-read state word", finding2);
   in_process("finding 4: a timed force-open never wedges after a late stamper is killed", finding4);
+  in_process("findings 7, 8: late outcomes of evicted calls are the name's", finding78);
+  in_process("finding 9: a killed eviction leaves no mark on a breaker that lives on", finding9);
   in_process("finding 10: a journal entry of a dead writer is taken back", finding10);
   in_process("finding 11: a long idle time is never too long to evict", finding11);
   in_process("finding 12: totals carried across migration", finding12);
