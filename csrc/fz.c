@@ -152,6 +152,7 @@ struct fz_breaker {
    * cold words, which are written once a bucket at most: a breaker fits in 2.5 KB). */
   uint64_t cw_seq;                 /* concurrent: calls recorded so far */
   uint64_t cw_agg;                 /* concurrent: era << 33 | calls << 22 | fails << 11 | slow */
+  uint64_t cw_n;                   /* concurrent: era << 32 | ring size, for eras >= that era */
   int64_t cw_ring_off;             /* bytes from the breaker to its ring (count window only) */
 
   stripe stripes[NSTRIPES];
@@ -555,6 +556,7 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
   b->flags = (c->failure_rate > 0 || c->slow_rate > 0 ? F_RATE : 0) | (c->count_window ? F_CW : 0) |
              (c->slow > 0 ? F_SLOW : 0);
   b->cur_open_ns = b->open_for_ns;
+  b->cw_n = c->count_window;
   b->key = (uint64_t)(1 + (uint32_t)(rand01() * 8191)) << 40;  /* 1..8191: never 0 */
   b->sw = sw_make(0, FZ_CLOSED);
   if (name) memcpy(b->name, name, len);
@@ -1122,9 +1124,14 @@ static uint64_t cw_apply(fz_breaker *b, uint64_t era, int sign, uint32_t bits, u
  * alone when the slot already holds a newer era's outcome.
  */
 static uint64_t cw_record(fz_breaker *b, int fail, int slow, uint32_t id) {
-  uint32_t n = OPT(b, cfg.count_window);
-  if (!n) return 0;  /* a reload made it a time window while this call ran */
+  if (!OPT(b, cfg.count_window)) return 0;  /* a reload made it a time window while this call ran */
   uint64_t era = at_load_acq(&b->cw_agg) >> 33;
+  /* the ring's size is the era's (cw_n, written by a reload before the era it starts):
+   * a call never indexes the ring of one era with the size of another */
+  uint64_t cw_n = at_load_acq(&b->cw_n);
+  uint32_t n = (uint32_t)cw_n;
+  FAULT("cw-sized");
+  if (cw_n >> 32 > era || !n) return 0;  /* a reload is starting another era: none of it */
   uint32_t era28 = (uint32_t)era & 0x0fffffff;
   uint32_t nv = era28 << 4 | CW_VALID | (fail ? CW_FAIL : 0) | (slow ? CW_SLOW : 0);
   uint64_t agg = cw_apply(b, era, 1, nv, id);
@@ -1567,6 +1574,7 @@ static void carry_on(fz_breaker *b, fz_breaker *tmp) {
   tmp->cur_epoch = raw + shift;
   retire_fresh(tmp, tmp->cur_epoch);
   tmp->cw_agg = ((at_load_acq(&b->cw_agg) >> 33) + 1) << 33;
+  tmp->cw_n = (tmp->cw_agg >> 33) << 32 | tmp->cfg.count_window;
   tmp->cw_seq = at_load_acq(&b->cw_seq) + 1;
   uint64_t live[4] = { 0, 0, tw_all(b->fails), tw_all(b->slow) };
   for (int i = 0; i < NSTRIPES; i++) live[0] += tw_all(b->stripes[i].succ), live[1] += tw_all(b->stripes[i].rej);
@@ -1635,6 +1643,33 @@ void fzi_config_load(fz_breaker *b, fz_config *out) {
   _Static_assert(sizeof(fz_config) % sizeof(word) == 0, "fz_config is whole words");
   word *from = (word *)(void *)&b->cfg, *to = (word *)(void *)out;
   for (size_t i = 0; i < sizeof *out / sizeof(word); i++) to[i] = at_load_rlx((uint64_t *)&from[i]);
+}
+
+/*
+ * A copy of live breaker b into to (a reload's new mapping, seen by no one yet), with
+ * its ring into ring. Calls of old workers may run on b meanwhile: every word is read
+ * with an atomic load, and what must agree is made to agree. The count window's
+ * aggregate is rebuilt from the copied ring (the ring is the truth: an outcome added to
+ * the aggregate between the copies of the two would otherwise be counted without its
+ * slot, or a slot without its count, and the failure field could go below 0 when that
+ * slot is displaced).
+ */
+void fzi_copy(fz_breaker *to, fz_breaker *b, uint32_t *ring) {
+  typedef uint64_t __attribute__((may_alias)) word;
+  word *dst = (word *)(void *)to;
+  const word *src = (const word *)(const void *)b;
+  for (size_t i = 0; i < sizeof *b / sizeof(word); i++) dst[i] = at_load_acq((const uint64_t *)&src[i]);
+  uint32_t n = (uint32_t)to->cw_n, *from_ring = (uint32_t *)(void *)((char *)b + to->cw_ring_off);
+  to->cw_ring_off = (int64_t)((char *)ring - (char *)to);
+  FAULT("migrating");  /* between the breaker's words and its ring */
+  if (!to->cw_ring_off || !(to->flags & F_CW)) return;
+  uint64_t era = to->cw_agg >> 33, calls = 0, f = 0, sl = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t v = ring[i] = at_load32_acq(&from_ring[i]);
+    if (!(v & CW_VALID) || v >> 4 != ((uint32_t)era & 0x0fffffff)) continue;
+    calls++, f += !!(v & CW_FAIL), sl += !!(v & CW_SLOW);
+  }
+  to->cw_agg = era << 33 | calls << 22 | f << 11 | sl;
 }
 
 void fzi_set_ring(fz_breaker *b, uint32_t *ring) {
@@ -1738,8 +1773,11 @@ void fzi_reconfigure(fz_breaker *b, const fz_config *c) {
   at_store_rlx(&b->cur_open_ns, tmp.open_for_ns);
   if (b->cw_ring_off && tmp.cfg.count_window != old_cw) {
     uint32_t *ring = (uint32_t *)(void *)((char *)b + b->cw_ring_off);
+    uint64_t agg = at_load_acq(&b->cw_agg);  /* a fresh count window, of the new size: */
+    /* the size first, for the era about to start (release: a call that reads the era
+     * still current sees it is ending and counts nothing, see cw_record) */
+    at_store_rel(&b->cw_n, ((agg >> 33) + 1) << 32 | tmp.cfg.count_window);
     for (uint32_t i = 0; i < tmp.cfg.count_window; i++) at_store32_rlx(&ring[i], 0);
-    uint64_t agg = at_load_rlx(&b->cw_agg);  /* a fresh count window */
     while (!at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
   }
   at_store32_rlx(&b->flags, tmp.flags);

@@ -501,15 +501,11 @@ static int migrate(registry *from, registry *to) {
     if (!(fz_breaker_id(b) & 1)) continue;
     if (n == to->capacity) return FZ_EFULL;
     fz_breaker *nb = slot_of(to, n);
-    memcpy(nb, b, from->slot_size);
+    fzi_copy(nb, b, ring_of(to, n));  /* word by word, the count window made consistent */
     memcpy(meta_of(to, n), meta_of(from, s), sizeof(meta));
     meta *m = meta_of(to, n);  /* the new mapping has a key of its own: hash again */
     uint64_t words[NAME_WORDS];
     m->hash = pack(to, fz_breaker_name(b), (size_t)m->len, words);
-    fzi_set_ring(nb, ring_of(to, n));
-    fz_config c;
-    fz_breaker_config(b, &c);
-    memcpy(ring_of(to, n), ring_of(from, s), (size_t)c.count_window * sizeof(uint32_t));
     idx_put(to, n, meta_of(to, n)->hash);
     n++;
   }

@@ -258,6 +258,82 @@ static void finding15(void) {
   ok(hit < 1.58 && miss < 2.62, "finding 15: hash homes use the whole index (%.2f words a hit, %.2f a miss)", hit, miss);
 }
 
+/* ---------------------------------------------------------------- findings 5, 6 */
+
+static fz_config cw_config(uint32_t n, uint32_t fails) {
+  fz_config c = defaults();
+  c.count_window = n, c.fails = fails;
+  return c;
+}
+
+static void do_reload(void *capacity) { fz_registry_init((uint32_t)(uintptr_t)capacity, 1, 0); }
+
+/* A reload (new capacity: the breakers are copied into a new mapping) while an old worker
+ * records a failure between the copy of the breaker and the copy of its ring. The copy's
+ * count window must agree with itself: at 4a88316 its aggregate lacked the failure its
+ * ring held, the failure field went below 0 (2047) when that slot was displaced, and a
+ * success opened the breaker. */
+static void finding5(void) {
+  if (fz_registry_init(4, 1, 0) != FZ_OK) {
+    ok(0, "finding 5: a shared registry");
+    return;
+  }
+  fz_config c = cw_config(3, 3);
+  at(1000);
+  fz_breaker *old = open_named("cw", &c, NULL);
+  for (int i = 0; i < 3; i++) fz_done(old, fz_enter(old), FZ_SUCCESS, -1);
+  parked k;
+  ok(run_parked(&k, "migrating", do_reload, (void *)(uintptr_t)8), "finding 5: a reload parked between a breaker's words and its ring");
+  fz_done(old, fz_enter(old), FZ_FAILURE, -1);  /* an old worker, meanwhile */
+  release(&k);
+  uint32_t id;
+  fz_breaker *nb = fz_registry_find_id("cw", 2, &id);
+  ok(nb && nb != old, "finding 5: the new mapping holds a copy");
+  fz_stats st = peek(nb);
+  ok(st.failures <= 1 && st.calls <= 3, "finding 5: the copy's window agrees with itself (%u calls, %u failures)", st.calls,
+     st.failures);
+  int opened = 0;
+  for (int i = 0; i < 3; i++) opened |= fz_done(nb, fz_enter_id(nb, id), FZ_SUCCESS, -1) != 0;
+  ok(!opened && state(nb) == FZ_CLOSED, "finding 5: reload migration under calls: successes never open it");
+  is_int(peek(nb).failures, 0, "finding 5: three successes displaced the window");
+}
+
+typedef struct cw_job {
+  fz_breaker *b;
+  int rc;
+} cw_job;
+
+static void do_fail_cw(void *p) {
+  cw_job *j = p;
+  j->rc = fz_done(j->b, fz_enter(j->b), FZ_FAILURE, -1);
+}
+
+/* A reload shrinks a count window (10 -> 5) while a call records into it, between its
+ * read of the ring's size and its write. Nothing of that call may stay in a ring position
+ * the new window never overwrites (at 4a88316 the breaker then opened on 4 of 5 failures
+ * for ever after). */
+static void finding6(void) {
+  if (fz_registry_init(4, 0, 0) != FZ_OK) {
+    ok(0, "finding 6: a registry");
+    return;
+  }
+  fz_config c10 = cw_config(10, 10), c5 = cw_config(5, 5);
+  at(1000);
+  fz_breaker *b = open_named("shrinks", &c10, NULL);
+  for (int i = 0; i < 7; i++) fz_done(b, fz_enter(b), FZ_SUCCESS, -1);  /* the next position is 7 */
+  cw_job j = { b, -1 };
+  parked k;
+  ok(run_parked(&k, "cw-sized", do_fail_cw, &j), "finding 6: a failure parked after reading the ring's size");
+  is_int(fz_breaker_reconfigure(b, &c5), FZ_OK, "finding 6: a reload makes the window 5 calls");
+  release(&k);
+  for (int i = 0; i < 5; i++) fz_done(b, fz_enter(b), FZ_SUCCESS, -1);
+  is_int(peek(b).failures, 0, "finding 6: five successes later, no failure is left in the window");
+  int rc = 0;
+  for (int i = 0; i < 4; i++) rc |= fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  is_int(rc, 0, "finding 6: a count window shrunk during a call: 4 of 5 failures do not open it");
+  is_int(fz_done(b, fz_enter(b), FZ_FAILURE, -1), code(FZ_CLOSED, FZ_OPEN), "finding 6: the 5th does");
+}
+
 /* ---------------------------------------------------------------- findings 7, 8, 9 */
 
 static fz_config idle_config(void) {
@@ -608,6 +684,8 @@ int main(void) {
   in_process("finding 1: a late fz_done never counts into another name", finding1);
   in_process("finding 2: no ticket of another name from a re-read state word", finding2);
   in_process("finding 4: a timed force-open never wedges after a late stamper is killed", finding4);
+  in_process("finding 5: a reload's copy of a count window agrees with itself", finding5);
+  in_process("finding 6: a count window shrunk during a call", finding6);
   in_process("findings 7, 8: late outcomes of evicted calls are the name's", finding78);
   in_process("finding 9: a killed eviction leaves no mark on a breaker that lives on", finding9);
   in_process("finding 10: a journal entry of a dead writer is taken back", finding10);
