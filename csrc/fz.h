@@ -363,9 +363,11 @@ const char *fz_counter_name(int i);
  *   options, FZ_ENOMEM when the registry could not be mapped; NULL is returned then.
  *   Safe from any thread and process. A lookup is lock-free (a hash index); creation
  *   takes the registry's robust mutex to claim a slot (never the call path). When the
- *   registry is full and it has an `idle` (fz_registry_init), creation first evicts the
- *   least recently used breaker that is closed, has no failure in its window and saw no
- *   call for `idle` seconds.
+ *   registry is full and it has an `idle` (fz_registry_init), creation first evicts a
+ *   breaker that is closed, has no failure in its window and saw no call for `idle`
+ *   seconds: the one unused longest among the 256 slots after a rotating hand (a bounded
+ *   scan, not the whole registry: the least recently used of those, not of all; the
+ *   next creation looks at the next 256). None evictable there: FZ_EFULL.
  * fz_registry_open_id(name, len, c, status, id): the same, and the breaker's identity in
  *   *id (id may be NULL): the value to give fz_enter_id.
  *
