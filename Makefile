@@ -294,6 +294,10 @@ build/bench_threads: bench/threads.c build/libfzcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
 
+build/bench_registry_c: bench/registry_c.c build/libfzcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
+
 bench: all
 	$(call need,bench/bench.lua)
 	$(LUA_ENV) $(LUAJIT) bench/bench.lua
@@ -301,6 +305,7 @@ bench: all
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
+	$(MAKE) --no-print-directory build/bench_registry_c && build/bench_registry_c
 
 # fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min)
 bench-nginx: all
