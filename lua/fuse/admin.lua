@@ -197,14 +197,13 @@ function _M.encode(body)
     .. (body.next and cjson.encode(body.next) or "null") .. "}"
 end
 
--- The form of a POST, or nil and why it cannot be read. A body larger than
--- client_body_buffer_size lands in a temp file, which get_post_args does not read.
+-- The form of a POST, or nil and why it cannot be read: a body larger than
+-- client_body_buffer_size, which nginx keeps in a temp file (get_post_args reads none),
+-- or more than 100 fields (get_post_args' "truncated").
 local function form(ngx)
   ngx.req.read_body()
+  if ngx.req.get_body_file() then return nil, "larger than client_body_buffer_size" end
   local args, err = ngx.req.get_post_args()
-  if err == nil and ngx.req.get_body_data() == nil and ngx.req.get_body_file() then
-    err = "the body is in a temp file"
-  end
   if err then return nil, err end
   return args
 end
