@@ -239,12 +239,12 @@ build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o)
 	$(AR) rcs $@ $^
 endif
 
-build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry build/asan/seams: build/asan/%: test/%.c test/tap.h \
+build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry build/asan/seams build/asan/permits: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
-build/tsan/stress build/tsan/ops_core build/tsan/registry: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
+build/tsan/stress build/tsan/ops_core build/tsan/registry build/tsan/permits: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) $(DEPFLAGS) -o $@ $< build/tsan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
@@ -254,7 +254,7 @@ san_verdict = sh tools/tapsum $(1) && \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
 asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening \
-    build/asan/registry build/asan/seams build/asan/races
+    build/asan/registry build/asan/seams build/asan/races build/asan/permits
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs hardening env $(ASAN_ENV) build/asan/hardening
@@ -264,15 +264,18 @@ asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/inte
 	@bash tools/runtap build/asan/logs registry env $(ASAN_ENV) build/asan/registry
 	@bash tools/runtap build/asan/logs seams env $(ASAN_ENV) build/asan/seams
 	@bash tools/runtap build/asan/logs races env $(ASAN_ENV) build/asan/races
+	@bash tools/runtap build/asan/logs permits env $(ASAN_ENV) build/asan/permits
 	@$(call san_verdict,build/asan/logs)
 
-tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races
+tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races \
+    build/tsan/permits
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
 	@bash tools/runtap build/tsan/logs ops_core env $(TSAN_ENV) build/tsan/ops_core
 	@bash tools/runtap build/tsan/logs interleave env $(TSAN_ENV) build/tsan/interleave
 	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
 	@bash tools/runtap build/tsan/logs races env $(TSAN_ENV) build/tsan/races
+	@bash tools/runtap build/tsan/logs permits env $(TSAN_ENV) build/tsan/permits
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------

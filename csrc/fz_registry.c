@@ -66,7 +66,7 @@ extern void (*fz_fault_hook)(const char *where);
 #define REG_MAGIC 0x667a7232u  /* "fzr2" */
 #define PRIVATE_CAPACITY 4096
 #define MAX_CAPACITY 1000000
-#define RING_BYTES ((size_t)FZ_MAX_COUNT_WINDOW * sizeof(uint32_t))
+#define RING_BYTES (FZ_RING_BYTES + FZ_PERMITS_BYTES)  /* a slot's ring, then its permits */
 #define NAME_WORDS ((FZ_NAME_MAX + 1) / 8)
 #define SCAN 256  /* slots an eviction looks at, at least */
 
@@ -466,6 +466,7 @@ static int migrate(registry *from, registry *to) {
     memcpy(nb, b, from->slot_size);
     memcpy(meta_of(to, n), meta_of(from, s), sizeof(meta));
     fzi_set_ring(nb, ring_of(to, n));
+    fzi_permits_copy(nb, b);  /* the permits after the ring, their word made again */
     fz_config c;
     fz_breaker_config(b, &c);
     memcpy(ring_of(to, n), ring_of(from, s), (size_t)c.count_window * sizeof(uint32_t));
