@@ -1450,10 +1450,12 @@ int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed) {
 
 /* max_concurrent (csrc/fz_permits.h, csrc/fz_permits.c): with no limit set (a reload
  * dropped it while calls held permits) a take still counts, so that gives balance. */
-int fz_permit_take(fz_breaker *b) {
+int fz_permit_take(fz_breaker *b, int count_full) {
   fzp *p = permits_of(b);
   uint32_t limit = OPT(b, cfg.max_concurrent);
-  return !p || fzp_take(p, limit ? limit : FZ_MAX_CONCURRENT * 4u);
+  if (!p || fzp_take(p, limit ? limit : FZ_MAX_CONCURRENT * 4u)) return 1;
+  if (count_full) at_add_rlx(&p->full_total, 1);
+  return 0;
 }
 
 void fz_permit_give(fz_breaker *b) {

@@ -146,7 +146,7 @@ int fz_force_open_id(fz_breaker *b, uint32_t id);
 int fz_disable_id(fz_breaker *b, uint32_t id);
 int fz_force_open_for_id(fz_breaker *b, uint32_t id, double seconds);
 int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed);
-int fz_permit_take(fz_breaker *b);
+int fz_permit_take(fz_breaker *b, int count_full);
 void fz_permit_give(fz_breaker *b);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
@@ -336,10 +336,11 @@ const char *fz_counter_name(int i);
  *   when b is closed; nothing (0) in any other state, as for a call that began before a
  *   transition. Returns as fz_done, or FZ_ESTALE when this handle went stale too.
  *
- * fz_permit_take(b): takes one of the breaker's max_concurrent permits (its options;
- *   a reload may change the number): 1 when fewer than that many were held, else 0 (the
- *   call is rejected: counted in full_total and rejections_total; the circuit does not
- *   move). Give every permit taken back exactly once with fz_permit_give. Lock-free: one
+ * fz_permit_take(b, count_full): takes one of the breaker's max_concurrent permits (its
+ *   options; a reload may change the number): 1 when fewer than that many were held,
+ *   else 0: the call is rejected, and with count_full counted in full_total and
+ *   rejections_total (a caller that will wait and try again passes 0 until its last
+ *   try); the circuit does not move. Give every permit taken back exactly once with fz_permit_give. Lock-free: one
  *   compare-and-swap on the breaker's permit word, and plain stores to the calling
  *   thread's lane (claimed at its first take, see csrc/fz_permits.h). Safe from any
  *   thread and process sharing the breaker; a process killed at any instruction leaves

@@ -589,9 +589,9 @@ static int l_counter_name(lua_State *L) {
   return 1;
 }
 
-/* permit_take(h) -> 1 taken, 0 full; permit_give(h): max_concurrent (fz_permit_take). */
+/* permit_take(h, count_full) -> 1 taken, 0 full; permit_give(h): max_concurrent. */
 static int l_permit_take(lua_State *L) {
-  lua_pushinteger(L, fz_permit_take(check_breaker(L, 1)));
+  lua_pushinteger(L, fz_permit_take(check_breaker(L, 1), (int)check_int(L, 2, 0, 1)));
   return 1;
 }
 

@@ -195,13 +195,10 @@ static int take_again(fzp *p, uint32_t limit) {
 }
 
 /* The limit was reached (or no lane could be had): look for dead owners' permits, at
- * most once per SCAN_NS, and take one if that freed some; else count the rejection. */
+ * most once per SCAN_NS, and take one if that freed some. 1 taken, 0 not. */
 int fzp_full(fzp *p, uint32_t limit) {
   uint64_t t = coarse_ns(), last = at_load_rlx(&p->scan_at);
-  if (t - last >= SCAN_NS && at_cas_acqrel(&p->scan_at, &last, t) && scan(p) > 0 && take_again(p, limit))
-    return 1;
-  at_add_rlx(&p->full_total, 1);
-  return 0;
+  return t - last >= SCAN_NS && at_cas_acqrel(&p->scan_at, &last, t) && scan(p) > 0 && take_again(p, limit);
 }
 
 /* A permit given back by a thread that can have no lane: the count alone. Exact while

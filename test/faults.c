@@ -127,7 +127,7 @@ static fz_breaker *limited(const char *name) {
 static int take_up_to(fz_breaker *b, int want) {
   int n = 0;
   for (int i = 0; i < 200 && n < want; i++) {
-    if (fz_permit_take(b)) n++;
+    if (fz_permit_take(b, 1)) n++;
     else sleep_s(0.01);
   }
   return n;
@@ -136,15 +136,15 @@ static int take_up_to(fz_breaker *b, int want) {
 static void take_then_die(fz_breaker *b) {
   void (*hook)(const char *) = fz_fault_hook;
   fz_fault_hook = NULL;
-  fz_permit_take(b);  /* one held, then dies taking the second */
+  fz_permit_take(b, 1);  /* one held, then dies taking the second */
   fz_fault_hook = hook;
-  fz_permit_take(b);
+  fz_permit_take(b, 1);
 }
 
 static void give_then_die(fz_breaker *b) {
   void (*hook)(const char *) = fz_fault_hook;
   fz_fault_hook = NULL;
-  fz_permit_take(b), fz_permit_take(b);  /* two held, then dies giving one back */
+  fz_permit_take(b, 1), fz_permit_take(b, 1);  /* two held, then dies giving one back */
   fz_fault_hook = hook;
   fz_permit_give(b);
 }
@@ -154,17 +154,17 @@ static void give_then_die(fz_breaker *b) {
 static void hold_two(fz_breaker *b) {
   void (*hook)(const char *) = fz_fault_hook;
   fz_fault_hook = NULL;
-  fz_permit_take(b), fz_permit_take(b);
+  fz_permit_take(b, 1), fz_permit_take(b, 1);
   fz_fault_hook = hook;
 }
-static void take_when_full(fz_breaker *b) { fz_permit_take(b); }
+static void take_when_full(fz_breaker *b) { fz_permit_take(b, 1); }
 
 /* After a death: the parent can take exactly what it does not hold, then no more. */
 static void limit_whole(fz_breaker *b, int held, const char *where) {
   int got = take_up_to(b, PK - held);
   is_int(got, PK - held, "%s: the limit is whole again (the parent took the %d it did not hold)", where,
          PK - held);
-  is_int(fz_permit_take(b), 0, "%s: and not one more than %d", where, PK);
+  is_int(fz_permit_take(b, 1), 0, "%s: and not one more than %d", where, PK);
   for (int i = 0; i < PK; i++) fz_permit_give(b);
   fz_stats s;
   fz_stats_peek(b, &s);
@@ -188,7 +188,7 @@ static void permit_faults(void) {
   for (int i = 0; i < 3; i++) {
     g_pb = limited(backs[i]);
     ok(!die_in_child("nowhere", hold_two, g_pb), "permits: a process exited holding 2");
-    ok(fz_permit_take(g_pb), "the parent takes the third");
+    ok(fz_permit_take(g_pb, 1), "the parent takes the third");
     sleep_s(0.25);  /* the next full take looks for dead owners */
     ok(die_in_child(backs[i], take_when_full, g_pb), "permits: a process died at %s, taking back the first one's",
        backs[i]);

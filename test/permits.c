@@ -44,7 +44,7 @@ static long g_taken[NTHREADS], g_full[NTHREADS];
 static void *hammer(void *arg) {
   intptr_t me = (intptr_t)arg;
   for (long i = 0; i < g_iters; i++) {
-    if (!fz_permit_take(g_b)) {
+    if (!fz_permit_take(g_b, 1)) {
       g_full[me]++;
       continue;
     }
@@ -82,8 +82,8 @@ static void threads_test(void) {
   ok(s.rejections_total == s.full_total, "rejections_total counts them");
   is_int(state(g_b), FZ_CLOSED, "full rejections do not move the circuit");
   diag("taken %ld, full %ld", taken, full);
-  for (int i = 0; i < K; i++) fz_permit_take(g_b);
-  is_int(fz_permit_take(g_b), 0, "the limit is whole: K taken, the next is refused");
+  for (int i = 0; i < K; i++) fz_permit_take(g_b, 1);
+  is_int(fz_permit_take(g_b, 1), 0, "the limit is whole: K taken, the next is refused");
   for (int i = 0; i < K; i++) fz_permit_give(g_b);
   is_int((int)peek(g_b).running, 0, "and back to 0");
   fz_breaker_free(g_b);
@@ -97,18 +97,18 @@ static void *give_one(void *arg) {
 }
 
 static void *take_one(void *arg) {
-  fz_permit_take(arg);
+  fz_permit_take(arg, 1);
   return NULL;
 }
 
 static void cross_thread_test(void) {
   fz_config c = config(2);
   fz_breaker *b = fz_breaker_new(&c, NULL);
-  ok(fz_permit_take(b) && fz_permit_take(b), "two taken on this thread");
-  is_int(fz_permit_take(b), 0, "a third is refused");
+  ok(fz_permit_take(b, 1) && fz_permit_take(b, 1), "two taken on this thread");
+  is_int(fz_permit_take(b, 1), 0, "a third is refused");
   in_thread(give_one, b);
   is_int((int)peek(b).running, 1, "one given back on another thread: running 1");
-  ok(fz_permit_take(b), "so one can be taken again");
+  ok(fz_permit_take(b, 1), "so one can be taken again");
   fz_permit_give(b), fz_permit_give(b);
   is_int((int)peek(b).running, 0, "running 0");
   /* threads that take and exit: their lanes, holding permits, stay counted (the
@@ -118,12 +118,12 @@ static void cross_thread_test(void) {
     in_thread(give_one, b);
   }
   is_int((int)peek(b).running, 0, "60 threads took and 60 gave back, each then exiting: running 0");
-  ok(fz_permit_take(b) && fz_permit_take(b) && !fz_permit_take(b), "and the limit is whole");
+  ok(fz_permit_take(b, 1) && fz_permit_take(b, 1) && !fz_permit_take(b, 1), "and the limit is whole");
   fz_permit_give(b), fz_permit_give(b);
   fz_breaker_free(b);
   fz_config none = config(0);
   fz_breaker *u = fz_breaker_new(&none, NULL);
-  ok(fz_permit_take(u) == 1, "a breaker made without max_concurrent: take always succeeds");
+  ok(fz_permit_take(u, 1) == 1, "a breaker made without max_concurrent: take always succeeds");
   fz_permit_give(u);
   is_int((int)peek(u).running, 0, "and counts nothing");
   fz_breaker_free(u);
@@ -143,7 +143,7 @@ static int take_all(fz_breaker *b, int want) {
   int n = 0;
   double until = now_s() + 2;
   while (n < want && now_s() < until) {
-    if (fz_permit_take(b)) n++;
+    if (fz_permit_take(b, 1)) n++;
     else {
       struct timespec ts = { 0, 10000000 };
       nanosleep(&ts, NULL);
@@ -159,7 +159,7 @@ static void processes_test(void) {
   if (pipe(pipefd) != 0) abort();
   pid_t pid = fork();
   if (pid == 0) {
-    for (int i = 0; i < 3; i++) fz_permit_take(b);
+    for (int i = 0; i < 3; i++) fz_permit_take(b, 1);
     if (write(pipefd[1], "x", 1) != 1) _exit(1);
     pause();  /* killed holding 3 */
     _exit(0);
@@ -167,15 +167,15 @@ static void processes_test(void) {
   char x;
   ok(read(pipefd[0], &x, 1) == 1, "a child took 3 permits");
   is_int((int)peek(b).running, 3, "running 3 across processes");
-  ok(fz_permit_take(b) && fz_permit_take(b), "the parent takes the other 2");
-  is_int(fz_permit_take(b), 0, "the limit is reached: refused");
+  ok(fz_permit_take(b, 1) && fz_permit_take(b, 1), "the parent takes the other 2");
+  is_int(fz_permit_take(b, 1), 0, "the limit is reached: refused");
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
   double t0 = now_s();
   int got = take_all(b, 3);
   is_int(got, 3, "the child killed with 3 permits: the parent takes 3 more");
   diag("taken back %.3f s after the kill", now_s() - t0);
-  is_int(fz_permit_take(b), 0, "and no more than K in all");
+  is_int(fz_permit_take(b, 1), 0, "and no more than K in all");
   for (int i = 0; i < K; i++) fz_permit_give(b);
   is_int((int)peek(b).running, 0, "running 0");
   close(pipefd[0]), close(pipefd[1]);
@@ -188,7 +188,7 @@ static int g_got[64];
 
 static void *take_and_park(void *arg) {
   intptr_t i = (intptr_t)arg;
-  __atomic_store_n(&g_got[i], fz_permit_take(g_b), __ATOMIC_SEQ_CST);
+  __atomic_store_n(&g_got[i], fz_permit_take(g_b, 1), __ATOMIC_SEQ_CST);
   while (!__atomic_load_n(&g_parked_go, __ATOMIC_ACQUIRE)) {
     struct timespec ts = { 0, 1000000 };
     nanosleep(&ts, NULL);

@@ -120,7 +120,7 @@ int fz_force_open_id(fz_breaker *b, uint32_t id);
 int fz_disable_id(fz_breaker *b, uint32_t id);
 int fz_force_open_for_id(fz_breaker *b, uint32_t id, double seconds);
 int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed);
-int fz_permit_take(fz_breaker *b);
+int fz_permit_take(fz_breaker *b, int count_full);
 void fz_permit_give(fz_breaker *b);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
