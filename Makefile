@@ -292,10 +292,13 @@ bench: all
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
 
-# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min)
+# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min),
+# then max_concurrent's bulkhead: a healthy location beside a slow one, with and without
+# the limit (about 1 min)
 bench-nginx: all
 	$(call need,bench/nginx_upstream.sh)
 	bash bench/nginx_upstream.sh
+	bash bench/nginx_isolation.sh
 
 # requests/s of a location that looks its breaker up by name, at 10 and 50,000 names
 bench-nginx-registry: all
