@@ -445,7 +445,7 @@ local function make_run(br, fallback, is_failure, listener, direct)
   -- ph: the handle whose permit the call holds (max_concurrent), given back here, with
   -- the outcome; false or nil for none.
   local function record(t, t0, outcome, ph)
-    if limit and ph then core.fz_permit_give(ph) end
+    if limit then core.fz_permit_give(ph) end
     local elapsed = -1
     if slow then elapsed = now() - t0 elseif fake then sync() end
     local code = core.fz_done(h, t, outcome, elapsed)
