@@ -8,7 +8,9 @@
 # shared counter, notes the level it reached (a key per level, so no race between
 # workers can hide one), sleeps (ngx.sleep: the worker keeps serving) and takes the one
 # back. Guarded locations reach it through ngx.location.capture + proxy_pass. Stops nginx
-# by its pid; a watchdog stops it after 150 s. KEEP=1 keeps the temp prefix.
+# by its pid; a watchdog stops it after 150 s. KEEP=1 keeps the temp prefix. Last,
+# README's "Isolation" config (the blocks isolation-init and isolation-location), run as
+# printed but for the port of the service it stands in front of.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -199,7 +201,8 @@ for c in $(seq 30); do
   CLIENTS="$CLIENTS $!"
 done
 sleep 1
-check "nginx -s reload under load" "$NGINX" -p "$P/" -c nginx.conf -s reload
+reload() { "$NGINX" -p "$P/" -c nginx.conf -s reload 2> "$T/reload.err"; }
+check "nginx -s reload under load" reload
 wait $CLIENTS 2>/dev/null
 CLIENTS=
 cat "$T"/reload/* > "$T/reload.codes"
@@ -215,6 +218,74 @@ check "the limit is whole after the reload ($codes)" [ "$codes" = "200:5 " ]
 
 errs=$(grep -E '\[(alert|crit|emerg)\]' "$P/logs/error.log" | grep -v 'exited on signal 9')
 check "no [alert], [crit] or [emerg] in the error log but the killed workers'" [ -z "$errs" ]
+[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+
+# ---------------------------------------------------------------- README's config, as printed
+# README "Isolation": the blocks isolation-init and isolation-location, in an http block
+# and a server of their own, in front of a users service (port 8081 in README) that takes
+# 2 s a request and counts what it holds.
+stop_master "$MASTER"
+MASTER=
+R=$T/readme
+mkdir -p "$R/logs"
+"$ROOT/tools/readme-block" isolation-init > "$T/init.block" || bail "README has no isolation-init block"
+"$ROOT/tools/readme-block" isolation-location > "$T/location.block" || bail "README has no isolation-location block"
+write_readme_conf() {
+  UP=$((PORT + 1))
+  cat > "$R/nginx.conf" <<EOF
+$(nginx_load_modules)
+worker_processes 4;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_lua_paths "$T")
+    lua_shared_dict up 1m;
+$(cat "$T/init.block")
+    server {
+        listen 127.0.0.1:$PORT;
+$(sed "s/127\.0\.0\.1:8081/127.0.0.1:$UP/" "$T/location.block")
+    }
+    server {
+        listen 127.0.0.1:$UP;
+        location /users/ {
+            content_by_lua_block {
+                local d = ngx.shared.up
+                local level = d:incr("users", 1, 0)
+                d:incr("users:" .. level, 1, 0)
+                ngx.sleep(2)
+                d:incr("users", -1)
+                ngx.say("user")
+            }
+        }
+        location ~ ^/level/(\w+)$ {
+            set \$b \$1;
+            content_by_lua_block {
+                local d, top = ngx.shared.up, 0
+                for level = 1, 100 do if d:get(ngx.var.b .. ":" .. level) then top = level end end
+                ngx.say(top)
+            }
+        }
+    }
+}
+EOF
+  chmod -R a+rX "$T"
+}
+start_rendered 2 write_readme_conf "$R" || bail "README's isolation config did not start: $NGINX_START_ERR"
+MASTER=$(cat "$R/logs/nginx.pid" 2>/dev/null)
+PORT2=$UP
+readme_up() { [ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT2/level/users")" = 200 ]; }
+wait_for 10 readme_up || bail "README's isolation config does not answer"
+codes=$(burst 30 "/users/42")
+check "README's isolation config: of 30 clients at once 20 get through, 10 are answered 503 after max_wait ($codes)" \
+  [ "$codes" = "200:20 503:10 " ]
+lvl=$(level users)
+check "and the users service never held more than 20 ($lvl)" [ "$lvl" -eq 20 ]
+body=$(curl -s -m 10 "http://127.0.0.1:$PORT/users/1")
+check "a call answers the service's body ($body)" [ "$body" = "user" ]
+errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$R/logs/error.log")
+check "no [error], [alert], [crit] or [emerg] in its error log" [ -z "$errs" ]
 [ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
 
 echo "1..$n"
