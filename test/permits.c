@@ -181,6 +181,22 @@ static void processes_test(void) {
   close(pipefd[0]), close(pipefd[1]);
 }
 
+/* ---- a reload that changes the capacity copies the registry: the permits go along */
+
+static void reload_test(void) {
+  fz_breaker *b = shared_breaker("permits-reload", K);
+  ok(fz_permit_take(b, 1) && fz_permit_take(b, 1), "two permits held before the copy");
+  is_int(fz_registry_init(128, 1, 0), FZ_OK, "a reload with another capacity: a new registry, a copy of the breakers");
+  fz_breaker *nb = fz_registry_find("permits-reload", strlen("permits-reload"));
+  ok(nb != NULL && nb != b, "the breaker is in the new registry");
+  is_int((int)peek(nb).running, 2, "its permit word, made again from the lanes: running 2");
+  is_int(take_all(nb, K), K - 2, "so 3 more can be taken there, not 5");
+  for (int i = 0; i < K; i++) fz_permit_give(nb);
+  is_int((int)peek(nb).running, 0, "given back in the new registry (this thread's lane was copied): running 0");
+  fz_permit_give(b), fz_permit_give(b);
+  is_int((int)peek(b).running, 0, "and the old registry's breaker balances too");
+}
+
 /* ---- more threads than lanes */
 
 static int g_parked_go;
@@ -224,6 +240,7 @@ int main(void) {
   cross_thread_test();
   if (!ok(fz_registry_init_shared(64) == FZ_OK, "a shared registry")) return done_testing();
   processes_test();
+  reload_test();
   lanes_test();
   return done_testing();
 }
