@@ -74,7 +74,10 @@ static void threads_test(void) {
   for (int i = 0; i < NTHREADS; i++) taken += g_taken[i], full += g_full[i];
   is_int(g_over, 0, "%d threads, %ld tries each: never more than %d inside (the test's own count)",
          NTHREADS, g_iters, K);
-  ok(g_max_inside >= 2 && g_max_inside <= K, "at most %d inside at once (seen %d)", K, g_max_inside);
+  ok(g_max_inside <= K, "at most %d inside at once (seen %d)", K, g_max_inside);
+  /* (how many overlapped depends on the scheduler: under a sanitizer on a busy machine
+   * the threads may not overlap at all, so the number is shown, not required) */
+  diag("%s", g_max_inside > 1 ? "the threads overlapped" : "no overlap seen");
   fz_stats s = peek(g_b);
   is_int((int)s.running, 0, "every permit given back: running 0");
   ok(s.full_total == (uint64_t)full, "full_total %llu = the rejections the threads saw (%ld)",
