@@ -243,11 +243,12 @@ local function wait_permit(h, max_wait)
 end
 
 -- A permit of h for a call: 1 taken (at once, or after waiting up to max_wait), else 0
--- and the rejection counted (full_total).
+-- and the rejection counted (full_total). The results are parenthesized: never a tail
+-- call into C, which a trace that starts at this function's entry cannot record.
 local function permit(h, max_wait)
-  if max_wait == 0 then return core.fz_permit_take(h, 1) end
+  if max_wait == 0 then return (core.fz_permit_take(h, 1)) end
   if core.fz_permit_take(h, 0) == 1 or wait_permit(h, max_wait) then return 1 end
-  return core.fz_permit_take(h, 1)  -- a last try, which counts the rejection
+  return (core.fz_permit_take(h, 1))  -- a last try, which counts the rejection
 end
 
 function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
@@ -835,7 +836,9 @@ function Breaker:report(ticket, ok, seconds)
   end
   if code ~= E_REPORTED and code ~= E_TICKET then give_held(self, ticket) end
   if code == E_REPORTED or code == E_TICKET then
-    local shown = show(ticket)
+    -- a ticket is an integer below 2^53: all its digits (show's 14 significant digits
+    -- print one that ends in 0 as 3.7472087572493e+14)
+    local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or show(ticket)
     if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
     error("fuse: report: " .. shown .. " is not a ticket this breaker's allow issued"
       .. " (another breaker's, or made up)", 2)
