@@ -64,7 +64,7 @@ CORE_OBJS := $(CORE_SRCS:csrc/%.c=build/obj/%.o)
 LIB_OBJS   = $(filter-out %/fz_lua.o,$(1))
 
 # C tests beyond the three named ones (test/*.c): built like test_core, run as suites.
-NAMED_TESTS := test_core stress lstates faults interleave races
+NAMED_TESTS := test_core stress lstates faults interleave races regcore
 EXTRA_TESTS := $(filter-out $(NAMED_TESTS),$(basename $(notdir $(wildcard test/*.c))))
 TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 
@@ -200,6 +200,15 @@ build/races build/asan/races build/tsan/races: test/races.c test/tap.h test/harn
 	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/races.c $(FAULT_SRCS) \
 	  $(LDFLAGS) $(LDLIBS)
 
+# regcore: one test per finding of issue 15 (the registry's life cycle), each forced with
+# a pause point or a kill at a fault point: built as races.
+build/regcore build/asan/regcore build/tsan/regcore: test/regcore.c test/tap.h test/harness.h \
+    test/pause.h $(FAULT_SRCS) $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(if $(findstring /asan/,$@),$(SAN_ASAN)) \
+	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/regcore.c $(FAULT_SRCS) \
+	  $(LDFLAGS) $(LDLIBS)
+
 # lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.
 build/lstates: test/lstates.c test/tap.h
 	@mkdir -p $(@D)
@@ -223,6 +232,7 @@ suites: all build/5.4/fuse/core.so $(TEST_BINS)
 	@$(RUNTAP) faults build/faults
 	@$(RUNTAP) interleave build/interleave
 	@$(RUNTAP) races build/races
+	@$(RUNTAP) regcore build/regcore
 	@$(foreach t,$(EXTRA_TESTS),$(RUNTAP) $(t) build/$(t);)
 	@$(RUNTAP) check-cdef sh tools/checkcdef.sh --tap
 	@$(RUNTAP) busted $(BUSTED_RUN) $(BUSTED_ARGS) -o TAP spec/
@@ -258,12 +268,12 @@ build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o)
 	$(AR) rcs $@ $^
 endif
 
-build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry build/asan/seams: build/asan/%: test/%.c test/tap.h \
+build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry build/asan/seams build/asan/permits: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
-build/tsan/stress build/tsan/ops_core build/tsan/registry: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
+build/tsan/stress build/tsan/ops_core build/tsan/registry build/tsan/permits: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) $(DEPFLAGS) -o $@ $< build/tsan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
@@ -273,7 +283,7 @@ san_verdict = sh tools/tapsum $(1) && \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
 asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening \
-    build/asan/registry build/asan/seams build/asan/races
+    build/asan/registry build/asan/seams build/asan/races build/asan/regcore build/asan/permits
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs hardening env $(ASAN_ENV) build/asan/hardening
@@ -283,20 +293,29 @@ asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/inte
 	@bash tools/runtap build/asan/logs registry env $(ASAN_ENV) build/asan/registry
 	@bash tools/runtap build/asan/logs seams env $(ASAN_ENV) build/asan/seams
 	@bash tools/runtap build/asan/logs races env $(ASAN_ENV) build/asan/races
+	@bash tools/runtap build/asan/logs regcore env $(ASAN_ENV) build/asan/regcore
+	@bash tools/runtap build/asan/logs permits env $(ASAN_ENV) build/asan/permits
 	@$(call san_verdict,build/asan/logs)
 
-tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races
+tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races \
+    build/tsan/regcore build/tsan/permits
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
 	@bash tools/runtap build/tsan/logs ops_core env $(TSAN_ENV) build/tsan/ops_core
 	@bash tools/runtap build/tsan/logs interleave env $(TSAN_ENV) build/tsan/interleave
 	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
 	@bash tools/runtap build/tsan/logs races env $(TSAN_ENV) build/tsan/races
+	@bash tools/runtap build/tsan/logs regcore env $(TSAN_ENV) build/tsan/regcore
+	@bash tools/runtap build/tsan/logs permits env $(TSAN_ENV) build/tsan/permits
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------
 
 build/bench_threads: bench/threads.c build/libfzcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
+
+build/bench_registry_c: bench/registry_c.c build/libfzcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
 
@@ -307,11 +326,15 @@ bench: all
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
+	$(MAKE) --no-print-directory build/bench_registry_c && build/bench_registry_c
 
-# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min)
+# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min),
+# then max_concurrent's bulkhead: a healthy location beside a slow one, with and without
+# the limit (about 1 min)
 bench-nginx: all
 	$(call need,bench/nginx_upstream.sh)
 	bash bench/nginx_upstream.sh
+	bash bench/nginx_isolation.sh
 
 # requests/s of a location that looks its breaker up by name, at 10 and 50,000 names
 bench-nginx-registry: all

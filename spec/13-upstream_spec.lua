@@ -371,7 +371,10 @@ describe("fuse.upstream #" .. BACKEND, function()
       says(err_of("p", { "10.9.9.9:1" }, { max_ejected = 2 }),
         "fuse.upstream: option 'max_ejected' must be a number from 0 to 1, got 2")
       says(err_of("p", { "10.9.9.9:1" }, { max_ejected = 0 / 0 }),
-        "option 'max_ejected'")
+        "option 'max_ejected' must be a number from 0 to 1, got nan")  -- not -nan (glibc)
+      says(err_of("p", { { addr = "10.9.9.9:1", weight = "2" } }),
+        'weight must be an integer from 1 to 1000, got "2"')  -- a string, not the number 2
+      says(err_of("p", { 42 }), 'peer 1 (42): must be "IP:port" or "[IPv6]:port", got 42')
       says(err_of("p", { "10.9.9.9:1" }, { tries = 0 }),
         "option 'tries' must be an integer from 1 to 100, got 0")
       says(err_of("p", { "10.9.9.9:1" }, { fail_statuses = 500 }),

@@ -51,6 +51,9 @@ chmod -R a+rX "$T"
 "$ROOT/tools/readme-block" watch > "$T/watch.block" || bail "README has no watch block"
 "$ROOT/tools/readme-block" admin-curl > "$T/curl.block" || bail "README has no admin-curl block"
 "$ROOT/tools/readme-block" reject > "$T/reject.block" || bail "README has no reject block"
+# the token README's admin listener is configured with (a POST needs it)
+TOKEN=$(sed -n 's/.*admin{ token = "\([^"]*\)" }.*/\1/p' "$T/admin.block")
+[ -n "$TOKEN" ] || bail "README's admin-listener block has no fuse.admin{ token = \"...\" }"
 
 # put FILE in place of the lines between "# -- begin NAME" and "# -- end NAME"
 splice() { # splice NAME FILE < conf > conf
@@ -79,7 +82,7 @@ req() {
   read -r CODE WPID RA <<< "$out"
   BODY=$(cat "$T/body" 2>/dev/null)
 }
-admin() { req "$ADMIN" /fuse "$@"; }
+admin() { req "$ADMIN" /fuse -H "Authorization: Bearer $TOKEN" "$@"; }
 fake() { curl -s -m 5 "http://127.0.0.1:$UP$1" > /dev/null; }
 # json EXPR: evaluates the Lua expression EXPR over `j`, BODY decoded as JSON
 json() {
@@ -248,11 +251,11 @@ prom() { # prom PATH: GET from Prometheus' HTTP API into BODY
 }
 for _ in $(seq 150); do
   prom /api/v1/rules
-  case $BODY in *FuseCircuitFlapping*) break ;; esac
+  case $BODY in *FuseBreakerFull*) break ;; esac
   sleep 0.1
 done
-check "Prometheus is up with fuse-alerts.yml loaded (FuseCircuitOpen, FuseCircuitFlapping)" \
-  [ "$(json '#j.data.groups[1].rules')" = 2 ]
+check "Prometheus is up with fuse-alerts.yml loaded (FuseCircuitOpen, FuseCircuitFlapping, FuseBreakerFull)" \
+  [ "$(json '#j.data.groups[1].rules')" = 3 ]
 # trip twostep: 3 failures (open_for 30 s)
 fake '/__control?mode=fail&reset=hits'
 for _ in 1 2 3; do req "$PORT" /twostep; sleep 0.05; done
