@@ -130,7 +130,7 @@ end
 -- what is wrong.
 local function parse_addr(addr)
   if type(addr) ~= "string" then
-    return nil, fmt("must be \"IP:port\" or \"[IPv6]:port\", got %s", show(addr))
+    return nil, "must be \"IP:port\" or \"[IPv6]:port\""
   end
   local host, port
   local v6 = false
@@ -191,7 +191,7 @@ local function check_peers(pool_name, list, level)
       end
     end
     local canon, host, port = parse_addr(addr)
-    if not canon then raise(fmt("peer %d (%s): %s", i, show(addr), host), level + 1) end
+    if not canon then raise(fmt("peer %d: %s, got %s", i, host, show(addr)), level + 1) end
     if not is_int(weight, 1, MAX_WEIGHT) then
       raise(fmt("peer %d (%s): weight must be an integer from 1 to %d, got %s", i, addr, MAX_WEIGHT,
         show(weight)), level + 1)
