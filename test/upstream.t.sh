@@ -348,8 +348,13 @@ check "timeouts count as failures: A timed out $f times (fails=2) and is $st; cl
 # probes = 2 at a time across workers, under concurrent requests
 mode "$A" 'mode=slowfail&delay=0.6&reset=1'
 seq_req "$POOLS" /p/pr 2                    # opens A (fails = 1)
+# the front gave up on A after 300 ms, but A still serves those requests for 0.6 s: count
+# its concurrency only once they ended, and fire once A's open period (1 s) is over
+idle_a() { [ "$(curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$A" | sed -n 's/.* now=\([0-9]*\).*/\1/p')" = 0 ]; }
+wait_for 20 idle_a
 mode "$A" 'mode=slowfail&delay=0.6&reset=1'
-sleep 1.1
+half_a() { [ "$(pstate "pr/127.0.0.1:$A" | cut -d' ' -f1)" = half_open ]; }
+wait_for 20 half_a
 par "$POOLS" /p/pr 40
 check "probes=2: 40 concurrent requests in $PWORKERS workers, A got $(hits $A) (2), at most $(maxc $A) at once" \
   eval '[ "$(hits $A)" = 2 ] && [ "$(maxc $A)" = 2 ] && [ "$PWORKERS" -gt 1 ]'

@@ -37,7 +37,7 @@ local function max_reached(port)
 end
 
 -- /control?port=P&mode=M[&delay=S][&status=N][&reset=1]  (reset: hits and max of P to 0)
--- /control?port=P  prints "hits=N max=N mode=M"
+-- /control?port=P  prints "hits=N max=N mode=M now=N" (now: requests it is serving)
 function _M.control()
   local a = ngx.req.get_uri_args()
   local port = a.port
@@ -52,8 +52,8 @@ function _M.control()
     d:set("delay:" .. port, tonumber(a.delay) or 1)
     d:set("status:" .. port, tonumber(a.status) or 200)
   end
-  ngx.say(("hits=%d max=%d mode=%s"):format(d:get("hits:" .. port) or 0, max_reached(port),
-    d:get("mode:" .. port) or "ok"))
+  ngx.say(("hits=%d max=%d mode=%s now=%d"):format(d:get("hits:" .. port) or 0, max_reached(port),
+    d:get("mode:" .. port) or "ok", d:get("now:" .. port) or 0))
 end
 
 return _M
