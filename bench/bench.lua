@@ -4,6 +4,8 @@
 --   ... luajit bench/bench.lua --json      the same numbers as JSON (for bench/README.md)
 --   ... luajit bench/bench.lua --quick     fewer, shorter rounds (a smoke run; noisy)
 --   ... luajit bench/bench.lua --only PAT  only the cases whose name matches the Lua pattern
+--                                          (repeatable: a case matching any of them runs)
+--   ... luajit bench/bench.lua --rounds R  R timed rounds per case instead of 9
 --
 -- Method: each case is its own loop function (so it gets its own JIT trace), warmed up,
 -- then timed over ROUNDS rounds of N iterations with CLOCK_MONOTONIC; N is picked per case
@@ -21,21 +23,31 @@ local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 package.path = here .. "/?.lua;" .. package.path
 local purelua = require "purelua"
 
-local JSON, QUICK, ONLY = false, false, nil
+local JSON, QUICK, ONLY, NROUNDS = false, false, nil, nil
 do
+  local function usage()
+    io.stderr:write("usage: luajit bench/bench.lua [--json] [--quick] [--only PATTERN]... [--rounds R]\n")
+    os.exit(2)
+  end
   local i = 1
   while arg and arg[i] do
     local a = arg[i]
     if a == "--json" then JSON = true
     elseif a == "--quick" then QUICK = true
-    elseif a == "--only" then i = i + 1; ONLY = arg[i]
-    else io.stderr:write("usage: luajit bench/bench.lua [--json] [--quick] [--only PATTERN]\n"); os.exit(2)
+    elseif a == "--only" and arg[i + 1] then
+      i = i + 1
+      ONLY = ONLY or {}
+      ONLY[#ONLY + 1] = arg[i]
+    elseif a == "--rounds" and tonumber(arg[i + 1]) and tonumber(arg[i + 1]) >= 1 then
+      i = i + 1
+      NROUNDS = math.floor(tonumber(arg[i]))
+    else usage()
     end
     i = i + 1
   end
 end
 
-local ROUNDS = QUICK and 3 or 9
+local ROUNDS = NROUNDS or QUICK and 3 or 9
 local TARGET = QUICK and 0.02 or 0.1     -- seconds per round
 local MAX_N, MIN_N = 1e7, 1e4
 
@@ -334,8 +346,9 @@ end
 local results = {}
 local by_name = {}
 for _, c in ipairs(cases) do
-  local needed = c.name == "bare call" or c.name == "pcall"
-  if not ONLY or needed or c.name:find(ONLY) then
+  local wanted = not ONLY or c.name == "bare call" or c.name == "pcall"
+  for _, pat in ipairs(ONLY or {}) do wanted = wanted or c.name:find(pat) ~= nil end
+  if wanted then
     results[#results + 1] = run(c)
     by_name[c.name] = c
     collectgarbage()
