@@ -823,26 +823,48 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
   }
 }
 
+/* count_rejection of the common case inline: the thread's stripe word of bucket epoch
+ * e is in use for e and not saturated, so tw_add would add one to it; anything else
+ * goes to count_rejection. */
+static inline void count_rejection_fast(fz_breaker *b, uint64_t e) {
+  uint32_t si = t_stripe;
+  uint64_t *w = si == UINT32_MAX ? NULL : &b->stripes[si].rej[e % NBUCKETS];
+  /* the count when the word is tagged e, else 2^32 or more (as in done_fast) */
+  if (w && at_load_rlx(w) - ((uint64_t)(uint32_t)e << 32) < UINT64_C(0x80000000)) at_add_rlx(w, 1);
+  else count_rejection(b, e);
+}
+
 /* An open circuit whose period is not over: count the rejection (the common case of
  * a rejection, kept small: one clock read, one add on the thread's own stripe). */
 static inline int reject_open(fz_breaker *b, uint64_t sw) {
   uint64_t t = now_ns();
   if (open_due(b, sw, t)) return 0;
-  uint64_t e = epoch_at(b, t);
-  uint32_t si = t_stripe;
-  uint64_t *w = si == UINT32_MAX ? NULL : &b->stripes[si].rej[e % NBUCKETS];
-  uint64_t v = w ? at_load_rlx(w) : 0;
-  if (w && tag_of(v) == (uint32_t)e && cnt_of(v) < UINT32_C(0x80000000)) at_add_rlx(w, 1);
-  else count_rejection(b, e);
+  count_rejection_fast(b, epoch_at(b, t));
   return 1;
+}
+
+/* A forced_open without an end (b:force_open()): the rejection counts in the bucket of
+ * the last clock read, as in enter_slow, with no clock read. A timed one goes to
+ * enter_slow, which lifts it when its time is up. */
+static inline int reject_forced(fz_breaker *b, uint64_t sw) {
+  if (forced_end(b, sw)) return 0;
+  count_rejection_fast(b, at_load_rlx(&b->cur_epoch));
+  return 1;
+}
+
+/* fz_enter when the circuit is not closed: the common rejections here, the rest in
+ * enter_slow. Out of line, so that the closed path needs no stack frame. */
+static __attribute__((noinline)) double enter_other(fz_breaker *b, uint64_t sw) {
+  if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
+  if (sw_state(sw) == FZ_FORCED_OPEN && reject_forced(b, sw)) return rejection(FZ_FORCED_OPEN, 0);
+  return enter_slow(b, sw);
 }
 
 /* fz_enter's body, inlined into fz_allow too (an exported function may be interposed,
  * so the compiler calls it through the PLT instead). */
 static inline double enter_sw(fz_breaker *b, uint64_t sw) {
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
-  if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
-  return enter_slow(b, sw);
+  return enter_other(b, sw);
 }
 
 static inline double enter(fz_breaker *b) {
@@ -886,17 +908,22 @@ typedef struct ledger {
 
 static ledger *g_ledgers[LANES];     /* concurrent: each set once */
 static uint32_t g_lane_owned[LANES]; /* concurrent: 1 while a thread owns the lane */
-static TLS ledger *t_ledger;          /* the thread's ledger, or NULL */
-static TLS uint32_t t_lane = LANES;   /* its lane, or LANES for none */
-static TLS uint32_t t_last, t_cursor; /* the entry issued last; where the search goes on */
-static TLS uint32_t t_uses;           /* tickets this lane issued */
+/* The thread's side of its lane, in one TLS block: the hot path finds all of it from
+ * one thread-pointer offset. */
+typedef struct lane_tls {
+  ledger *l;                /* the thread's ledger, or NULL */
+  uint32_t lane;            /* its lane, or LANES for none */
+  uint32_t last, cursor;    /* the entry issued last; where the search goes on */
+  uint32_t uses;            /* tickets this lane issued */
+} lane_tls;
+static TLS lane_tls t_ln = { NULL, LANES, 0, 0, 0 };
 static pthread_key_t g_lane_key;
 static pthread_once_t g_lane_once = PTHREAD_ONCE_INIT;
 
 static void lane_release(void *p) {
   ledger *l = p;
-  l->uses = t_uses;
-  t_ledger = NULL, t_lane = LANES;
+  l->uses = t_ln.uses;
+  t_ln.l = NULL, t_ln.lane = LANES;
   /* release: the next owner sees this one's cursor and entries */
   __atomic_store_n(&g_lane_owned[l->lane], 0, __ATOMIC_RELEASE);
 }
@@ -918,8 +945,8 @@ static __attribute__((noinline)) ledger *lane_claim(void) {
       __atomic_store_n(&g_ledgers[i], l, __ATOMIC_RELEASE);
     }
     pthread_setspecific(g_lane_key, l);
-    t_lane = i, t_uses = l->uses;
-    return t_ledger = l;
+    t_ln.lane = i, t_ln.uses = l->uses;
+    return t_ln.l = l;
   }
   return NULL;  /* LANES threads hold a lane: tickets go untracked */
 }
@@ -927,36 +954,58 @@ static __attribute__((noinline)) ledger *lane_claim(void) {
 /* Whether ledger entry word cur is free: never used, or its ticket reported. */
 static int entry_free(uint64_t cur) { return !cur || (cur & REPORTED); }
 
-/* The entry of ledger l after t_cursor that is free, or NULL among 8 outstanding in a
- * row; t_last becomes its index. */
+/* The entry of ledger l after the cursor that is free, or NULL among 8 outstanding in a
+ * row; it becomes the entry issued last. */
 static __attribute__((noinline)) entry *entry_search(ledger *l, uint64_t *cur) {
   for (int k = 0; k < 8; k++) {
-    uint32_t i = t_cursor = (t_cursor + 1) & (LEDGER - 1);
+    uint32_t i = t_ln.cursor = (t_ln.cursor + 1) & (LEDGER - 1);
     *cur = at_load_acq(&l->e[i].tk);  /* acquire: as in track */
     if (entry_free(*cur)) {
-      t_last = i;
+      t_ln.last = i;
       return &l->e[i];
     }
   }
   return NULL;
 }
 
-/* Records the admitted ticket u of fz_enter; returns the tracked ticket that stands for it. */
-static inline __attribute__((always_inline)) double track(fz_breaker *b, uint64_t u) {
-  ledger *l = t_ledger;
-  if (__builtin_expect(!l, 0) && !(l = lane_claim())) return (double)(int64_t)u;
-  entry *en = &l->e[t_last];
-  /* acquire: pairs with the swap of another thread's report, which read who and inner */
-  uint64_t cur = at_load_acq(&en->tk);
-  if (__builtin_expect(!entry_free(cur), 0) && !(en = entry_search(l, &cur))) return (double)(int64_t)u;
-  /* the use count from a counter of the thread, not from cur: a ticket does not wait for
-   * the report of the one before it to be stored and read back */
-  uint64_t use = ++t_uses & USE_MASK;
-  uint64_t tk = use << 30 | (uint64_t)t_last << 18 | (uint64_t)t_lane << 8 | TK_TRACKED | (u & 0x7f);
+/* Writes the tracked ticket that stands for u into en, the thread's free entry `last`. */
+static inline __attribute__((always_inline)) double track_at(fz_breaker *b, uint64_t u, lane_tls *me,
+                                                             entry *en, uint32_t last) {
+  /* the use count from a counter of the thread, not from the entry: a ticket does not
+   * wait for the report of the one before it to be stored and read back */
+  uint64_t use = ++me->uses & USE_MASK;
+  uint64_t tk = use << 30 | (uint64_t)last << 18 | (uint64_t)me->lane << 8 | TK_TRACKED | (u & 0x7f);
   at_store_rlx(&en->who, (uint64_t)(uintptr_t)b);
   at_store_rlx(&en->inner, u);
   at_store_rel(&en->tk, tk);  /* release: a reporter that acquires tk sees who and inner */
   return (double)(int64_t)tk;
+}
+
+/* track when the thread has no ledger yet, or the entry it issued last is still out. */
+static __attribute__((noinline)) double track_slow(fz_breaker *b, uint64_t u) {
+  lane_tls *me = &t_ln;
+  ledger *l = me->l;
+  if (!l && !(l = lane_claim())) return (double)(int64_t)u;
+  entry *en = &l->e[me->last];
+  uint64_t cur = at_load_acq(&en->tk);  /* acquire: as in track */
+  if (!entry_free(cur) && !(en = entry_search(l, &cur))) return (double)(int64_t)u;
+  return track_at(b, u, me, en, me->last);
+}
+
+/* Records the admitted ticket u of fz_enter; returns the tracked ticket that stands for
+ * it (u itself when the thread has no lane, or 8 of its tickets in a row are out). The
+ * common case, allow then report, finds the entry it issued last back; the rest is in
+ * track_slow, so this stays a leaf. */
+static inline __attribute__((always_inline)) double track(fz_breaker *b, uint64_t u) {
+  lane_tls *me = &t_ln;
+  ledger *l = me->l;
+  uint32_t last = me->last;
+  if (__builtin_expect(!l, 0)) return track_slow(b, u);
+  entry *en = &l->e[last];
+  /* acquire: pairs with the swap of another thread's report, which read who and inner */
+  uint64_t cur = at_load_acq(&en->tk);
+  if (__builtin_expect(!entry_free(cur), 0)) return track_slow(b, u);
+  return track_at(b, u, me, en, last);
 }
 
 /* Why untrack refused tracked ticket t whose entry holds cur (see untrack). */
@@ -972,37 +1021,45 @@ static __attribute__((noinline)) int refusal(fz_breaker *b, uint64_t t, const en
  * Returns 0, FZ_ETICKET (not issued by b's fz_allow) or FZ_EREPORTED. */
 static inline __attribute__((always_inline)) int untrack(fz_breaker *b, uint64_t t, uint64_t *u) {
   uint32_t lane = (uint32_t)(t >> 8 & (LANES - 1));
-  ledger *l = t_ledger;
-  int own = lane == t_lane;
+  lane_tls *me = &t_ln;
+  ledger *l = me->l;
+  int own = lane == me->lane;
   if (!own && !(l = __atomic_load_n(&g_ledgers[lane], __ATOMIC_ACQUIRE))) return FZ_ETICKET;
   entry *en = &l->e[(t >> 18) & (LEDGER - 1)];
   uint64_t cur = at_load_acq(&en->tk);  /* acquire: pairs with the release in track */
-  if (cur != t || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) return refusal(b, t, en, cur);
+  if (cur != t || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) {
+    int rc = refusal(b, t, en, cur);
+    if (!rc) __builtin_unreachable();  /* never 0: fz_done returns it, a tail call */
+    return rc;
+  }
   *u = at_load_rlx(&en->inner);
   if (own) at_store_rlx(&en->tk, t | REPORTED);  /* the owner: no other writer of a live entry */
   else if (!at_cas_acqrel(&en->tk, &cur, t | REPORTED)) return FZ_EREPORTED;
   return 0;
 }
 
-static __attribute__((noinline)) double allow_slow(fz_breaker *b) {
-  double u = enter(b);
+/* fz_allow of state word sw when the circuit is not closed. */
+static __attribute__((noinline)) double allow_slow(fz_breaker *b, uint64_t sw) {
+  double u = enter_sw(b, sw);
   return u > 0 ? track(b, (uint64_t)(int64_t)u) : u;
 }
 
-/* fz_allow through a handle that remembers the breaker's identity (as fz_enter_id). */
+/* fz_allow through a handle that remembers the breaker's identity (as fz_enter_id).
+ * Closed: the ticket's bits go to the ledger as they are (no double in between). */
 double fz_allow_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in fz_enter_id */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1))
+    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0));
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);
-  double u = enter_sw(b, sw);
-  return u > 0 ? track(b, (uint64_t)(int64_t)u) : u;
+  return allow_slow(b, sw);
 }
 
 double fz_allow(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in enter */
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1))
     return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0));
-  return allow_slow(b);
+  return allow_slow(b, sw);
 }
 
 /* fz_enter through a handle that remembers the breaker's identity. The identity is read
@@ -1012,8 +1069,9 @@ double fz_allow(fz_breaker *b) {
 double fz_enter_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);  /* its identity goes next */
-  return enter_sw(b, sw);
+  return enter_other(b, sw);
 }
 
 /* ---------------------------------------------------------------- outcomes */
@@ -1167,9 +1225,10 @@ static inline int done_fast(fz_breaker *b, uint64_t t) {
     return 0;
   uint64_t e = at_load_rlx(&b->cur_epoch);
   uint64_t *w = &b->stripes[si].succ[e % NBUCKETS];
-  uint64_t v = at_load_rlx(w);
-  uint32_t n = cnt_of(v);
-  if (tag_of(v) != (uint32_t)e || n < 64 || (n & 63) == 63 || n >= UINT32_C(0x80000000)) return 0;
+  /* the count when the word is tagged e; otherwise 2^32 or more (so one compare checks
+   * the tag and 64 <= count < 2^31 at once) */
+  uint64_t n = at_load_rlx(w) - ((uint64_t)(uint32_t)e << 32);
+  if (n - 64 >= UINT64_C(0x80000000) - 64 || (n & 63) == 63) return 0;
   at_add_rlx(w, 1);  /* a retag racing with this lands it a bucket late, never lost */
   return 1;
 }
