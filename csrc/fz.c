@@ -852,11 +852,17 @@ static inline int reject_forced(fz_breaker *b, uint64_t sw) {
   return 1;
 }
 
-/* fz_enter when the circuit is not closed: the common rejections here, the rest in
- * enter_slow. Out of line, so that the closed path needs no stack frame. */
+static __attribute__((noinline)) double enter_forced(fz_breaker *b, uint64_t sw) {
+  if (reject_forced(b, sw)) return rejection(FZ_FORCED_OPEN, 0);
+  return enter_slow(b, sw);
+}
+
+/* fz_enter when the circuit is not closed: the common rejections first, the rest in
+ * enter_slow. Out of line, so that the closed path needs no stack frame (and the
+ * forced_open one apart, so that the open one needs a small one). */
 static __attribute__((noinline)) double enter_other(fz_breaker *b, uint64_t sw) {
+  if (sw_state(sw) == FZ_FORCED_OPEN) return enter_forced(b, sw);
   if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
-  if (sw_state(sw) == FZ_FORCED_OPEN && reject_forced(b, sw)) return rejection(FZ_FORCED_OPEN, 0);
   return enter_slow(b, sw);
 }
 
@@ -909,14 +915,25 @@ typedef struct ledger {
 static ledger *g_ledgers[LANES];     /* concurrent: each set once */
 static uint32_t g_lane_owned[LANES]; /* concurrent: 1 while a thread owns the lane */
 /* The thread's side of its lane, in one TLS block: the hot path finds all of it from
- * one thread-pointer offset. */
+ * one thread-pointer offset. en and bits say where the entry issued last is, as the
+ * hot path wants it (see lane_point). */
 typedef struct lane_tls {
+  entry *en;                /* the entry issued last, or NULL while the thread has no lane */
+  uint64_t bits;            /* its tickets' entry, lane and tracked bits (TK_WHERE), or 0 */
   ledger *l;                /* the thread's ledger, or NULL */
   uint32_t lane;            /* its lane, or LANES for none */
   uint32_t last, cursor;    /* the entry issued last; where the search goes on */
   uint32_t uses;            /* tickets this lane issued */
 } lane_tls;
-static TLS lane_tls t_ln = { NULL, LANES, 0, 0, 0 };
+static TLS lane_tls t_ln = { NULL, 0, NULL, LANES, 0, 0, 0 };
+
+#define TK_WHERE UINT64_C(0x3fffff80)  /* a tracked ticket's entry, lane and tracked bits */
+
+/* en and bits from l, lane and last (whenever one of them changes). */
+static void lane_point(lane_tls *me) {
+  me->en = me->l ? &me->l->e[me->last] : NULL;
+  me->bits = me->l ? (uint64_t)me->last << 18 | (uint64_t)me->lane << 8 | TK_TRACKED : 0;
+}
 static pthread_key_t g_lane_key;
 static pthread_once_t g_lane_once = PTHREAD_ONCE_INIT;
 
@@ -924,6 +941,7 @@ static void lane_release(void *p) {
   ledger *l = p;
   l->uses = t_ln.uses;
   t_ln.l = NULL, t_ln.lane = LANES;
+  lane_point(&t_ln);
   /* release: the next owner sees this one's cursor and entries */
   __atomic_store_n(&g_lane_owned[l->lane], 0, __ATOMIC_RELEASE);
 }
@@ -945,8 +963,9 @@ static __attribute__((noinline)) ledger *lane_claim(void) {
       __atomic_store_n(&g_ledgers[i], l, __ATOMIC_RELEASE);
     }
     pthread_setspecific(g_lane_key, l);
-    t_ln.lane = i, t_ln.uses = l->uses;
-    return t_ln.l = l;
+    t_ln.lane = i, t_ln.uses = l->uses, t_ln.l = l;
+    lane_point(&t_ln);
+    return l;
   }
   return NULL;  /* LANES threads hold a lane: tickets go untracked */
 }
@@ -962,19 +981,21 @@ static __attribute__((noinline)) entry *entry_search(ledger *l, uint64_t *cur) {
     *cur = at_load_acq(&l->e[i].tk);  /* acquire: as in track */
     if (entry_free(*cur)) {
       t_ln.last = i;
+      lane_point(&t_ln);
       return &l->e[i];
     }
   }
   return NULL;
 }
 
-/* Writes the tracked ticket that stands for u into en, the thread's free entry `last`. */
-static inline __attribute__((always_inline)) double track_at(fz_breaker *b, uint64_t u, lane_tls *me,
-                                                             entry *en, uint32_t last) {
+/* Writes the tracked ticket that stands for u (whose low 7 bits are low) into the
+ * thread's entry issued last, en, which is free. */
+static inline __attribute__((always_inline)) double track_at(fz_breaker *b, uint64_t u, uint64_t low,
+                                                             lane_tls *me, entry *en) {
   /* the use count from a counter of the thread, not from the entry: a ticket does not
    * wait for the report of the one before it to be stored and read back */
   uint64_t use = ++me->uses & USE_MASK;
-  uint64_t tk = use << 30 | (uint64_t)last << 18 | (uint64_t)me->lane << 8 | TK_TRACKED | (u & 0x7f);
+  uint64_t tk = use << 30 | me->bits | low;
   at_store_rlx(&en->who, (uint64_t)(uintptr_t)b);
   at_store_rlx(&en->inner, u);
   at_store_rel(&en->tk, tk);  /* release: a reporter that acquires tk sees who and inner */
@@ -984,28 +1005,25 @@ static inline __attribute__((always_inline)) double track_at(fz_breaker *b, uint
 /* track when the thread has no ledger yet, or the entry it issued last is still out. */
 static __attribute__((noinline)) double track_slow(fz_breaker *b, uint64_t u) {
   lane_tls *me = &t_ln;
-  ledger *l = me->l;
-  if (!l && !(l = lane_claim())) return (double)(int64_t)u;
-  entry *en = &l->e[me->last];
+  if (!me->l && !lane_claim()) return (double)(int64_t)u;
+  entry *en = me->en;
   uint64_t cur = at_load_acq(&en->tk);  /* acquire: as in track */
-  if (!entry_free(cur) && !(en = entry_search(l, &cur))) return (double)(int64_t)u;
-  return track_at(b, u, me, en, me->last);
+  if (!entry_free(cur) && !(en = entry_search(me->l, &cur))) return (double)(int64_t)u;
+  return track_at(b, u, u & 0x7f, me, en);
 }
 
-/* Records the admitted ticket u of fz_enter; returns the tracked ticket that stands for
- * it (u itself when the thread has no lane, or 8 of its tickets in a row are out). The
- * common case, allow then report, finds the entry it issued last back; the rest is in
- * track_slow, so this stays a leaf. */
-static inline __attribute__((always_inline)) double track(fz_breaker *b, uint64_t u) {
+/* Records the admitted ticket u of fz_enter, whose low 7 bits are low; returns the
+ * tracked ticket that stands for it (u itself when the thread has no lane, or 8 of its
+ * tickets in a row are out). The common case, allow then report, finds the entry it
+ * issued last back; the rest is in track_slow, so this stays a leaf. */
+static inline __attribute__((always_inline)) double track(fz_breaker *b, uint64_t u, uint64_t low) {
   lane_tls *me = &t_ln;
-  ledger *l = me->l;
-  uint32_t last = me->last;
-  if (__builtin_expect(!l, 0)) return track_slow(b, u);
-  entry *en = &l->e[last];
+  entry *en = me->en;
+  if (__builtin_expect(!en, 0)) return track_slow(b, u);
   /* acquire: pairs with the swap of another thread's report, which read who and inner */
   uint64_t cur = at_load_acq(&en->tk);
   if (__builtin_expect(!entry_free(cur), 0)) return track_slow(b, u);
-  return track_at(b, u, me, en, last);
+  return track_at(b, u, low, me, en);
 }
 
 /* Why untrack refused tracked ticket t whose entry holds cur (see untrack). */
@@ -1020,12 +1038,16 @@ static __attribute__((noinline)) int refusal(fz_breaker *b, uint64_t t, const en
 /* The ticket of fz_enter that tracked ticket t stands for, in *u, marking t reported.
  * Returns 0, FZ_ETICKET (not issued by b's fz_allow) or FZ_EREPORTED. */
 static inline __attribute__((always_inline)) int untrack(fz_breaker *b, uint64_t t, uint64_t *u) {
-  uint32_t lane = (uint32_t)(t >> 8 & (LANES - 1));
   lane_tls *me = &t_ln;
-  ledger *l = me->l;
-  int own = lane == me->lane;
-  if (!own && !(l = __atomic_load_n(&g_ledgers[lane], __ATOMIC_ACQUIRE))) return FZ_ETICKET;
-  entry *en = &l->e[(t >> 18) & (LEDGER - 1)];
+  entry *en = me->en;
+  int own = 1;
+  if (__builtin_expect((t & TK_WHERE) != me->bits, 0)) {  /* not the entry this thread issued last */
+    uint32_t lane = (uint32_t)(t >> 8 & (LANES - 1));
+    ledger *l = me->l;
+    own = lane == me->lane;
+    if (!own && !(l = __atomic_load_n(&g_ledgers[lane], __ATOMIC_ACQUIRE))) return FZ_ETICKET;
+    en = &l->e[(t >> 18) & (LEDGER - 1)];
+  }
   uint64_t cur = at_load_acq(&en->tk);  /* acquire: pairs with the release in track */
   if (cur != t || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) {
     int rc = refusal(b, t, en, cur);
@@ -1041,7 +1063,7 @@ static inline __attribute__((always_inline)) int untrack(fz_breaker *b, uint64_t
 /* fz_allow of state word sw when the circuit is not closed. */
 static __attribute__((noinline)) double allow_slow(fz_breaker *b, uint64_t sw) {
   double u = enter_sw(b, sw);
-  return u > 0 ? track(b, (uint64_t)(int64_t)u) : u;
+  return u > 0 ? track(b, (uint64_t)(int64_t)u, (uint64_t)(int64_t)u & 0x7f) : u;
 }
 
 /* fz_allow through a handle that remembers the breaker's identity (as fz_enter_id).
@@ -1050,7 +1072,7 @@ double fz_allow_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in fz_enter_id */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1))
-    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0));
+    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0), KIND_NORMAL << 1);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);
   return allow_slow(b, sw);
 }
@@ -1058,7 +1080,7 @@ double fz_allow_id(fz_breaker *b, uint32_t id) {
 double fz_allow(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in enter */
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1))
-    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0));
+    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0), KIND_NORMAL << 1);
   return allow_slow(b, sw);
 }
 
