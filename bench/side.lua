@@ -11,14 +11,16 @@
 -- named breaker", and the bare call and pcall it always runs), run against each tree's
 -- lua/ and build/ in a process of its own (bench.lua --json --rounds 5). The two trees
 -- take turns, R rounds (6 by default) of one process each, the order swapped every round
--- so that a slow spell of the machine hits both alike. Each process gives the median of
--- its 5 timed rounds per case; per tree we print the least and the median of those over
--- the R rounds, and per case the difference and ratio of the least (this - base,
--- this / base), with the range of the per-round ratios. The targets (issue 16) are read
--- on the least. Then, unless --no-callgrind or valgrind is missing, instructions per
--- iteration: bench/instr.lua CASE N under `valgrind --tool=callgrind` with N = 100,000
--- and 1,100,000, (total(1.1e6) - total(1e5)) / 1e6, so start-up cancels out. Instruction
--- counts do not depend on the machine's load; the times do.
+-- so that a slow spell of the machine hits both alike. Each process times 5 rounds per
+-- case (about 0.1 s each); per tree we print the least time of all its timed rounds and
+-- the median of its processes' medians, and per case the difference and ratio of the
+-- least times (this - base, this / base), with the range of the ratios of the per-round
+-- medians (the pairs of one round ran next to each other). The targets (issue 16) are
+-- read on the least times: on a loaded machine a round only gets slower. Then, unless
+-- --no-callgrind or valgrind is missing, instructions per iteration: bench/instr.lua
+-- CASE N under `valgrind --tool=callgrind` with N = 100,000 and 1,100,000,
+-- (total(1.1e6) - total(1e5)) / 1e6, so start-up cancels out. Instruction counts do not
+-- depend on the machine's load; the times do.
 
 local BASE, LABEL, THIS, ROUNDS, CALLGRIND = nil, nil, ".", 6, true
 do
@@ -99,6 +101,7 @@ local CASES = {
 local ONLY = "--only '^fuse%.wrap, ' --only '^b:allow' --only '^rule: named'"
 
 local times = { base = {}, this = {} }  -- times[tree][case] = { median of each round }
+local mins = { base = {}, this = {} }   -- mins[tree][case] = the least time of any round
 local loads = { loadavg() }
 local jit_bad = {}
 for r = 1, ROUNDS do
@@ -109,7 +112,9 @@ for r = 1, ROUNDS do
     for line in out:gmatch("[^\n]+") do
       local name = line:match('"case": "([^"]*)"')
       local med = tonumber(line:match('"ns_median": ([%d.]+)'))
-      if name and med then
+      local mn = tonumber(line:match('"ns_min": ([%d.]+)'))
+      if name and med and mn then
+        mins[t.key][name] = math.min(mins[t.key][name] or math.huge, mn)
         local list = times[t.key][name] or {}
         list[#list + 1] = med
         times[t.key][name] = list
@@ -124,11 +129,6 @@ for r = 1, ROUNDS do
 end
 loads[2] = loadavg()
 
-local function least(t)
-  local m = math.huge
-  for _, v in ipairs(t) do m = math.min(m, v) end
-  return m
-end
 local function median(t)
   local c = {}
   for i, v in ipairs(t) do c[i] = v end
@@ -141,13 +141,13 @@ end
 print(("side by side, %s UTC: base %s against %s"):format(os.date("!%Y-%m-%d %H:%M"), trees[1].label, trees[2].label))
 print(("%d rounds, alternating (one bench.lua --rounds 5 process per tree per round); 1-minute load %s at"
   .. " the start, %s at the end"):format(ROUNDS, loads[1], loads[2]))
-print("ns per call: the least (and the median) over the rounds of each process's median")
+print("ns per call: the least of all timed rounds (and the median of the processes' medians)")
 local fmt = "%-30s %17s %17s %8s %7s %13s  %s"
 print(fmt:format("case", "base", "this", "diff ns", "ratio", "round ratios", "target"))
 for _, c in ipairs(CASES) do
   local b, t = times.base[c.name], times.this[c.name]
   if b and t and #b > 0 and #t > 0 then
-    local lb, lt = least(b), least(t)
+    local lb, lt = mins.base[c.name], mins.this[c.name]
     local lo, hi = math.huge, 0
     for i = 1, math.min(#b, #t) do
       lo, hi = math.min(lo, t[i] / b[i]), math.max(hi, t[i] / b[i])
