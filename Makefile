@@ -71,7 +71,7 @@ TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 # $(call need,FILE): stop with a clear message when FILE does not exist.
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
-.PHONY: all deps cdef check-cdef test check asan tsan bench bench-side bench-nginx bench-nginx-registry \
+.PHONY: all deps cdef check-cdef test check suites summary stress-test asan tsan bench bench-side bench-nginx bench-nginx-registry \
         bench-nginx-jit demo demo-nginx lint rock dist clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
@@ -85,6 +85,7 @@ help:
 	@echo "                LuaJIT, lua5.1 and lua5.4, test/*.t.sh)"
 	@echo "make check      the same without the deps step"
 	@echo "make asan|tsan  the C tests under ASan+UBSan / the stress test under TSan"
+	@echo "make stress-test the nginx suites 5 times (STRESS_RUNS) under a CPU hog on every core"
 	@echo "make cdef       regenerate lua/fuse/cdef.lua from csrc/fz.h"
 	@echo "make check-cdef fail if lua/fuse/cdef.lua is stale or core.so exports differ"
 	@echo "make dist       build/$(ROCKSPEC:.rockspec=.src.rock): a source rock of the working"
@@ -131,10 +132,10 @@ test/%.c bench/%.c:
 # ---- packages ----------------------------------------------------------------------
 
 deps:
-	@command -v dpkg >/dev/null 2>&1 || { \
+	@command -v dpkg-query >/dev/null 2>&1 || { \
 	  echo "make deps: no dpkg here; install the equivalents of: $(DEB_PKGS)" >&2; exit 1; }
-	@missing=; for p in $(DEB_PKGS); do \
-	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=$$(sh tools/debs-missing $(DEB_PKGS) | tr '\n' ' '); missing=$${missing% }; \
+	missing=$${missing:+ $$missing}; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" -ne 0 ]; then \
 	  echo "make deps: missing Debian packages:$$missing" >&2; \
@@ -143,7 +144,9 @@ deps:
 	  exit 1; fi; \
 	echo "make deps: installing$$missing"; \
 	apt-get update && DEBIAN_FRONTEND=noninteractive \
-	  apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends $(DEB_PKGS)
+	  apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends $(DEB_PKGS) && \
+	still=$$(sh tools/debs-missing $(DEB_PKGS) | tr '\n' ' ') && \
+	if [ -n "$$still" ]; then echo "make deps: still not installed: $$still" >&2; exit 1; fi
 
 # ---- the FFI declarations ----------------------------------------------------------
 
@@ -156,8 +159,13 @@ check-cdef: build/fuse/core.so
 
 # ---- tests -------------------------------------------------------------------------
 
+# The summary is the last thing a recipe prints: the suites run in a recipe that never
+# fails on a test's result (runtap records each status), then tools/tapsum prints the
+# total and fails the target. When a test failed, make adds one line of its own after
+# the total ("make: *** [Makefile:N: test] Error 1"); nothing else follows it.
 test: deps
-	@$(MAKE) --no-print-directory check
+	@$(MAKE) --no-print-directory suites
+	@sh tools/tapsum $(LOGDIR)
 
 build/test_core build/stress $(EXTRA_TESTS:%=build/%): build/%: test/%.c test/tap.h \
     build/libfzcore.a
@@ -202,7 +210,14 @@ build/lstates: test/lstates.c test/tap.h
 
 RUNTAP = bash tools/runtap $(LOGDIR)
 
-check: all build/5.4/fuse/core.so $(TEST_BINS)
+check: suites
+	@sh tools/tapsum $(LOGDIR)
+
+# tools/tapsum over LOGDIR (the logs of the last run, or any directory of TAP logs)
+summary:
+	@sh tools/tapsum $(LOGDIR)
+
+suites: all build/5.4/fuse/core.so $(TEST_BINS)
 	@rm -rf $(LOGDIR)
 	@$(RUNTAP) test_core build/test_core
 	@$(RUNTAP) stress build/stress
@@ -219,7 +234,11 @@ check: all build/5.4/fuse/core.so $(TEST_BINS)
 	  [ -f "$$t" ] && [ -x "$$t" ] || continue; \
 	  $(RUNTAP) "$$(basename "$$t" .t.sh)" "$$t"; done
 	@echo "# ---- summary"
-	@sh tools/tapsum $(LOGDIR)
+
+# The nginx suites STRESS_RUNS times (default 5) under a busy loop per core, with each
+# suite's count of passing runs (tools/stress-test). Not part of `make test`.
+stress-test: all build/5.4/fuse/core.so
+	@bash tools/stress-test
 
 # ---- sanitizers --------------------------------------------------------------------
 
@@ -337,10 +356,12 @@ LINT_DIRS = $(wildcard lua spec bench examples)
 lint:
 	$(LUACHECK) $(if $(CI),--no-color) $(LINT_DIRS)
 
-# Installs the rock into build/rocktree, then requires it from there, away from the tree.
-# luarocks' builtin build leaves csrc/*.o and fuse/core.so in the directory it builds
-# in, so it builds in a copy of the sources, build/rock-src.
+# Installs the rock into ROCKTREE (default build/rocktree; `make rock ROCKTREE=DIR`
+# installs elsewhere), then requires it from there, away from the tree. luarocks'
+# builtin build leaves csrc/*.o and fuse/core.so in the directory it builds in, so it
+# builds in a copy of the sources, build/rock-src, and the clone stays clean.
 ROCKTREE   := $(CURDIR)/build/rocktree
+override ROCKTREE := $(abspath $(ROCKTREE))
 ROCK_CHECK := local tree = os.getenv("ROCKTREE"); \
   local fuse = require "fuse"; \
   local from = package.searchpath("fuse", package.path); \
@@ -362,7 +383,9 @@ rock:
 dist:
 	@sh tools/mkdist $(ROCKSPEC) build
 
+# also what a `luarocks make` run in the clone itself left (csrc/*.o, fuse/core.so)
 clean:
-	rm -rf build lua/fuse/cdef.lua.tmp
+	rm -rf build lua/fuse/cdef.lua.tmp csrc/*.o fuse/core.so
+	if [ -d fuse ]; then rmdir fuse 2>/dev/null || true; fi
 
 -include $(wildcard build/*.d build/*/*.d build/*/obj/*.d)

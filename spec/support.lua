@@ -48,6 +48,17 @@ function support.fake_clock(start, step)
   return clock
 end
 
+-- support.reported(finally): for one test, fuse.report_error records its messages instead of
+-- writing them to stderr, so that a spec of a listener that raises on purpose prints
+-- nothing that reads like a failure; the test asserts on the list. Restored after the
+-- test by busted's `finally`, which the test passes (it is not a global of modules).
+function support.reported(finally)
+  local saved, got = fuse.report_error, {}
+  fuse.report_error = function(msg) got[#got + 1] = msg end
+  finally(function() fuse.report_error = saved end)
+  return got
+end
+
 -- Returns a function that makes registry names ("TAG-PREFIX-N") no other call returns:
 -- the registry lives as long as the process, so every test takes names of its own.
 function support.unique_names(tag)
