@@ -315,8 +315,10 @@ bench: all
 # The hot path of this tree against revision BASE (e.g. BASE=81992f8, fuse 0.1.0) in one
 # run: BASE is exported from git into build/base/<commit>/ and built there (never
 # committed), then bench/side.lua alternates bench.lua's loops between the two trees and
-# counts instructions per call with callgrind. SIDE_ROUNDS: rounds per tree (6).
+# counts instructions per call with callgrind. SIDE_ROUNDS: rounds per tree (6);
+# SIDE_FLAGS: more options of bench/side.lua (--quick, --no-callgrind).
 SIDE_ROUNDS ?= 6
+SIDE_FLAGS  ?=
 bench-side: all
 	@test -n "$(BASE)" || { echo "make bench-side: say which revision, e.g. make bench-side BASE=81992f8" >&2; exit 2; }
 	@rev=$$(git rev-parse --verify --quiet "$(BASE)^{commit}") || \
@@ -327,7 +329,7 @@ bench-side: all
 	  $(MAKE) --no-print-directory -C $$dir all >$$dir.log 2>&1 || \
 	  { echo "make bench-side: building $(BASE) failed, see $$dir.log" >&2; rm -rf $$dir; exit 1; }; \
 	fi; \
-	$(LUAJIT) bench/side.lua --base $$dir --label "$(BASE) ($$rev)" --rounds $(SIDE_ROUNDS)
+	$(LUAJIT) bench/side.lua --base $$dir --label "$(BASE) ($$rev)" --rounds $(SIDE_ROUNDS) $(SIDE_FLAGS)
 
 # fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min)
 bench-nginx: all

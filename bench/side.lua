@@ -1,6 +1,6 @@
 -- bench/side.lua -- the hot path of this tree side by side with another tree, in one run.
 --
---   luajit bench/side.lua --base DIR [--label REV] [--this DIR] [--rounds R] [--no-callgrind]
+--   luajit bench/side.lua --base DIR [--label REV] [--this DIR] [--rounds R] [--quick] [--no-callgrind]
 --
 -- `make bench BASE=<rev>` (or `make bench-side BASE=<rev>`) builds <rev> from git into
 -- build/base/<rev>/ and runs this with --base there. DIR is a tree with lua/ and a built
@@ -16,17 +16,18 @@
 -- the median of its processes' medians, and per case the difference and ratio of the
 -- least times (this - base, this / base), with the range of the ratios of the per-round
 -- medians (the pairs of one round ran next to each other). The targets (issue 16) are
--- read on the least times: on a loaded machine a round only gets slower. Then, unless
+-- read on the least times: on a loaded machine a round only gets slower. --quick: each
+-- process runs bench.lua --quick (3 rounds of 0.02 s, a smoke run). Then, unless
 -- --no-callgrind or valgrind is missing, instructions per iteration: bench/instr.lua
 -- CASE N under `valgrind --tool=callgrind` with N = 100,000 and 1,100,000,
 -- (total(1.1e6) - total(1e5)) / 1e6, so start-up cancels out. Instruction counts do not
 -- depend on the machine's load; the times do.
 
-local BASE, LABEL, THIS, ROUNDS, CALLGRIND = nil, nil, ".", 6, true
+local BASE, LABEL, THIS, ROUNDS, CALLGRIND, QUICK = nil, nil, ".", 6, true, false
 do
   local function usage()
     io.stderr:write("usage: luajit bench/side.lua --base DIR [--label REV] [--this DIR] [--rounds R]"
-      .. " [--no-callgrind]\n")
+      .. " [--quick] [--no-callgrind]\n")
     os.exit(2)
   end
   local i = 1
@@ -37,6 +38,7 @@ do
     elseif a == "--this" and v then THIS, i = v, i + 1
     elseif a == "--rounds" and tonumber(v) and tonumber(v) >= 1 then ROUNDS, i = math.floor(tonumber(v)), i + 1
     elseif a == "--no-callgrind" then CALLGRIND = false
+    elseif a == "--quick" then QUICK = true
     else usage() end
     i = i + 1
   end
@@ -107,8 +109,8 @@ local jit_bad = {}
 for r = 1, ROUNDS do
   local order = r % 2 == 1 and { trees[1], trees[2] } or { trees[2], trees[1] }
   for _, t in ipairs(order) do
-    local out = run(("%s%s %s --json --rounds 5 %s"):format(env(t), sh_quote(LUAJIT),
-      sh_quote(HERE .. "/bench.lua"), ONLY))
+    local out = run(("%s%s %s --json %s %s"):format(env(t), sh_quote(LUAJIT),
+      sh_quote(HERE .. "/bench.lua"), QUICK and "--quick" or "--rounds 5", ONLY))
     for line in out:gmatch("[^\n]+") do
       local name = line:match('"case": "([^"]*)"')
       local med = tonumber(line:match('"ns_median": ([%d.]+)'))
@@ -139,8 +141,8 @@ local function median(t)
 end
 
 print(("side by side, %s UTC: base %s against %s"):format(os.date("!%Y-%m-%d %H:%M"), trees[1].label, trees[2].label))
-print(("%d rounds, alternating (one bench.lua --rounds 5 process per tree per round); 1-minute load %s at"
-  .. " the start, %s at the end"):format(ROUNDS, loads[1], loads[2]))
+print(("%d rounds, alternating (one bench.lua %s process per tree per round); 1-minute load %s at"
+  .. " the start, %s at the end"):format(ROUNDS, QUICK and "--quick" or "--rounds 5", loads[1], loads[2]))
 print("ns per call: the least of all timed rounds (and the median of the processes' medians)")
 local fmt = "%-30s %17s %17s %8s %7s %13s  %s"
 print(fmt:format("case", "base", "this", "diff ns", "ratio", "round ratios", "target"))
