@@ -852,25 +852,29 @@ static inline int reject_forced(fz_breaker *b, uint64_t sw) {
   return 1;
 }
 
+/* fz_enter when the circuit is forced_open, and when it is in any state but closed and
+ * forced_open: the common rejections first, the rest in enter_slow. Out of line, so
+ * that the closed path needs no stack frame (and apart, so that each has a small one). */
 static __attribute__((noinline)) double enter_forced(fz_breaker *b, uint64_t sw) {
   if (reject_forced(b, sw)) return rejection(FZ_FORCED_OPEN, 0);
   return enter_slow(b, sw);
 }
 
-/* fz_enter when the circuit is not closed: the common rejections first, the rest in
- * enter_slow. Out of line, so that the closed path needs no stack frame (and the
- * forced_open one apart, so that the open one needs a small one). */
 static __attribute__((noinline)) double enter_other(fz_breaker *b, uint64_t sw) {
-  if (sw_state(sw) == FZ_FORCED_OPEN) return enter_forced(b, sw);
   if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
   return enter_slow(b, sw);
 }
 
-/* fz_enter's body, inlined into fz_allow too (an exported function may be interposed,
- * so the compiler calls it through the PLT instead). */
+/* fz_enter's body but the closed case, inlined into fz_allow and fz_enter_id too (an
+ * exported function may be interposed, so the compiler calls it through the PLT). */
+static inline double enter_not_closed(fz_breaker *b, uint64_t sw) {
+  if (sw_state(sw) == FZ_FORCED_OPEN) return enter_forced(b, sw);
+  return enter_other(b, sw);
+}
+
 static inline double enter_sw(fz_breaker *b, uint64_t sw) {
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
-  return enter_other(b, sw);
+  return enter_not_closed(b, sw);
 }
 
 static inline double enter(fz_breaker *b) {
@@ -1093,7 +1097,7 @@ double fz_enter_id(fz_breaker *b, uint32_t id) {
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);  /* its identity goes next */
-  return enter_other(b, sw);
+  return enter_not_closed(b, sw);
 }
 
 /* ---------------------------------------------------------------- outcomes */
