@@ -1,6 +1,7 @@
 -- bench/side.lua -- the hot path of this tree side by side with another tree, in one run.
 --
---   luajit bench/side.lua --base DIR [--label REV] [--this DIR] [--rounds R] [--quick] [--no-callgrind]
+--   luajit bench/side.lua --base DIR [--label REV] [--this DIR] [--rounds R] [--quick] [--wall]
+--                         [--no-callgrind]
 --
 -- `make bench BASE=<rev>` (or `make bench-side BASE=<rev>`) builds <rev> from git into
 -- build/base/<rev>/ and runs this with --base there. DIR is a tree with lua/ and a built
@@ -9,7 +10,9 @@
 -- Method. The loops are this tree's bench/bench.lua (cases "fuse.wrap, closed", "fuse.wrap,
 -- open (rejected)", "fuse.wrap, forced_open", "b:allow() + b:report(t, true)", "rule:
 -- named breaker", and the bare call and pcall it always runs), run against each tree's
--- lua/ and build/ in a process of its own (bench.lua --json --rounds 5). The two trees
+-- lua/ and build/ in a process of its own (bench.lua --json --rounds 5 --cpu: each round
+-- timed with the thread's CPU clock, so that on a loaded machine the time the process
+-- waited for a CPU is left out; --wall times with CLOCK_MONOTONIC instead). The two trees
 -- take turns, R rounds (6 by default) of one process each, the order swapped every round
 -- so that a slow spell of the machine hits both alike. Each process times 5 rounds per
 -- case (about 0.1 s each); per tree we print the least time of all its timed rounds and
@@ -23,11 +26,11 @@
 -- (total(1.1e6) - total(1e5)) / 1e6, so start-up cancels out. Instruction counts do not
 -- depend on the machine's load; the times do.
 
-local BASE, LABEL, THIS, ROUNDS, CALLGRIND, QUICK = nil, nil, ".", 6, true, false
+local BASE, LABEL, THIS, ROUNDS, CALLGRIND, QUICK, WALL = nil, nil, ".", 6, true, false, false
 do
   local function usage()
     io.stderr:write("usage: luajit bench/side.lua --base DIR [--label REV] [--this DIR] [--rounds R]"
-      .. " [--quick] [--no-callgrind]\n")
+      .. " [--quick] [--wall] [--no-callgrind]\n")
     os.exit(2)
   end
   local i = 1
@@ -39,6 +42,7 @@ do
     elseif a == "--rounds" and tonumber(v) and tonumber(v) >= 1 then ROUNDS, i = math.floor(tonumber(v)), i + 1
     elseif a == "--no-callgrind" then CALLGRIND = false
     elseif a == "--quick" then QUICK = true
+    elseif a == "--wall" then WALL = true
     else usage() end
     i = i + 1
   end
@@ -109,8 +113,8 @@ local jit_bad = {}
 for r = 1, ROUNDS do
   local order = r % 2 == 1 and { trees[1], trees[2] } or { trees[2], trees[1] }
   for _, t in ipairs(order) do
-    local out = run(("%s%s %s --json %s %s"):format(env(t), sh_quote(LUAJIT),
-      sh_quote(HERE .. "/bench.lua"), QUICK and "--quick" or "--rounds 5", ONLY))
+    local out = run(("%s%s %s --json %s%s %s"):format(env(t), sh_quote(LUAJIT),
+      sh_quote(HERE .. "/bench.lua"), QUICK and "--quick" or "--rounds 5", WALL and "" or " --cpu", ONLY))
     for line in out:gmatch("[^\n]+") do
       local name = line:match('"case": "([^"]*)"')
       local med = tonumber(line:match('"ns_median": ([%d.]+)'))
@@ -141,9 +145,11 @@ local function median(t)
 end
 
 print(("side by side, %s UTC: base %s against %s"):format(os.date("!%Y-%m-%d %H:%M"), trees[1].label, trees[2].label))
-print(("%d rounds, alternating (one bench.lua %s process per tree per round); 1-minute load %s at"
-  .. " the start, %s at the end"):format(ROUNDS, QUICK and "--quick" or "--rounds 5", loads[1], loads[2]))
-print("ns per call: the least of all timed rounds (and the median of the processes' medians)")
+print(("%d rounds, alternating (one bench.lua %s%s process per tree per round); 1-minute load %s at"
+  .. " the start, %s at the end"):format(ROUNDS, QUICK and "--quick" or "--rounds 5", WALL and "" or " --cpu",
+  loads[1], loads[2]))
+print(("ns per call (%s): the least of all timed rounds (and the median of the processes' medians)")
+  :format(WALL and "CLOCK_MONOTONIC" or "the thread's CPU time"))
 local fmt = "%-30s %17s %17s %8s %7s %13s  %s"
 print(fmt:format("case", "base", "this", "diff ns", "ratio", "round ratios", "target"))
 for _, c in ipairs(CASES) do
