@@ -27,7 +27,7 @@ local error, ipairs, pairs, pcall, select, setmetatable, tostring, type = error,
 local getmetatable = getmetatable
 local floor = math.floor
 local huge = math.huge
-local byte = string.byte
+local show = options.show  -- how every message shows a value
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
 
@@ -69,7 +69,7 @@ local fake  -- the test clock installed by fuse.clock(fn), or nil
 local function bad_clock(s)
   if type(s) ~= "number" or not (s > -4.5e9 and s < 4.5e9) then
     return "fuse: the clock function must return seconds as a number within 4.5e9 of 0, got "
-      .. tostring(s)
+      .. show(s)
   end
 end
 
@@ -85,7 +85,7 @@ end
 -- answers a bad value leaves the clock as it was.
 function _M.clock(fn)
   if fn ~= nil and type(fn) ~= "function" then
-    error("fuse: fuse.clock needs a function or nothing, got " .. type(fn), 2)
+    error("fuse: fuse.clock needs a function or nothing, got " .. show(fn), 2)
   end
   if not fn then
     fake = nil
@@ -308,7 +308,7 @@ end
 local function judged(ok, v)
   if not ok then return nil, v end
   if v == true then return FAILURE elseif v == false then return SUCCESS elseif v == nil then return IGNORE end
-  return nil, "fuse: is_failure must return true, false or nil, got " .. tostring(v)
+  return nil, "fuse: is_failure must return true, false or nil, got " .. show(v)
 end
 
 -- The default failure rule, or the user's is_failure: FAILURE, SUCCESS or IGNORE; or
@@ -522,7 +522,7 @@ end
 local function check_callable(fn, what, level)
   local mt = type(fn) == "table" and getmetatable(fn)
   if type(fn) ~= "function" and not (mt and mt.__call) then
-    error("fuse: " .. what .. " needs a function, got " .. type(fn), level + 1)
+    error("fuse: " .. what .. " needs a function, got " .. show(fn), level + 1)
   end
 end
 
@@ -701,11 +701,11 @@ end
 -- breaker now (`late`).
 function Breaker:report(ticket, ok, seconds)
   if getmetatable(self) ~= Breaker then not_a_breaker("report", self) end
-  if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. type(ticket), 2) end
+  if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. show(ticket), 2) end
   local outcome = ok == true and SUCCESS or ok == false and FAILURE or ok == nil and IGNORE
-  if not outcome then error("fuse: report's ok must be true, false or nil, got " .. type(ok), 2) end
+  if not outcome then error("fuse: report's ok must be true, false or nil, got " .. show(ok), 2) end
   if seconds ~= nil and not (type(seconds) == "number" and seconds >= 0 and seconds < huge) then
-    error("fuse: report's seconds must be a finite number >= 0, got " .. tostring(seconds), 2)
+    error("fuse: report's seconds must be a finite number >= 0, got " .. show(seconds), 2)
   end
   if fake then
     if ticket == PASS_TICKET then return end  -- (as below: the clock is not read for it)
@@ -720,7 +720,7 @@ function Breaker:report(ticket, ok, seconds)
       code = late(self, ticket, outcome, seconds or -1, code)
     end
     if code == E_REPORTED or code == E_TICKET then
-      local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or tostring(ticket)
+      local shown = show(ticket)
       if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
       error("fuse: report: " .. shown .. " is not a ticket this breaker's allow issued"
         .. " (another breaker's, or made up)", 2)
@@ -782,7 +782,7 @@ function Breaker:force_open(seconds)
   if getmetatable(self) ~= Breaker then not_a_breaker("force_open", self) end
   if seconds ~= nil and (type(seconds) ~= "number" or not (seconds > 0 and seconds <= MAX_FORCE_OPEN)) then
     error("fuse: force_open's seconds must be a number in (0, " .. MAX_FORCE_OPEN .. "], got "
-      .. tostring(seconds), 2)
+      .. show(seconds), 2)
   end
   if fake then sync() end
   local code
@@ -801,7 +801,7 @@ local got = recent()
 function _M.get(name)
   local br = got.get(name)
   if br and B.id(br._h) == br._id then return br end
-  if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. type(name), 2) end
+  if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. show(name), 2) end
   if #name == 0 then return nil end
   local h, id = B.find(name)
   if not h then return nil end
@@ -812,21 +812,28 @@ end
 
 -- fuse.remove(name) -> true when a breaker of that name existed and is now gone.
 function _M.remove(name)
-  if type(name) ~= "string" then error("fuse: fuse.remove needs a name string, got " .. type(name), 2) end
+  if type(name) ~= "string" then error("fuse: fuse.remove needs a name string, got " .. show(name), 2) end
   return #name > 0 and #name <= 127 and not name:find("\0", 1, true) and B.remove(name) or false
 end
 
 -- Calls fn(h, name) for every live registry breaker (the slots in use; one removed or
 -- reused meanwhile is skipped).
-local function each_breaker(fn)
-  for i = 0, B.count() - 1 do
+-- fn(h, name, still) for the live breaker of each registry slot from `from` (0) up to
+-- `upto` (excluded; the slots handed out so far), where still() says whether that
+-- breaker is still the slot's; fn returning true stops the walk. Returns the slot after
+-- the last one looked at.
+local function each_breaker(fn, from, upto)
+  local i, n = from or 0, upto or B.count()
+  while i < n do
     local h = B.at(i)
     local id = h and B.id(h)
+    i = i + 1
     if h then
       local name = B.name_of(h)
-      fn(h, name, function() return B.id(h) == id end)
+      if fn(h, name, function() return B.id(h) == id end) then break end
     end
   end
+  return i
 end
 
 function _M.list()
@@ -835,6 +842,27 @@ function _M.list()
     if still() then names[#names + 1] = name end
   end)
   return names
+end
+
+-- Internal, for fuse.admin: one page of a walk over the registry, in slot order. From
+-- slot `from` (0 at first), looking at `budget` slots at most, calls fn(name) for each
+-- live breaker and lists what it returns (nil: nothing) until `limit` are listed.
+-- Returns the list and the slot the next page starts from, or nil when the walk is
+-- over. A breaker that lives through the whole walk is seen once (slots do not move);
+-- one made or removed meanwhile may be seen or not, once per name and page.
+function _M._page(from, limit, budget, fn)
+  local list, seen, count = {}, {}, B.count()
+  local upto = math.min(count, from + budget)
+  local i = each_breaker(function(_, name, still)
+    if still() and not seen[name] then
+      seen[name] = true
+      local v = fn(name)
+      if v ~= nil then list[#list + 1] = v end
+    end
+    return #list >= limit
+  end, from, upto)
+  if i < count then return list, i end
+  return list, nil
 end
 
 -- fuse.init{ capacity = N [, shared = true] [, idle = seconds] }: before any named
@@ -867,7 +895,7 @@ local EVENTS_CAPACITY = 1024  -- FZ_EVENTS_CAPACITY
 -- lost: how many of those the ring no longer holds; upto: the seq to pass next time.
 function _M.events(since)
   if since ~= nil and (type(since) ~= "number" or not (since >= 0 and since < 2^53)) then
-    error("fuse: fuse.events needs a seq number (>= 0) or nothing, got " .. tostring(since), 2)
+    error("fuse: fuse.events needs a seq number (>= 0) or nothing, got " .. show(since), 2)
   end
   since = floor(since or 0)
   local last = B.events_last()
@@ -909,58 +937,10 @@ end
 
 ---------------------------------------------------------------------------- metrics
 
--- The length of the valid UTF-8 sequence (RFC 3629: no overlong forms, no surrogates,
--- nothing above U+10FFFF) that starts at byte i of s, or nil.
-local function utf8_at(s, i)
-  local c = byte(s, i)
-  if c < 0x80 then return 1 end
-  local n
-  local lo, hi = 0x80, 0xBF
-  if c >= 0xC2 and c <= 0xDF then n = 2
-  elseif c >= 0xE0 and c <= 0xEF then
-    n = 3
-    if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
-  elseif c >= 0xF0 and c <= 0xF4 then
-    n = 4
-    if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
-  else return nil end
-  local c2 = byte(s, i + 1)
-  if not c2 or c2 < lo or c2 > hi then return nil end
-  for k = 2, n - 1 do
-    local ck = byte(s, i + k)
-    if not ck or ck < 0x80 or ck > 0xBF then return nil end
-  end
-  return n
-end
-
--- The value of the `name` label for a breaker name (Prometheus label values must be
--- UTF-8): the name itself when it is UTF-8 without a backslash, as names nearly always
--- are; otherwise the name with each backslash doubled and each byte that is not part of
--- a UTF-8 character written \xHH. A value with a backslash thus always reads back to
--- one name, and two names never share a value.
-local function name_value(s)
-  if not s:find("[\\\128-\255]") then return s end
-  local out, i, n, plain = {}, 1, #s, true
-  while i <= n do
-    local len = utf8_at(s, i)
-    if not len then
-      out[#out + 1] = ("\\x%02X"):format(byte(s, i))
-      plain = false
-      i = i + 1
-    else
-      local piece = s:sub(i, i + len - 1)
-      if piece == "\\" then piece, plain = "\\\\", false end
-      out[#out + 1] = piece
-      i = i + len
-    end
-  end
-  if plain then return s end
-  return concat(out)
-end
-
--- A label value as the text format writes it: \, \" and \n escaped.
+-- A label value as the text format writes it (Prometheus label values must be UTF-8):
+-- the name as options.utf8_text writes it, then \, \" and \n escaped.
 local function label(s)
-  return (name_value(s):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+  return (options.utf8_text(s):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
 end
 
 local METRICS = {

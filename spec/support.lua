@@ -121,6 +121,22 @@ function support.has(list, x)
   return false
 end
 
+-- Every breaker the admin GET lists, walking its pages (`query`: its other arguments,
+-- such as { state = "open" }); and the number of pages.
+function support.admin_all(query)
+  local admin = require "fuse.admin"
+  local all, args, pages = {}, {}, 0
+  for k, v in pairs(query or {}) do args[k] = v end
+  repeat
+    local status, body = admin.handle("GET", args)
+    assert.equal(200, status, body.error)
+    pages = pages + 1
+    for _, b in ipairs(body.breakers) do all[#all + 1] = b end
+    args.after = body.next
+  until not body.next
+  return all, pages
+end
+
 -- The interpreter running this spec (busted's --lua), for a script in a process of its
 -- own.
 function support.interpreter()

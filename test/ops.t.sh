@@ -51,6 +51,9 @@ chmod -R a+rX "$T"
 "$ROOT/tools/readme-block" watch > "$T/watch.block" || bail "README has no watch block"
 "$ROOT/tools/readme-block" admin-curl > "$T/curl.block" || bail "README has no admin-curl block"
 "$ROOT/tools/readme-block" reject > "$T/reject.block" || bail "README has no reject block"
+# the token README's admin listener is configured with (a POST needs it)
+TOKEN=$(sed -n 's/.*admin{ token = "\([^"]*\)" }.*/\1/p' "$T/admin.block")
+[ -n "$TOKEN" ] || bail "README's admin-listener block has no fuse.admin{ token = \"...\" }"
 
 # put FILE in place of the lines between "# -- begin NAME" and "# -- end NAME"
 splice() { # splice NAME FILE < conf > conf
@@ -79,7 +82,7 @@ req() {
   read -r CODE WPID RA <<< "$out"
   BODY=$(cat "$T/body" 2>/dev/null)
 }
-admin() { req "$ADMIN" /fuse "$@"; }
+admin() { req "$ADMIN" /fuse -H "Authorization: Bearer $TOKEN" "$@"; }
 fake() { curl -s -m 5 "http://127.0.0.1:$UP$1" > /dev/null; }
 # json EXPR: evaluates the Lua expression EXPR over `j`, BODY decoded as JSON
 json() {
