@@ -64,7 +64,7 @@ CORE_OBJS := $(CORE_SRCS:csrc/%.c=build/obj/%.o)
 LIB_OBJS   = $(filter-out %/fz_lua.o,$(1))
 
 # C tests beyond the three named ones (test/*.c): built like test_core, run as suites.
-NAMED_TESTS := test_core stress lstates faults interleave races
+NAMED_TESTS := test_core stress lstates faults interleave races regcore
 EXTRA_TESTS := $(filter-out $(NAMED_TESTS),$(basename $(notdir $(wildcard test/*.c))))
 TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 
@@ -202,6 +202,15 @@ build/races build/asan/races build/tsan/races: test/races.c test/tap.h test/harn
 	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/races.c $(FAULT_SRCS) \
 	  $(LDFLAGS) $(LDLIBS)
 
+# regcore: one test per finding of issue 15 (the registry's life cycle), each forced with
+# a pause point or a kill at a fault point: built as races.
+build/regcore build/asan/regcore build/tsan/regcore: test/regcore.c test/tap.h test/harness.h \
+    test/pause.h $(FAULT_SRCS) $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(if $(findstring /asan/,$@),$(SAN_ASAN)) \
+	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/regcore.c $(FAULT_SRCS) \
+	  $(LDFLAGS) $(LDLIBS)
+
 # lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.
 build/lstates: test/lstates.c test/tap.h
 	@mkdir -p $(@D)
@@ -225,6 +234,7 @@ suites: all build/5.4/fuse/core.so $(TEST_BINS)
 	@$(RUNTAP) faults build/faults
 	@$(RUNTAP) interleave build/interleave
 	@$(RUNTAP) races build/races
+	@$(RUNTAP) regcore build/regcore
 	@$(foreach t,$(EXTRA_TESTS),$(RUNTAP) $(t) build/$(t);)
 	@$(RUNTAP) check-cdef sh tools/checkcdef.sh --tap
 	@$(RUNTAP) busted $(BUSTED_RUN) $(BUSTED_ARGS) -o TAP spec/
@@ -275,7 +285,7 @@ san_verdict = sh tools/tapsum $(1) && \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
 asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening \
-    build/asan/registry build/asan/seams build/asan/races
+    build/asan/registry build/asan/seams build/asan/races build/asan/regcore
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs hardening env $(ASAN_ENV) build/asan/hardening
@@ -285,20 +295,27 @@ asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/inte
 	@bash tools/runtap build/asan/logs registry env $(ASAN_ENV) build/asan/registry
 	@bash tools/runtap build/asan/logs seams env $(ASAN_ENV) build/asan/seams
 	@bash tools/runtap build/asan/logs races env $(ASAN_ENV) build/asan/races
+	@bash tools/runtap build/asan/logs regcore env $(ASAN_ENV) build/asan/regcore
 	@$(call san_verdict,build/asan/logs)
 
-tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races
+tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races \
+    build/tsan/regcore
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
 	@bash tools/runtap build/tsan/logs ops_core env $(TSAN_ENV) build/tsan/ops_core
 	@bash tools/runtap build/tsan/logs interleave env $(TSAN_ENV) build/tsan/interleave
 	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
 	@bash tools/runtap build/tsan/logs races env $(TSAN_ENV) build/tsan/races
+	@bash tools/runtap build/tsan/logs regcore env $(TSAN_ENV) build/tsan/regcore
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------
 
 build/bench_threads: bench/threads.c build/libfzcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
+
+build/bench_registry_c: bench/registry_c.c build/libfzcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
 
@@ -310,6 +327,7 @@ bench: all
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
+	$(MAKE) --no-print-directory build/bench_registry_c && build/bench_registry_c
 	@if [ -n "$(BASE)" ]; then $(MAKE) --no-print-directory bench-side BASE="$(BASE)"; fi
 
 # The hot path of this tree against revision BASE (e.g. BASE=81992f8, fuse 0.1.0) in one

@@ -276,10 +276,13 @@ const char *fz_counter_name(int i);
  *                   ticket that b's fz_allow did not record;
  *     FZ_EREPORTED  a ticket of fz_allow given to fz_done before;
  *     FZ_ESTALE     a ticket of a closed breaker that an idle eviction retired while the
- *                   call ran (the ticket was current then): the outcome belongs to the
- *                   name, not to this slot; count it with fz_late_id into the breaker
- *                   the name has now (re-found or re-created). After fz_registry_remove
- *                   such a ticket is stale as any other (0): a removal starts afresh.
+ *                   call ran (the ticket was current then, or the eviction landed while
+ *                   fz_done recorded it): the outcome belongs to the name, not to this
+ *                   slot; count it with fz_late_id into the breaker the name has now
+ *                   (re-found or re-created). The slot remembers its last 4 evictions: a
+ *                   call that outlives more is dropped (0). An eviction killed before its
+ *                   swap evicted nothing and marks nothing. After fz_registry_remove such
+ *                   a ticket is stale as any other (0): a removal starts afresh.
  *   fz_enter's tickets are checked by key, generation and state only: give each to
  *   fz_done once.
  *
@@ -348,8 +351,9 @@ const char *fz_counter_name(int i);
  * fz_events_last(): the seq of the newest event recorded (0 when none).
  * fz_events_read(seq, out): copies event seq into *out. Returns 1 when copied, 0 when
  *   it is not complete yet (being written, or not recorded yet), -1 when it was
- *   overwritten (lost to the ring) or written over by a stalled older writer. A copy is validated by the entry's seq (a seqlock; see
- *   csrc/fz_events.c for the one stall it does not cover).
+ *   overwritten (lost to the ring), written over by a stalled older writer, or taken
+ *   back from a writer that died holding it (or held it 10 s). A copy is validated by
+ *   the entry's seq (a seqlock; see csrc/fz_events.c).
  *
  * fz_registry_open(name, len, c, status): the breaker registered under name (1 to
  *   FZ_NAME_MAX bytes, no NUL), created with options c when missing. *status is 1 when
@@ -359,9 +363,11 @@ const char *fz_counter_name(int i);
  *   options, FZ_ENOMEM when the registry could not be mapped; NULL is returned then.
  *   Safe from any thread and process. A lookup is lock-free (a hash index); creation
  *   takes the registry's robust mutex to claim a slot (never the call path). When the
- *   registry is full and it has an `idle` (fz_registry_init), creation first evicts the
- *   least recently used breaker that is closed, has no failure in its window and saw no
- *   call for `idle` seconds.
+ *   registry is full and it has an `idle` (fz_registry_init), creation first evicts a
+ *   breaker that is closed, has no failure in its window and saw no call for `idle`
+ *   seconds: the one unused longest among the 256 slots after a rotating hand (a bounded
+ *   scan, not the whole registry: the least recently used of those, not of all; the
+ *   next creation looks at the next 256). None evictable there: FZ_EFULL.
  * fz_registry_open_id(name, len, c, status, id): the same, and the breaker's identity in
  *   *id (id may be NULL): the value to give fz_enter_id.
  *

@@ -14,9 +14,11 @@ size_t fzi_breaker_size(void);  /* bytes of a breaker, a multiple of a cache lin
 void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t len, uint32_t *ring);
 void fzi_config_load(fz_breaker *b, fz_config *out);
 void fzi_set_ring(fz_breaker *b, uint32_t *ring);
+void fzi_copy(fz_breaker *to, fz_breaker *b, uint32_t *ring);
 void fzi_set_id(fz_breaker *b, uint64_t id);
 int64_t fzi_unused_ns(fz_breaker *b);
 int fzi_retire(fz_breaker *b, int only_closed);
+void fzi_finish_marks(fz_breaker *b);
 int fzi_is_removed(const fz_breaker *b);
 void fzi_reconfigure(fz_breaker *b, const fz_config *c);
 

@@ -904,7 +904,7 @@ function _M.events(since)
   for seq = first, last do
     local rc, s, time, name, from, to, pid = B.event_at(seq)
     -- still being written: the next read starts here (an entry whose writer died in
-    -- the middle reads so until the ring overwrites it; then it counts as lost)
+    -- the middle is taken back by the core, fz_events.c, and counts as lost)
     if rc == 0 then break end
     if rc == 1 then
       list[#list + 1] = { seq = s, time = time, name = name, from = STATES[from], to = STATES[to], pid = pid }
