@@ -270,12 +270,12 @@ build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o)
 	$(AR) rcs $@ $^
 endif
 
-build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry build/asan/seams: build/asan/%: test/%.c test/tap.h \
+build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry build/asan/seams build/asan/permits: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
-build/tsan/stress build/tsan/ops_core build/tsan/registry: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
+build/tsan/stress build/tsan/ops_core build/tsan/registry build/tsan/permits: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) $(DEPFLAGS) -o $@ $< build/tsan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
@@ -285,7 +285,7 @@ san_verdict = sh tools/tapsum $(1) && \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
 asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening \
-    build/asan/registry build/asan/seams build/asan/races build/asan/regcore
+    build/asan/registry build/asan/seams build/asan/races build/asan/regcore build/asan/permits
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs hardening env $(ASAN_ENV) build/asan/hardening
@@ -296,10 +296,11 @@ asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/inte
 	@bash tools/runtap build/asan/logs seams env $(ASAN_ENV) build/asan/seams
 	@bash tools/runtap build/asan/logs races env $(ASAN_ENV) build/asan/races
 	@bash tools/runtap build/asan/logs regcore env $(ASAN_ENV) build/asan/regcore
+	@bash tools/runtap build/asan/logs permits env $(ASAN_ENV) build/asan/permits
 	@$(call san_verdict,build/asan/logs)
 
 tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races \
-    build/tsan/regcore
+    build/tsan/regcore build/tsan/permits
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
 	@bash tools/runtap build/tsan/logs ops_core env $(TSAN_ENV) build/tsan/ops_core
@@ -307,6 +308,7 @@ tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/reg
 	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
 	@bash tools/runtap build/tsan/logs races env $(TSAN_ENV) build/tsan/races
 	@bash tools/runtap build/tsan/logs regcore env $(TSAN_ENV) build/tsan/regcore
+	@bash tools/runtap build/tsan/logs permits env $(TSAN_ENV) build/tsan/permits
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------
@@ -349,10 +351,13 @@ bench-side: all
 	fi; \
 	$(LUAJIT) bench/side.lua --base $$dir --label "$(BASE) ($$rev)" --rounds $(SIDE_ROUNDS) $(SIDE_FLAGS)
 
-# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min)
+# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min),
+# then max_concurrent's bulkhead: a healthy location beside a slow one, with and without
+# the limit (about 1 min)
 bench-nginx: all
 	$(call need,bench/nginx_upstream.sh)
 	bash bench/nginx_upstream.sh
+	bash bench/nginx_isolation.sh
 
 # requests/s of a location that looks its breaker up by name, at 10 and 50,000 names
 bench-nginx-registry: all

@@ -57,6 +57,7 @@
 #include "fz_atomic.h"
 #include "fz_errors.h"
 #include "fz_internal.h"
+#include "fz_permits.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -171,7 +172,24 @@ struct fz_breaker {
    * before its swap marks nothing: the breaker lives on, fzi_finish_marks drops it). */
   uint64_t evicted[EVICTIONS];  /* concurrent; written under the registry's lock */
   uint64_t ev_next;             /* under the registry's lock: the next mark to write */
+
+  /* Bytes from the breaker to its permits (max_concurrent, csrc/fz_permits.h), outside
+   * the breaker so that a breaker without the option pays no memory for them: in a
+   * registry after the slot's ring (a reuse of the slot keeps them: calls of the breaker
+   * that was there give their permits back into them), for an anonymous breaker after
+   * its ring when made with max_concurrent; 0: none. */
+  int64_t permits_off;
 };
+
+_Static_assert(sizeof(fzp) == FZ_PERMITS_BYTES, "a slot's ring area has room for the permits");
+
+/* The breaker's permits, or NULL (an anonymous breaker made without max_concurrent). */
+static inline fzp *permits_of(fz_breaker *b) {
+  /* relaxed: written before the breaker is published, and rewritten (the same value) by a
+   * reuse of its registry slot, which a stale handle may be reading (fzi_slot_init) */
+  int64_t off = (int64_t)at_load_rlx((uint64_t *)(void *)&b->permits_off);
+  return off ? (fzp *)(void *)((char *)b + off) : NULL;
+}
 
 /* An option a reload may rewrite while calls read it (fzi_reconfigure): a relaxed load.
  * Each option is read once per use; a call that straddles a reload may mix old and new
@@ -485,6 +503,7 @@ static const fz_bound BOUNDS[] = {
   { "count_window", 1, FZ_MAX_COUNT_WINDOW, 0, 0, 1, 1 },
   { "min_calls", 1, FZ_MAX_MIN_CALLS, 0, 0, 1, 0 },
   { "probes", 1, FZ_MAX_PROBES, 0, 0, 1, 0 },
+  { "max_concurrent", 1, FZ_MAX_CONCURRENT, 0, 0, 1, 1 },
 };
 enum { NBOUNDS = sizeof BOUNDS / sizeof BOUNDS[0] };
 
@@ -500,7 +519,7 @@ int fz_config_check(const fz_config *c) {
   if (!c) return FZ_EINVAL;
   const double v[] = { c->window, c->open_for, c->max_open_for, c->slow, c->probe_timeout,
                        c->failure_rate, c->slow_rate, c->backoff, c->jitter, c->fails,
-                       c->count_window, c->min_calls, c->probes };
+                       c->count_window, c->min_calls, c->probes, c->max_concurrent };
   _Static_assert(sizeof v / sizeof v[0] == NBOUNDS, "one bound per fz_config field");
   for (int i = 0; i < NBOUNDS; i++)
     if (!in_bound(&BOUNDS[i], v[i])) return FZ_EINVAL;
@@ -532,6 +551,7 @@ uint32_t fz_config_diff(const fz_config *a, const fz_config *b) {
   m |= a->count_window != b->count_window ? FZ_CFG_COUNT_WINDOW : 0;
   m |= a->min_calls != b->min_calls ? FZ_CFG_MIN_CALLS : 0;
   m |= a->probes != b->probes ? FZ_CFG_PROBES : 0;
+  m |= a->max_concurrent != b->max_concurrent ? FZ_CFG_MAX_CONCURRENT : 0;
   return m;
 }
 
@@ -567,13 +587,15 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
 fz_breaker *fz_breaker_new(const fz_config *c, int *err) {
   int rc = fz_config_check(c);
   fz_breaker *b = NULL;
-  size_t ring = rc == FZ_OK ? (size_t)c->count_window * sizeof(uint32_t) : 0;
-  if (rc == FZ_OK && !(b = aligned_alloc(LINE, (sizeof *b + ring + LINE - 1) / LINE * LINE))) rc = FZ_ENOMEM;
+  size_t ring = rc == FZ_OK ? ((size_t)c->count_window * sizeof(uint32_t) + LINE - 1) / LINE * LINE : 0;
+  size_t permits = rc == FZ_OK && c->max_concurrent ? sizeof(fzp) : 0;
+  if (rc == FZ_OK && !(b = aligned_alloc(LINE, (sizeof *b + ring + permits + LINE - 1) / LINE * LINE))) rc = FZ_ENOMEM;
   if (err) *err = rc;
   if (rc != FZ_OK) return NULL;
   breaker_init(b, c, NULL, 0);
-  b->cw_ring_off = (int64_t)sizeof *b;  /* the ring follows the breaker */
-  memset(b + 1, 0, ring);
+  b->cw_ring_off = (int64_t)sizeof *b;  /* the ring follows the breaker, then the permits */
+  b->permits_off = permits ? (int64_t)(sizeof *b + ring) : 0;
+  memset(b + 1, 0, ring + permits);
   return b;
 }
 
@@ -1518,6 +1540,12 @@ static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   out->retry_after = fz_retry_after(b);
   read_totals(b, out);
   out->opens_total = at_load_acq(&b->opens_total) - at_load_acq(&b->base[4]);
+  fzp *p = permits_of(b);
+  if (p) {
+    out->running = fzp_running(p);
+    out->full_total = at_load_rlx(&p->full_total);
+    out->rejections_total += out->full_total;  /* both monotonic: so is the sum */
+  }
   return made;
 }
 
@@ -1610,6 +1638,32 @@ int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed) {
   if ((uint32_t)at_load_acq(&b->id) != id || sw_state(sw) == FZ_REMOVED) return FZ_ESTALE;
   if (sw_state(sw) != FZ_CLOSED || outcome < FZ_SUCCESS || outcome > FZ_IGNORE) return 0;
   return fz_done(b, ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0), outcome, elapsed);
+}
+
+/* ---------------------------------------------------------------- permits */
+
+/* max_concurrent (csrc/fz_permits.h, csrc/fz_permits.c): with no limit set (a reload
+ * dropped it while calls held permits) a take still counts, so that gives balance. */
+int fz_permit_take(fz_breaker *b, int count_full) {
+  fzp *p = permits_of(b);
+  uint32_t limit = OPT(b, cfg.max_concurrent);
+  if (!p || fzp_take(p, limit ? limit : FZ_MAX_CONCURRENT * 4u)) return 1;
+  if (count_full) at_add_rlx(&p->full_total, 1);
+  return 0;
+}
+
+void fz_permit_give(fz_breaker *b) {
+  fzp *p = permits_of(b);
+  if (p) fzp_give(p);
+}
+
+/* A reload's copy (fz_registry.c, migrate): the permits copied beside the breaker, and
+ * their word made again (the copy was read while workers ran). */
+void fzi_permits_copy(fz_breaker *to, fz_breaker *from) {
+  fzp *p = permits_of(to), *q = permits_of(from);
+  if (!p || !q) return;
+  memcpy(p, q, sizeof *p);
+  fzp_rebuild(p);
 }
 
 /* ---------------------------------------------------------------- the library */
@@ -1713,6 +1767,7 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t l
   tmp.last_use = (uint64_t)(((u128)now_ns() * tmp.bucket_inv) >> 64);
   if (tmp.last_use == at_load_acq(&b->last_use)) tmp.last_use++;  /* a value it never held */
   tmp.cw_ring_off = (int64_t)((char *)ring - (char *)b);
+  tmp.permits_off = tmp.cw_ring_off + (int64_t)FZ_RING_BYTES;
   word *to = (word *)(void *)b;
   const word *from = (const word *)(const void *)&tmp;
   _Static_assert(offsetof(fz_breaker, sw) == 0, "the state word comes first");
@@ -1763,6 +1818,7 @@ void fzi_copy(fz_breaker *to, fz_breaker *b, uint32_t *ring) {
 
 void fzi_set_ring(fz_breaker *b, uint32_t *ring) {
   b->cw_ring_off = ring ? (int64_t)((char *)ring - (char *)b) : 0;
+  b->permits_off = ring ? b->cw_ring_off + (int64_t)FZ_RING_BYTES : 0;
 }
 
 /* How long the breaker has seen no call, in ns, when it is evictable: closed, no failure

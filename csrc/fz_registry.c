@@ -69,7 +69,7 @@ extern void (*fz_fault_hook)(const char *where);
 #define REG_MAGIC 0x667a7232u  /* "fzr2" */
 #define PRIVATE_CAPACITY 4096
 #define MAX_CAPACITY 1000000
-#define RING_BYTES ((size_t)FZ_MAX_COUNT_WINDOW * sizeof(uint32_t))
+#define RING_BYTES (FZ_RING_BYTES + FZ_PERMITS_BYTES)  /* a slot's ring, then its permits */
 #define NAME_WORDS ((FZ_NAME_MAX + 1) / 8)
 #define SCAN 256  /* slots an eviction looks at, at most */
 
@@ -506,6 +506,8 @@ static int migrate(registry *from, registry *to) {
     meta *m = meta_of(to, n);  /* the new mapping has a key of its own: hash again */
     uint64_t words[NAME_WORDS];
     m->hash = pack(to, fz_breaker_name(b), (size_t)m->len, words);
+    fzi_set_ring(nb, ring_of(to, n));  /* its permits after the new ring (fzi_copy set the ring) */
+    fzi_permits_copy(nb, b);  /* the permits after the ring, their word made again */
     idx_put(to, n, meta_of(to, n)->hash);
     n++;
   }

@@ -53,7 +53,8 @@ local E_MISMATCH, E_FULL, E_TICKET, E_REPORTED, E_STALE = -4, -3, -7, -9, -10
 -- interpreted for the rest of the process (spec/12-longlived_spec.lua). Under PUC Lua,
 -- the C module's functions under the same names.
 local core = B.lib or { fz_enter_id = B.enter, fz_allow_id = B.allow, fz_done = B.done, fz_clock_now = B.clock_now,
-  fz_clock_manual = B.clock_manual, fz_retry_after = B.retry_after }
+  fz_clock_manual = B.clock_manual, fz_retry_after = B.retry_after, fz_permit_take = B.permit_take,
+  fz_permit_give = B.permit_give }
 
 -- OpenResty: guarded calls in flight are noted with their request, so that a function
 -- that ends the request (ngx.exit, ngx.exec, ngx.redirect) is still counted, by fuse.log()
@@ -178,23 +179,77 @@ local REJ = {}
 local rej_handle = setmetatable({}, { __mode = "k" })
 local FIELDS = {}  -- the private key of a rejection's { name = ..., state = ... }
 
+-- The circuit's state now, for a rejection for the limit (a pure read: no transition).
+local function state_now(h)
+  local s = {}
+  B.peek(h, s)
+  return STATES[s.state] or "closed"
+end
+
 REJ.__index = function(r, k)
+  local f = r[FIELDS]
   if k == "retry_after" then
+    if f.reason == "full" then return 0 end
     if fake then sync() end
     return (core.fz_retry_after(rej_handle[r]))
   end
-  return r[FIELDS][k]
+  if k == "state" and f.reason == "full" then return state_now(rej_handle[r]) end
+  return f[k]
 end
 REJ.__newindex = function(_, k)
   error("fuse: a rejection is read-only (it is shared by every call its breaker rejects): cannot set "
     .. (type(k) == "string" and "'" .. k .. "'" or "a field"), 2)
 end
-REJ.__tostring = function(r) return "fuse: circuit '" .. (r.name or "anonymous") .. "' is open" end
+REJ.__tostring = function(r)
+  local f = r[FIELDS]
+  if f.reason == "full" then
+    return ("fuse: breaker '%s' is full (%d calls running)"):format(f.name or "anonymous", f.limit)
+  end
+  return "fuse: circuit '" .. (f.name or "anonymous") .. "' is open"
+end
 
 local function rejection(h, name, state)
-  local r = setmetatable({ [FIELDS] = { name = name, state = state } }, REJ)
+  local r = setmetatable({ [FIELDS] = { name = name, state = state, reason = "open" } }, REJ)
   rej_handle[r] = h
   return r
+end
+
+-- The rejection of a call past max_concurrent (reason "full"; its state is read when asked).
+local function rejection_full(h, name, limit)
+  local r = setmetatable({ [FIELDS] = { name = name, reason = "full", limit = limit } }, REJ)
+  rej_handle[r] = h
+  return r
+end
+
+---------------------------------------------------------------------------- max_wait
+
+local ngx_now, ngx_sleep
+do
+  local ngx = rawget(_G, "ngx")
+  if type(ngx) == "table" and type(ngx.sleep) == "function" then ngx_now, ngx_sleep = ngx.now, ngx.sleep end
+end
+local min = math.min
+
+-- Waits up to max_wait seconds for a permit of h (OpenResty: yields with ngx.sleep, in
+-- steps from 1 ms doubling up to 20 ms); true when one was taken. A phase where
+-- ngx.sleep is not allowed (the error is caught) gives up at once.
+local function wait_permit(h, max_wait)
+  local deadline, step = ngx_now() + max_wait, 0.001
+  while true do
+    local left = deadline - ngx_now()
+    if left <= 0 or not pcall(ngx_sleep, min(step, left)) then return false end
+    if core.fz_permit_take(h, 0) == 1 then return true end
+    step = min(step * 2, 0.02)
+  end
+end
+
+-- A permit of h for a call: 1 taken (at once, or after waiting up to max_wait), else 0
+-- and the rejection counted (full_total). The results are parenthesized: never a tail
+-- call into C, which a trace that starts at this function's entry cannot record.
+local function permit(h, max_wait)
+  if max_wait == 0 then return (core.fz_permit_take(h, 1)) end
+  if core.fz_permit_take(h, 0) == 1 or wait_permit(h, max_wait) then return 1 end
+  return (core.fz_permit_take(h, 1))  -- a last try, which counts the rejection
 end
 
 function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
@@ -377,7 +432,8 @@ local function call_fallback(fb, err, n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
 end
 
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
--- and listener. Immutable upvalues let the JIT fold the branches on options away.
+-- and listener. Immutable upvalues let the JIT fold the branches on options away: a
+-- breaker without max_concurrent (limit false) never reaches the permit code.
 local function make_run(br, fallback, is_failure, listener, direct)
   local h, id, name, rejs = br._h, br._id, br.name, br.rejs
   local protect = direct and pcall or protected
@@ -385,8 +441,13 @@ local function make_run(br, fallback, is_failure, listener, direct)
   local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
   local fb_fn = type(fallback) == "function"
+  local limit = br.cfg.max_concurrent > 0
+  local max_wait = br.max_wait or 0
 
-  local function record(t, t0, outcome)
+  -- ph: the handle whose permit the call holds (max_concurrent), given back here, with
+  -- the outcome; false or nil for none.
+  local function record(t, t0, outcome, ph)
+    if limit then core.fz_permit_give(ph) end
     local elapsed = -1
     if slow then elapsed = now() - t0 elseif fake then sync() end
     local code = core.fz_done(h, t, outcome, elapsed)
@@ -398,27 +459,27 @@ local function make_run(br, fallback, is_failure, listener, direct)
 
   -- An is_failure that raised: the call counts nowhere (a probe gives its slot back)
   -- and the error goes to the caller.
-  local function misjudged(t, err)
-    record(t, 0, IGNORE)
+  local function misjudged(t, ph, err)
+    record(t, 0, IGNORE, ph)
     error(err, 0)
   end
 
   -- (p, k): under OpenResty, the call's entry in its request's calls in flight, or nil.
-  local function finish(t, t0, p, k, ok, ...)
+  local function finish(t, t0, p, k, ph, ok, ...)
     if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
-    if not outcome then misjudged(t, err) end
-    record(t, t0, outcome)
+    if not outcome then misjudged(t, ph, err) end
+    record(t, t0, outcome, ph)
     if outcome == FAILURE and has_fallback then return fallback end
     if ok then return ... end
     error((...), 0)
   end
 
-  local function finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
+  local function finish_fb(t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
     if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
-    if not outcome then misjudged(t, err) end
-    record(t, t0, outcome)
+    if not outcome then misjudged(t, ph, err) end
+    record(t, t0, outcome, ph)
     if outcome == FAILURE then
       return call_fallback(fallback, failure_of(ok, ...), n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
     end
@@ -427,12 +488,12 @@ local function make_run(br, fallback, is_failure, listener, direct)
   end
 
   -- More than MANY arguments: they wait in `rest`, off the stack, while fn runs.
-  local function run_many(t, t0, p, k, fn, rest, n)
+  local function run_many(t, t0, p, k, ph, fn, rest, n)
     if fb_fn then
-      return finish_fb(t, t0, p, k, n, nil, nil, nil, nil, nil, nil, nil, nil, rest,
+      return finish_fb(t, t0, p, k, ph, n, nil, nil, nil, nil, nil, nil, nil, nil, rest,
         pcall(call_unpacked, fn, rest, n))
     end
-    return finish(t, t0, p, k, pcall(call_unpacked, fn, rest, n))
+    return finish(t, t0, p, k, ph, pcall(call_unpacked, fn, rest, n))
   end
 
   local run
@@ -449,8 +510,14 @@ local function make_run(br, fallback, is_failure, listener, direct)
   if fb_fn then
     run = function(fn, ...)
       if fake then sync() end
+      local ph
+      if limit then  -- the permit first: a call past the limit touches no circuit
+        if permit(h, max_wait) == 0 then return fallback(rejs[4], ...) end
+        ph = h
+      end
       local t = core.fz_enter_id(h, id)
       if t < 0 then
+        if limit then core.fz_permit_give(ph) end
         local rej
         if t == PLAIN_OPEN_REJECTION then rej = rej_open
         elseif t == PLAIN_FORCED_REJECTION then rej = rej_forced
@@ -461,19 +528,28 @@ local function make_run(br, fallback, is_failure, listener, direct)
       if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
       local t0 = slow and now() or 0
       local p, k
-      if TRACK then p, k = track(record, t, t0) end
+      if TRACK then p, k = track(record, t, t0, ph) end
       local n = select("#", ...)
       local a1, a2, a3, a4, a5, a6, a7, a8 = ...
       local rest = n > 8 and { ... } or nil
-      if n > MANY then return run_many(t, t0, p, k, fn, rest, n) end
-      return finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, protect(fn, ...))
+      if n > MANY then return run_many(t, t0, p, k, ph, fn, rest, n) end
+      return finish_fb(t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, protect(fn, ...))
     end
     return run
   end
   run = function(fn, ...)
     if fake then sync() end
+    local ph
+    if limit then  -- the permit first: a call past the limit touches no circuit
+      if permit(h, max_wait) == 0 then
+        if has_fallback then return fallback end
+        return nil, rejs[4]
+      end
+      ph = h
+    end
     local t = core.fz_enter_id(h, id)
     if t < 0 then
+      if limit then core.fz_permit_give(ph) end
       -- the plain rejections first (no transition to fire): one compare each in a trace
       local rej
       if t == PLAIN_OPEN_REJECTION then rej = rej_open
@@ -486,10 +562,10 @@ local function make_run(br, fallback, is_failure, listener, direct)
     if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
     local t0 = slow and now() or 0
     local p, k
-    if TRACK then p, k = track(record, t, t0) end
+    if TRACK then p, k = track(record, t, t0, ph) end
     local n = select("#", ...)
-    if n > MANY then return run_many(t, t0, p, k, fn, { ... }, n) end
-    return finish(t, t0, p, k, protect(fn, ...))
+    if n > MANY then return run_many(t, t0, p, k, ph, fn, { ... }, n) end
+    return finish(t, t0, p, k, ph, protect(fn, ...))
   end
   return run
 end
@@ -501,8 +577,9 @@ Breaker.__index = Breaker
 
 local function make_breaker(h, id, name, cfg, o)
   local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, fallback = o.fallback,
-    is_failure = o.is_failure, on_state_change = o.on_state_change }, Breaker)
+    is_failure = o.is_failure, on_state_change = o.on_state_change, max_wait = o.max_wait or 0 }, Breaker)
   br.rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
+  if cfg.max_concurrent > 0 then br.rejs[4] = rejection_full(h, name, cfg.max_concurrent) end
   br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change, not TRAMPOLINE)
   return br
 end
@@ -616,7 +693,7 @@ local function checked(opts, name)
     end
     if n == memo_n then
       return { name = name, fallback = memo_o.fallback, is_failure = memo_o.is_failure,
-        on_state_change = memo_o.on_state_change, cfg = memo_o.cfg }
+        on_state_change = memo_o.on_state_change, max_wait = memo_o.max_wait, cfg = memo_o.cfg }
     end
   end
   local o = options.check(opts, 4)
@@ -678,19 +755,74 @@ function Breaker:wrap(fn, fallback)
 end
 
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
+-- max_concurrent: the permits of allowed tickets not reported yet, ticket -> { handle,
+-- pending list, entry } (under OpenResty the ticket is noted with its request, so that a
+-- request that ends without its report gives the permit back in fuse.log()).
+local function held_of(br)
+  local held = br._held
+  if not held then
+    held = {}
+    br._held = held
+  end
+  return held
+end
+
+-- A permit of an allowed ticket given back (report, or the end of its request).
+local function give_held(br, ticket)
+  local held = br._held
+  local e = held and held[ticket]
+  if not e then return end
+  held[ticket] = nil
+  if e[2] then untrack(e[2], e[3]) end
+  core.fz_permit_give(e[1])
+end
+
+-- The end of a request whose allowed ticket was never reported: its permit back, and
+-- the call counted by the status as fuse.log() counts calls that ended their request.
+local function settle_allowed(br)
+  return function(ticket, _, outcome)
+    local e = br._held and br._held[ticket]
+    if not e then return end
+    br._held[ticket] = nil
+    core.fz_permit_give(e[1])
+    if fake then sync() end
+    local code = core.fz_done(br._h, ticket, outcome, -1)
+    if code > 0 then fire(br.on_state_change, br.name, code) end
+  end
+end
+
 function Breaker:allow()
   if getmetatable(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
+  local limit, ph = self.cfg.max_concurrent > 0, nil
+  if limit then
+    if permit(self._h, self.max_wait) == 0 then return nil, self.rejs[4] end
+    ph = self._h
+  end
   local t = core.fz_allow_id(self._h, self._id)
   if t < 0 then  -- (one compare in a trace for an admitted call)
     while t == STALE do  -- again when another worker removed the name right after the re-find
       local h, id = refind(self, self._id)
-      if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
+      if not h then  -- full registry: unguarded, counted nowhere
+        if limit then core.fz_permit_give(ph) end
+        return PASS_TICKET
+      end
       t = core.fz_allow_id(h, id)
     end
-    if t < 0 then return nil, rejected(self, self.on_state_change, t) end
+    if t < 0 then
+      if limit then core.fz_permit_give(ph) end
+      return nil, rejected(self, self.on_state_change, t)
+    end
   end
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
+  if limit then
+    local p, k
+    if TRACK then
+      self._settle = self._settle or settle_allowed(self)
+      p, k = track(self._settle, t, 0, ph)
+    end
+    held_of(self)[t] = { ph, p, k }
+  end
   return t
 end
 
@@ -720,13 +852,18 @@ function Breaker:report(ticket, ok, seconds)
       code = late(self, ticket, outcome, seconds or -1, code)
     end
     if code == E_REPORTED or code == E_TICKET then
-      local shown = show(ticket)
+      -- a ticket is an integer below 2^53: all its digits (show's 14 significant digits
+      -- print one that ends in 0 as 3.7472087572493e+14)
+      local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or show(ticket)
       if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
       error("fuse: report: " .. shown .. " is not a ticket this breaker's allow issued"
         .. " (another breaker's, or made up)", 2)
     end
+    give_held(self, ticket)
     fire(self.on_state_change, self.name, code)
+    return
   end
+  give_held(self, ticket)  -- (max_concurrent: the permit of an allowed ticket back)
 end
 
 function Breaker:state()
@@ -953,6 +1090,8 @@ local METRICS = {
   { "fuse_slow_calls_total", "counter", "Calls that took at least the slow threshold.", "slow_total" },
   { "fuse_rejections_total", "counter", "Calls rejected without running.", "rejections_total" },
   { "fuse_opens_total", "counter", "Times the circuit opened.", "opens_total" },
+  { "fuse_running", "gauge", "Guarded calls running now (max_concurrent's permits held).", "running" },
+  { "fuse_full_total", "counter", "Calls rejected because max_concurrent calls were running.", "full_total" },
 }
 
 -- Prometheus text exposition of every breaker in the registry.

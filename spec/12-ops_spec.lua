@@ -377,7 +377,7 @@ describe("fuse #" .. BACKEND, function()
       end
       local have = exported()
       local names = used(exprs)
-      assert.same({ "fuse_state", "fuse_opens_total" }, names)
+      assert.same({ "fuse_state", "fuse_opens_total", "fuse_full_total" }, names)
       for _, n in ipairs(names) do assert.is_true(have[n], n .. " is not exported by fuse.metrics()") end
     end)
 

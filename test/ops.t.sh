@@ -251,11 +251,11 @@ prom() { # prom PATH: GET from Prometheus' HTTP API into BODY
 }
 for _ in $(seq 150); do
   prom /api/v1/rules
-  case $BODY in *FuseCircuitFlapping*) break ;; esac
+  case $BODY in *FuseBreakerFull*) break ;; esac
   sleep 0.1
 done
-check "Prometheus is up with fuse-alerts.yml loaded (FuseCircuitOpen, FuseCircuitFlapping)" \
-  [ "$(json '#j.data.groups[1].rules')" = 2 ]
+check "Prometheus is up with fuse-alerts.yml loaded (FuseCircuitOpen, FuseCircuitFlapping, FuseBreakerFull)" \
+  [ "$(json '#j.data.groups[1].rules')" = 3 ]
 # trip twostep: 3 failures (open_for 30 s)
 fake '/__control?mode=fail&reset=hits'
 for _ in 1 2 3; do req "$PORT" /twostep; sleep 0.05; done

@@ -135,6 +135,8 @@ printf '%s\n' "$BODY" | grep 'name="upstream"' | head -n 12 | sed 's/^/   /'
 
 say "stopping nginx (pid $MASTER)"
 
-# ---- fuse.upstream: a breaker per upstream peer (README "Upstream peers")
+# ---- fuse.upstream: a breaker per upstream peer (README "Upstream peers"), then
+# max_concurrent: a bulkhead across the workers (README "Isolation")
 cleanup_nginx "$MASTER"
 bash "$ROOT/examples/nginx/upstream-demo.sh"
+bash "$ROOT/examples/nginx/isolation-demo.sh"

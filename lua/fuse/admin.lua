@@ -49,6 +49,7 @@ function _M.breaker_json(b)
     calls_total = s.calls_total, successes_total = s.successes_total,
     failures_total = s.failures_total, slow_total = s.slow_total,
     rejections_total = s.rejections_total, opens_total = s.opens_total,
+    running = s.running, full_total = s.full_total,
   }
 end
 

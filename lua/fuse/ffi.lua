@@ -38,7 +38,7 @@ local cfg_buf = ffi.new("fz_config")
 local stats_buf = ffi.new("fz_stats")
 
 local CFG_FIELDS = { "window", "open_for", "max_open_for", "slow", "probe_timeout", "failure_rate",
-  "slow_rate", "backoff", "jitter", "fails", "count_window", "min_calls", "probes" }
+  "slow_rate", "backoff", "jitter", "fails", "count_window", "min_calls", "probes", "max_concurrent" }
 
 local function to_config(cfg)
   for _, k in ipairs(CFG_FIELDS) do cfg_buf[k] = cfg[k] end
@@ -108,6 +108,7 @@ local function fill(t)
   t.successes_total, t.failures_total = tonumber(s.successes_total), tonumber(s.failures_total)
   t.slow_total, t.rejections_total = tonumber(s.slow_total), tonumber(s.rejections_total)
   t.opens_total = tonumber(s.opens_total)
+  t.running, t.full_total = s.running, tonumber(s.full_total)
 end
 
 -- Fills `t` with the numbers of fz_stats; returns the transition code.

@@ -19,7 +19,7 @@ local _M = {}
 local NAMES = {
   "name", "fallback", "fails", "window", "count_window", "failure_rate", "min_calls",
   "slow", "slow_rate", "open_for", "backoff", "max_open_for", "jitter", "probes",
-  "probe_timeout", "is_failure", "on_state_change",
+  "probe_timeout", "is_failure", "on_state_change", "max_concurrent", "max_wait",
 }
 _M.NAMES = NAMES
 _M.INIT_NAMES = { "shared", "capacity", "idle" }
@@ -28,15 +28,18 @@ _M.INIT_NAMES = { "shared", "capacity", "idle" }
 local CFG_FIELDS = {
   "fails", "window", "count_window", "failure_rate", "min_calls", "slow", "slow_rate",
   "open_for", "backoff", "max_open_for", "jitter", "probes", "probe_timeout",
+  "max_concurrent",
 }
 _M.CFG_FIELDS = CFG_FIELDS
 
 -- Fields where 0 means "this rule is off" (diff prints "off" for them).
 local OFF_WHEN_ZERO = {
   fails = true, count_window = true, failure_rate = true, slow = true, slow_rate = true,
+  max_concurrent = true,
 }
 
 local NAME_MAX = 127                 -- FZ_NAME_MAX
+local MAX_WAIT = 3600                -- seconds: max_wait's upper bound
 local MAX_CAPACITY = 1000000
 
 -- The core's option bounds (fz_config_bound in csrc/fz.h), read through the backend
@@ -221,7 +224,21 @@ local function check_function(name, v)
   return nil
 end
 
+-- max_wait: seconds to wait for a permit, under OpenResty only (it yields with ngx.sleep).
+local function check_max_wait(v)
+  if type(v) ~= "number" then return bad("max_wait", "a number of seconds", v) end
+  if v ~= v or v == huge or v == -huge then return bad("max_wait", "a finite number", v) end
+  if v < 0 or v > MAX_WAIT then return bad("max_wait", "a number from 0 to " .. MAX_WAIT, v) end
+  local ngx = rawget(_G, "ngx")
+  if v > 0 and not (type(ngx) == "table" and type(ngx.sleep) == "function") then
+    return fmt("fuse: option 'max_wait' needs OpenResty (it waits with ngx.sleep, yielding), got %s "
+      .. "outside it; without it a call past max_concurrent is rejected at once", show(v))
+  end
+  return nil
+end
+
 local function check_one(name, v)
+  if name == "max_wait" then return check_max_wait(v) end
   if numbers()[name] then return check_number(name, v) end
   if name == "name" then return check_name(v) end
   if name == "is_failure" or name == "on_state_change" then
@@ -325,6 +342,9 @@ local function resolve(o, cfg)
     return "fuse: option 'slow_rate' needs option 'slow' (the seconds that make a " ..
       "call slow)"
   end
+  if o.max_wait ~= nil and o.max_concurrent == nil then
+    return "fuse: option 'max_wait' has no effect without 'max_concurrent'"
+  end
   if o.min_calls ~= nil and not rate_rule then
     return "fuse: option 'min_calls' has no effect without 'failure_rate' or " ..
       "'slow_rate'"
@@ -372,6 +392,7 @@ local function resolve(o, cfg)
   cfg.count_window = cw
   cfg.min_calls = min_calls
   cfg.probes = o.probes or 1
+  cfg.max_concurrent = o.max_concurrent or 0
   return nil
 end
 
@@ -397,6 +418,7 @@ local function validate(opts)
     fallback = opts.fallback,
     is_failure = opts.is_failure,
     on_state_change = opts.on_state_change,
+    max_wait = opts.max_wait,
     cfg = cfg,
   }
 end
