@@ -926,9 +926,11 @@ static inline int reject_open(fz_breaker *b, uint64_t sw) {
   if (si == UINT32_MAX || e > at_load_acq(&b->cur_epoch)) return 0;  /* enter_slow counts it */
   uint64_t *w = &b->stripes[si].rej[e % NBUCKETS];
   uint64_t v = at_load_acq(w);
-  /* the state word again, after every word the add is computed from: unchanged, they
-   * are this breaker's (see "Incarnations"); then the add is a swap from what was read */
-  if (tag_of(v) != (uint32_t)e || cnt_of(v) >= UINT32_C(0x80000000) || at_load_acq(&b->sw) != sw) return 0;
+  /* v - (e << 32): the count when the word is tagged e, else 2^32 or more (one compare
+   * for the tag and the count); then the state word again, after every word the add is
+   * computed from: unchanged, they are this breaker's (see "Incarnations"); then the add
+   * is a swap from what was read */
+  if (v - ((uint64_t)(uint32_t)e << 32) >= UINT64_C(0x80000000) || at_load_acq(&b->sw) != sw) return 0;
   return at_cas_acqrel(w, &v, v + 1);
 }
 
@@ -943,8 +945,7 @@ static inline int reject_forced(fz_breaker *b, uint64_t sw) {
   if (si == UINT32_MAX) return 0;
   uint64_t *w = &b->stripes[si].rej[e % NBUCKETS];
   uint64_t v = at_load_acq(w);
-  /* v - (e << 32): the count when the word is tagged e, else 2^32 or more (one compare
-   * for the tag and the count); then the state word again, as in reject_open */
+  /* the tag and count in one compare, then the state word again, as in reject_open */
   if (v - ((uint64_t)(uint32_t)e << 32) >= UINT64_C(0x80000000) || at_load_acq(&b->sw) != sw) return 0;
   return at_cas_acqrel(w, &v, v + 1);
 }
