@@ -3,7 +3,7 @@
 # (prints TAP).
 #
 # Starts examples/nginx/nginx.conf in a temp prefix (as test/nginx.t.sh does), with
-# README's admin listener and watch blocks put in place of the example's (between the
+# README's admin listener and docs/operations.md's watch block put in place of the example's (between the
 # "# -- begin/end" markers), on free loopback ports; then a Prometheus (1 s scrape and
 # evaluation, examples/prometheus/fuse-alerts.yml loaded) scraping the admin listener's
 # /metrics, with temp storage. Checks the admin endpoint and its errors, a timed
@@ -46,11 +46,11 @@ copy_fuse "$T" "$ROOT/lua" "$SO_SRC"
 cp "$ROOT/examples/nginx/app.lua" "$P/app.lua"
 chmod -R a+rX "$T"
 
-# README's blocks, as printed (the admin listener on port 9145 in README)
+# the blocks, as printed: README's admin listener (port 9145), docs/operations.md's watch, curls, reject
 "$ROOT/tools/readme-block" admin-listener > "$T/admin.block" || bail "README has no admin-listener block"
-"$ROOT/tools/readme-block" watch > "$T/watch.block" || bail "README has no watch block"
-"$ROOT/tools/readme-block" admin-curl > "$T/curl.block" || bail "README has no admin-curl block"
-"$ROOT/tools/readme-block" reject > "$T/reject.block" || bail "README has no reject block"
+"$ROOT/tools/readme-block" watch "$ROOT/docs/operations.md" > "$T/watch.block" || bail "docs/operations.md has no watch block"
+"$ROOT/tools/readme-block" admin-curl "$ROOT/docs/operations.md" > "$T/curl.block" || bail "docs/operations.md has no admin-curl block"
+"$ROOT/tools/readme-block" reject "$ROOT/docs/operations.md" > "$T/reject.block" || bail "docs/operations.md has no reject block"
 # the token README's admin listener is configured with (a POST needs it)
 TOKEN=$(sed -n 's/.*admin{ token = "\([^"]*\)" }.*/\1/p' "$T/admin.block")
 [ -n "$TOKEN" ] || bail "README's admin-listener block has no fuse.admin{ token = \"...\" }"
@@ -103,7 +103,7 @@ start_nginx || bail "cannot start nginx"
 MASTER=$(cat "$P/logs/nginx.pid" 2>/dev/null)
 for _ in $(seq 50); do admin; [ "$CODE" = 200 ] && break; sleep 0.1; done
 WORKERS=$(ps -o pid= --ppid "$MASTER" | tr -d ' ' | sort -n | tr '\n' ' ')
-check "nginx started with README's admin listener and watch blocks, 4 workers" \
+check "nginx started with README's admin listener and the watch block (docs/operations.md), 4 workers" \
   [ "$(echo "$WORKERS" | wc -w)" -eq 4 ]
 
 # Prometheus, started now so that it is up when the checks below need it.
@@ -123,17 +123,17 @@ EOF
   --web.listen-address="127.0.0.1:$PPORT" > "$T/prom/prometheus.log" 2>&1 &
 PROM=$!
 
-# ---------------------------------------------------------------- README's blocks
+# ---------------------------------------------------------------- docs/operations.md's blocks
 ok=1
 while IFS= read -r line; do
   [ -z "$line" ] && continue
   grep -qF -- "$(echo "$line" | sed 's/^ *//')" "$ROOT/examples/nginx/nginx.conf" || { ok=0; diag "not in the example: $line"; }
 done < "$T/reject.block"
-check "README's fuse.reject lines are the example's /twostep access phase, which runs below" [ $ok = 1 ]
+check "docs/operations.md's fuse.reject lines are the example's /twostep access phase, which runs below" [ $ok = 1 ]
 out=$(sed "s/127\.0\.0\.1:9145/127.0.0.1:$ADMIN/g" "$T/curl.block" | bash 2>&1)
 case $out in
-  *'"breakers":['*'"state":"forced_open"'*'"state":"closed"'*) ok "README's admin curl commands run: list, force_open, reset" ;;
-  *) nok "README's admin curl commands run: list, force_open, reset"; diag "$out" ;;
+  *'"breakers":['*'"state":"forced_open"'*'"state":"closed"'*) ok "docs/operations.md's admin curl commands run: list, force_open, reset" ;;
+  *) nok "docs/operations.md's admin curl commands run: list, force_open, reset"; diag "$out" ;;
 esac
 
 # ---------------------------------------------------------------- admin: GET and POST
@@ -170,7 +170,7 @@ check "no request with an error changed a breaker" \
 
 # ---------------------------------------------------------------- timed force-open
 fake '/__control?mode=ok&reset=hits'
-# README's admin curls above made two transitions of twostep (closed -> forced_open, then
+# The admin curls above made two transitions of twostep (closed -> forced_open, then
 # forced_open -> closed), which each worker's watch logs at its next poll. The watch
 # checks below read the log from LOGSTART: set it only once every worker has logged the
 # second one (a watch delivers in order, so the first came before), or a late poll of
@@ -183,7 +183,7 @@ for _ in $(seq 400); do
   [ "$(logged_by 0 "forced_open -> closed" | sort -u | wc -l)" -ge 4 ] && break
   sleep 0.05
 done
-check "watch: all 4 workers heard README's curls (closed -> forced_open -> closed), once each" \
+check "watch: all 4 workers heard the admin curls (closed -> forced_open -> closed), once each" \
   [ "$(logged_by 0 "closed -> forced_open" | tr '\n' ' ')/$(logged_by 0 "forced_open -> closed" | tr '\n' ' ')" \
     = "$WORKERS/$WORKERS" ]
 LOGSTART=$(wc -l < "$P/logs/error.log")   # watch checks read the log from here
@@ -223,7 +223,7 @@ admin
 check "after the probe succeeded, twostep is closed" [ "$(json 'find("twostep").state')" = closed ]
 
 # ---------------------------------------------------------------- watch in every worker
-# README's watch block logs "fuse: breaker NAME: FROM -> TO" at [warn] in each worker.
+# The watch block (docs/operations.md) logs "fuse: breaker NAME: FROM -> TO" at [warn] in each worker.
 watched() { logged_by "$LOGSTART" "$1"; } # the pids that logged this transition, one line each
 for _ in $(seq 100); do
   [ "$(watched "forced_open -> open" | sort -u | wc -l)" -ge 4 ] && break

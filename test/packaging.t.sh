@@ -149,6 +149,30 @@ k=$("$ROOT/tools/readme-block" openresty-conf | grep -c '/path/to/fuse')
 two_lines() { [ "$k" = 2 ] && grep -q 'on the two `lua_package_\*` lines' "$ROOT/README.md"; }
 check "README's OpenResty block holds /path/to/fuse on exactly the two lines its text names" two_lines
 
+# ---------------------------------------------------------------- README and docs/
+out=$("$ROOT/tools/check-doc-links" "$ROOT" 2>&1); rc=$?
+check "README.md has at most 400 lines, links every docs/*.md page, and no relative link of README.md or docs/*.md points to a missing file or heading" \
+  [ "$rc" = 0 ]
+[ "$rc" = 0 ] || diag "$out"
+# tools/check-doc-links finds what is wrong: a README of 401 lines, a page not linked, a
+# link to a missing file, a link to a missing heading
+B=$T/doclinks
+mkdir -p "$B/docs"
+cp "$ROOT/README.md" "$B/"
+cp "$ROOT"/docs/*.md "$B/docs/"
+broken() { ! "$ROOT/tools/check-doc-links" "$B" > "$B/out" 2>&1 && grep -q "$1" "$B/out"; }
+seq 401 > "$B/README.md"
+check "check-doc-links refuses a README of 401 lines" broken "401 lines, more than 400"
+cp "$ROOT/README.md" "$B/"
+echo "# new" > "$B/docs/new-page.md"
+check "check-doc-links refuses a docs/ page that README does not link" broken "no link to docs/new-page.md"
+rm "$B/docs/new-page.md"
+echo "See [gone](gone.md) and [here](api.md#no-such-heading)." >> "$B/docs/tests.md"
+check "check-doc-links refuses a link to a missing file" broken "docs/gone.md is missing"
+check "check-doc-links refuses a link to a missing heading" broken "no heading #no-such-heading"
+same_install() { [ "$("$ROOT/tools/readme-block" install-dist)" = "$("$ROOT/tools/readme-block" install-dist "$ROOT/docs/install.md")" ]; }
+check "docs/install.md's install-dist block is README's (which test/dist.t.sh runs)" same_install
+
 # ---------------------------------------------------------------- the suites' own checks
 # `check DESC [ a ] && [ b ]` checks [ a ] alone: the && belongs to the caller, and a
 # false [ b ] would pass unseen. A condition of several commands goes in a function.

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# test/readme.t.sh -- README.md's code blocks, run as printed (prints TAP).
+# test/readme.t.sh -- README.md's code blocks, and those of docs/openresty.md and
+# docs/testing.md that go with them, run as printed (prints TAP).
 #
-# Each block is taken from README.md with tools/readme-block NAME (the marker
-# `<!-- test: NAME -->` stands before it), so README cannot drift from what runs:
+# Each block is taken from its file with tools/readme-block NAME FILE (the marker
+# `<!-- test: NAME -->` stands before it), so the text cannot drift from what runs.
+# README.md holds synopsis, synopsis-rejection, synopsis-output and openresty-conf;
+# docs/openresty.md synopsis-openresty and openresty-start/-try/-try-output/-stop;
+# docs/testing.md testing-spec and testing-run:
 #   synopsis + synopsis-rejection   run under LuaJIT (FFI) and Lua 5.4 (C module); their
 #                                   output must be synopsis-output
 #   synopsis-openresty              every line of the excerpt is in openresty-conf, in order
@@ -17,12 +21,15 @@
 # ports 8080-8082 (free ones instead), /path/to/fuse (a copy of lua/ and build/fuse/core.so
 # that nginx's workers, running as nobody, can read) and the nginx prefix /tmp/fuse-nginx.
 # A part whose tool is missing is skipped ("ok # SKIP"); under CI (CI=true) it fails.
-# README_FILE=other.md runs the blocks of another file (to show that a broken README fails).
+# README_FILE=other.md runs the blocks of another file (to show that a broken README fails);
+# OPENRESTY_DOC and TESTING_DOC do the same for the two pages.
 # KEEP=1 keeps the temp directory. A watchdog stops the test after 120 s.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 README=${README_FILE:-$ROOT/README.md}
+OPENRESTY_DOC=${OPENRESTY_DOC:-$ROOT/docs/openresty.md}
+TESTING_DOC=${TESTING_DOC:-$ROOT/docs/testing.md}
 LUAJIT=${LUAJIT:-luajit}
 LUA54=${LUA54:-lua5.4}
 BUSTED=${BUSTED:-busted}
@@ -32,7 +39,7 @@ NGINX=$(nginx_bin)
 
 # shellcheck source=test/lib/tap.sh
 . "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
-block() { "$ROOT/tools/readme-block" "$1" "$README"; }
+block() { "$ROOT/tools/readme-block" "$1" "${2:-$README}"; }   # block NAME [FILE]
 
 echo "TAP version 13"
 T=$(mktemp -d /tmp/fuse-readme-test.XXXXXX) || { echo "Bail out! mktemp failed"; exit 1; }
@@ -77,7 +84,7 @@ block openresty-conf > "$T/readme.conf" 2> "$T/block.err"
 check "openresty-conf: README has the block" [ -s "$T/readme.conf" ]
 [ -s "$T/block.err" ] && diag "$(cat "$T/block.err")"
 # every line of the excerpt but "...", trimmed, in the config, in the same order
-if block synopsis-openresty > "$T/excerpt" && awk '
+if block synopsis-openresty "$OPENRESTY_DOC" > "$T/excerpt" && awk '
     function trim(s) { gsub(/^[ \t]+|[ \t]+$/, "", s); return s }
     NR == FNR { c = trim($0); if (c != "") conf[++nc] = c; next }
     { e = trim($0); if (e == "" || e == "...") next
@@ -97,9 +104,9 @@ localize() {
       -e "s/127\.0\.0\.1:8080/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:8081/127.0.0.1:$((PORT + 1))/g" \
       -e "s/127\.0\.0\.1:8082/127.0.0.1:$((PORT + 2))/g"
 }
-# runblock NAME: a README shell block, localized, run by bash in $T (nginx found in /usr/sbin too)
+# runblock NAME: a shell block of docs/openresty.md, localized, run by bash in $T (nginx found in /usr/sbin too)
 runblock() {
-  block "$1" > "$T/$1.raw" || return 1
+  block "$1" "$OPENRESTY_DOC" > "$T/$1.raw" || return 1
   localize < "$T/$1.raw" > "$T/$1.sh"
   (cd "$T" && PATH="$PATH:/usr/sbin" bash -e "$T/$1.sh")
 }
@@ -169,7 +176,7 @@ else
 
   # README's session, as printed
   runblock openresty-try > "$T/try.out" 2> "$T/try.err"
-  block openresty-try-output > "$T/try.expected"
+  block openresty-try-output "$OPENRESTY_DOC" > "$T/try.expected"
   if diff "$T/try.expected" "$T/try.out" > "$T/try.diff"; then ok "${NGINX_TESTS[3]}"
   else nok "${NGINX_TESTS[3]}"; diag "diff expected got:" "$(cat "$T/try.diff" "$T/try.err")"; fi
 
@@ -219,8 +226,8 @@ else
 fi
 
 # ---------------------------------------------------------------- testing with busted
-block testing-spec > "$T/users_spec.lua" 2> "$T/block.err"
-block testing-run > "$T/testing-run.raw" 2>> "$T/block.err"
+block testing-spec "$TESTING_DOC" > "$T/users_spec.lua" 2> "$T/block.err"
+block testing-run "$TESTING_DOC" > "$T/testing-run.raw" 2>> "$T/block.err"
 have=0; [ -s "$T/users_spec.lua" ] && [ -s "$T/testing-run.raw" ] && have=1
 check "testing: README has the blocks testing-spec and testing-run" [ "$have" = 1 ]
 [ -s "$T/block.err" ] && diag "$(cat "$T/block.err")"

@@ -41,10 +41,10 @@ watchdog 150
 mkdir -p "$P/logs" "$P/temp"
 copy_fuse "$T"
 
-# README's blocks, as printed (the init block gets the tripped breakers before its end)
-INIT=$("$ROOT/tools/readme-block" many-breakers-init) || bail "README block many-breakers-init"
-LOC=$("$ROOT/tools/readme-block" many-breakers-location) || bail "README block many-breakers-location"
-case "$INIT" in *"capacity = 1000, idle = 1"*) ;; *) bail "README's init block no longer says capacity = 1000, idle = 1";; esac
+# docs/many-breakers.md's blocks, as printed (the init block gets the tripped breakers before its end)
+INIT=$("$ROOT/tools/readme-block" many-breakers-init "$ROOT/docs/many-breakers.md") || bail "docs/many-breakers.md: no block many-breakers-init"
+LOC=$("$ROOT/tools/readme-block" many-breakers-location "$ROOT/docs/many-breakers.md") || bail "docs/many-breakers.md: no block many-breakers-location"
+case "$INIT" in *"capacity = 1000, idle = 1"*) ;; *) bail "docs/many-breakers.md's init block no longer says capacity = 1000, idle = 1";; esac
 
 # conf CAPACITY FAILS: the config, with the registry's capacity and the tripped
 # breakers' fails (a reload changes both).
