@@ -198,6 +198,18 @@ end
 
 function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
 
+-- The object br's rejections (open, half_open, forced_open), made on first need: an
+-- object that is only looked up, or never runs a call, makes none.
+local function rejs_of(br)
+  local rejs = br.rejs
+  if not rejs then
+    local h, name = br._h, br.name
+    rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
+    br.rejs = rejs
+  end
+  return rejs
+end
+
 -- The rejection for a negative ticket, firing the transition the rejected call made.
 local function rejected(br, listener, t)
   local r = -t - 1
@@ -205,7 +217,7 @@ local function rejected(br, listener, t)
   if made == 1 then fire(listener, br.name, OPEN_TO_HALF)
   elseif made == 2 then fire(listener, br.name, HALF_TO_OPEN)
   elseif made == 3 then fire(listener, br.name, FORCED_TO_OPEN) end
-  return br.rejs[floor(r / 4)]
+  return rejs_of(br)[floor(r / 4)]
 end
 
 ---------------------------------------------------------------------------- stale handles
@@ -218,7 +230,8 @@ local function adopt(br, h, id)
   was[5] = nil
   br._was = was
   br._h, br._id = h, id
-  for _, r in ipairs(br.rejs) do rej_handle[r] = h end
+  br._s = false  -- its slot is another now: the registry's tables by slot no longer give it
+  for _, r in ipairs(br.rejs or {}) do rej_handle[r] = h end
   return h, id
 end
 
@@ -378,7 +391,7 @@ end
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
 -- and listener. Immutable upvalues let the JIT fold the branches on options away.
 local function make_run(br, fallback, is_failure, listener, direct)
-  local h, id, name, rejs = br._h, br._id, br.name, br.rejs
+  local h, id, name, rejs = br._h, br._id, br.name, rejs_of(br)
   local protect = direct and pcall or protected
   local rej_open = rejs[OPEN]
   local slow = br.cfg.slow > 0
@@ -490,18 +503,31 @@ end
 local Breaker = {}
 Breaker.__index = Breaker
 
+-- An object is cheap to make: eight fields (one table of eight hash slots, no closure);
+-- its guarded-call function (_run) and its rejections (rejs) are made on its first call.
+-- _s: the registry slot it was made for (the tables by slot below give it only while
+-- its handle is that slot's, identity checked); _opts: the options of the fuse.new call
+-- that made it (fuse.new of those options gives it again). fallback, is_failure and
+-- on_state_change are set only when given.
 local function make_breaker(h, id, name, cfg, o)
-  local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, fallback = o.fallback,
-    is_failure = o.is_failure, on_state_change = o.on_state_change }, Breaker)
-  br.rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
-  br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change, not TRAMPOLINE)
+  local br = setmetatable({ _h = h, _id = id, _s = false, name = name, cfg = cfg, _opts = false,
+    rejs = false, _run = false }, Breaker)
+  if o.fallback ~= nil then br.fallback = o.fallback end
+  if o.is_failure ~= nil then br.is_failure = o.is_failure end
+  if o.on_state_change ~= nil then br.on_state_change = o.on_state_change end
   return br
 end
 
+local function first_run(br)
+  local run = make_run(br, br.fallback, br.is_failure, br.on_state_change, not TRAMPOLINE)
+  br._run = run
+  return run
+end
+
 -- The run of breaker br for fn: through the trampoline for a Lua function under LuaJIT,
--- else pcall'd directly (made on first need).
+-- else pcall'd directly (each made on first need).
 local function run_for(br, fn)
-  if not TRAMPOLINE or not is_direct(fn) then return br._run end
+  if not TRAMPOLINE or not is_direct(fn) then return br._run or first_run(br) end
   local run = br._run_direct
   if not run then
     run = make_run(br, br.fallback, br.is_failure, br.on_state_change, true)
@@ -556,15 +582,27 @@ local function create(o, level)
   return make_breaker(h, id, o.name, (st == 0 or st == 1) and o.cfg or B.config(h), o)
 end
 
+-- Empties a table and keeps its room (LuaJIT's table.clear; elsewhere by hand).
+local clear = (function()
+  local ok, f = pcall(require, "table.clear")
+  if ok then return f end
+  return function(t) for k in pairs(t) do t[k] = nil end end
+end)()
+
 -- The objects of recently used names: two generations of up to 1024 names, so that a
 -- hot set stays while names seen once age out (a weak table would be emptied by the GC).
+-- The older generation's table is emptied and reused for the next: no allocation once
+-- both have grown to their size.
 local function recent()
   local cur, prev, n = {}, {}, 0
   local c = {}
   function c.put(k, v)
     if cur[k] == nil then
       n = n + 1
-      if n > 1024 then prev, cur, n = cur, {}, 1 end
+      if n > 1024 then
+        prev, cur, n = cur, prev, 1
+        clear(cur)
+      end
     end
     cur[k] = v
   end
@@ -579,24 +617,47 @@ local function recent()
   return c
 end
 
--- fuse.new of a name with the very options (same values, same functions) as a recent
--- call gives that call's object again while its breaker lives: a gateway that asks for
--- its breaker by name per request pays a table lookup, not a check of the options.
+-- fuse.new of a name with the very options (same values, same functions) as the call
+-- that made an object of that name gives that object again while its breaker lives: a
+-- gateway that asks for its breaker by name per request pays a lookup, not a check of
+-- the options nor a new object. Objects are found by name among recent names (news),
+-- else by their breaker's slot (new_at, below: one object per slot, the last made).
 local news = recent()
 
-local function same_opts(e, opts)
-  local n, was = 0, e.opts
+-- Whether opts are the options that made object br (br._opts: a copy without the name,
+-- shared by the objects made with the same options, and the count of keys with it).
+local function same_opts(br, opts)
+  local o = br._opts
+  if not o then return false end
+  local n, was = 0, o.opts
   for k, v in pairs(opts) do
-    if was[k] ~= v then return false end
+    if k ~= "name" and was[k] ~= v then return false end
     n = n + 1
   end
-  return n == e.n
+  return n == o.n
+end
+
+-- The objects of the registry's breakers by slot (index slot + 1), each checked against
+-- the breaker's identity that the lookup answers: at most one per slot for fuse.get
+-- (got_at) and one for fuse.new (new_at), so bounded by the capacity; a hit allocates
+-- nothing. Emptied when fuse.init replaces the registry (its slots are others).
+local got_at, new_at = {}, {}
+
+-- The object of slot s (identity id) in the table `at`, or nil.
+local function at_slot(at, s, id)
+  local br = at[s + 1]
+  if br and br._s == s and br._id == id then return br end
+end
+
+local function put_slot(at, br, s)
+  br._s = s
+  at[s + 1] = br
 end
 
 -- The options last checked for a named breaker (a copy), and the check's result: a
 -- gateway calls fuse.new with one set of options and many names, so only the name is
 -- new and only the name needs a check.
-local memo_opts, memo_n, memo_o
+local memo_opts, memo_n, memo_o, memo_shared
 
 local function checked(opts, name)
   if memo_o and type(name) == "string" and #name >= 1 and #name <= 127 and not name:find("\0", 1, true) then
@@ -614,6 +675,7 @@ local function checked(opts, name)
   if o.name then
     memo_opts, memo_n, memo_o = {}, 0, o
     for k, v in pairs(opts) do memo_opts[k], memo_n = v, memo_n + 1 end
+    memo_shared = { opts = memo_opts, n = memo_n }  -- (the name's value in it is never read)
   end
   return o
 end
@@ -621,15 +683,22 @@ end
 function _M.new(opts)
   local name = type(opts) == "table" and opts.name
   if type(name) == "string" then
-    local e = news.get(name)
-    if e and same_opts(e, opts) and B.id(e.br._h) == e.br._id then return e.br end
+    local br = news.get(name)
+    if br and same_opts(br, opts) and B.id(br._h) == br._id then return br end
+    local s, id = B.find_slot(name)
+    br = s and at_slot(new_at, s, id)
+    if br and same_opts(br, opts) then
+      news.put(name, br)
+      return br
+    end
   end
   local o = checked(opts, name)
   local br = create(o, 2)  -- not a tail call: create's errors name the caller's line
   if o.name then
-    local copy, n = {}, 0
-    for k, v in pairs(opts) do copy[k], n = v, n + 1 end
-    news.put(o.name, { br = br, opts = copy, n = n })
+    br._opts = memo_shared  -- checked() just made or matched it for these options
+    local s, id = B.find_slot(o.name)
+    if s and id == br._id then put_slot(new_at, br, s) end
+    news.put(o.name, br)
   end
   return br
 end
@@ -780,14 +849,25 @@ Breaker.disable = manual("disable")
 -- for recent names: a lookup is a table hit and an identity check.
 local got = recent()
 
+local NO_FUNCTIONS = {}
+
 function _M.get(name)
   local br = got.get(name)
   if br and B.id(br._h) == br._id then return br end
   if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. type(name), 2) end
   if #name == 0 then return nil end
-  local h, id = B.find(name)
-  if not h then return nil end
-  br = make_breaker(h, id, name, B.config(h), {})
+  local s, id = B.find_slot(name)
+  if not s then return nil end
+  br = at_slot(got_at, s, id)
+  if not br then
+    local h = B.at(s)
+    if not h then return nil end  -- removed meanwhile
+    local cfg = B.config(h)
+    -- the slot passed to another breaker meanwhile: its options are not this name's
+    if B.id(h) ~= id then return _M.get(name) end
+    br = make_breaker(h, id, name, cfg, NO_FUNCTIONS)
+    put_slot(got_at, br, s)
+  end
   got.put(name, br)
   return br
 end
@@ -831,6 +911,7 @@ function _M.init(opts)
       .. "workers; in " .. phase .. " each worker would get a registry of its own", 2)
   end
   local rc = B.init(o.capacity, o.shared, o.idle)
+  if rc == 0 then got_at, new_at = {}, {} end  -- a registry replaced: its slots are others
   if rc == 0 and o.shared then rc = B.events_init_shared() end  -- fuse.events: one ring for every worker
   if rc ~= 0 then
     local why = rc == -6 and ((o.shared and B.is_shared()) and ("it is already shared with capacity "
