@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FZ_ABI_VERSION 4
+#define FZ_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -145,7 +145,6 @@ fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, i
 fz_breaker *fz_registry_find(const char *name, size_t len);
 fz_breaker *fz_registry_open_id(const char *name, size_t len, const fz_config *c, int *status, uint32_t *id);
 fz_breaker *fz_registry_find_id(const char *name, size_t len, uint32_t *id);
-int fz_registry_find_slot(const char *name, size_t len, uint32_t *id);
 int fz_registry_remove(const char *name, size_t len);
 int fz_registry_count(void);
 int fz_registry_live(void);
@@ -368,10 +367,6 @@ const char *fz_counter_name(int i);
  *
  * fz_registry_find(name, len): the registered breaker, or NULL. Lock-free.
  * fz_registry_find_id(name, len, id): the same, with its identity in *id.
- * fz_registry_find_slot(name, len, id): the same lookup, answered as the breaker's slot
- *   (0 <= slot < capacity; fz_registry_at(slot) is its breaker while it lives) with its
- *   identity in *id, or -1 when there is none. The facade keeps its objects by slot and
- *   checks them by identity, so a lookup makes no handle.
  * fz_registry_remove(name, len): 1 when a breaker of that name existed and is now gone
  *   (its slot free; handles of it go stale), 0 when there was none, FZ_ENAME for a bad
  *   name. Takes the registry's mutex.

@@ -281,21 +281,6 @@ static int l_find(lua_State *L) {
   return 2;
 }
 
-/* find_slot(name) -> slot, identity; or nil: no handle is made */
-static int l_find_slot(lua_State *L) {
-  size_t len;
-  const char *name = luaL_checklstring(L, 1, &len);
-  uint32_t id = 0;
-  int s = fz_registry_find_slot(name, len, &id);
-  if (s < 0) {
-    lua_pushnil(L);
-    return 1;
-  }
-  lua_pushinteger(L, s);
-  push_uint(L, id);
-  return 2;
-}
-
 static int l_remove(lua_State *L) {
   size_t len;
   const char *name = luaL_checklstring(L, 1, &len);
@@ -600,7 +585,6 @@ static int l_counter_name(lua_State *L) {
 
 static const luaL_Reg FUNCS[] = {
   { "strerror", l_strerror }, { "new", l_new }, { "open", l_open }, { "find", l_find },
-  { "find_slot", l_find_slot },
   { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
   { "enter", l_enter }, { "allow", l_allow }, { "done", l_done }, { "state", l_state },
   { "retry_after", l_retry_after },

@@ -419,15 +419,6 @@ fz_breaker *fz_registry_find_id(const char *name, size_t len, uint32_t *id) {
   return s < 0 ? NULL : slot_of(r, (uint32_t)s);
 }
 
-int fz_registry_find_slot(const char *name, size_t len, uint32_t *id) {
-  fz_breaker *b = fz_registry_find_id(name, len, id);
-  registry *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);
-  if (!b || !r) return -1;
-  uintptr_t lo = (uintptr_t)r + r->off_slots, p = (uintptr_t)b;
-  /* (outside: a reload replaced the registry during the lookup) */
-  return p >= lo && p - lo < (uintptr_t)r->capacity * r->slot_size ? (int)((p - lo) / r->slot_size) : -1;
-}
-
 fz_breaker *fz_registry_find(const char *name, size_t len) {
   return fz_registry_find_id(name, len, NULL);
 }

@@ -230,7 +230,6 @@ local function adopt(br, h, id)
   was[5] = nil
   br._was = was
   br._h, br._id = h, id
-  br._s = false  -- its slot is another now: the registry's tables by slot no longer give it
   for _, r in ipairs(br.rejs or {}) do rej_handle[r] = h end
   return h, id
 end
@@ -503,14 +502,13 @@ end
 local Breaker = {}
 Breaker.__index = Breaker
 
--- An object is cheap to make: eight fields (one table of eight hash slots, no closure);
--- its guarded-call function (_run) and its rejections (rejs) are made on its first call.
--- _s: the registry slot it was made for (the tables by slot below give it only while
--- its handle is that slot's, identity checked); _opts: the options of the fuse.new call
--- that made it (fuse.new of those options gives it again). fallback, is_failure and
--- on_state_change are set only when given.
+-- An object is cheap to make: one table of seven fields (eight hash slots) and no
+-- closure; its guarded-call function (_run) and its rejections (rejs) are made on its
+-- first call. _opts: the options of the fuse.new call that made it (fuse.new of those
+-- options gives it again). fallback, is_failure and on_state_change are set only when
+-- given.
 local function make_breaker(h, id, name, cfg, o)
-  local br = setmetatable({ _h = h, _id = id, _s = false, name = name, cfg = cfg, _opts = false,
+  local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, _opts = false,
     rejs = false, _run = false }, Breaker)
   if o.fallback ~= nil then br.fallback = o.fallback end
   if o.is_failure ~= nil then br.is_failure = o.is_failure end
@@ -582,76 +580,83 @@ local function create(o, level)
   return make_breaker(h, id, o.name, (st == 0 or st == 1) and o.cfg or B.config(h), o)
 end
 
--- Empties a table and keeps its room (LuaJIT's table.clear; elsewhere by hand).
-local clear = (function()
-  local ok, f = pcall(require, "table.clear")
-  if ok then return f end
-  return function(t) for k in pairs(t) do t[k] = nil end end
-end)()
-
--- The objects of recently used names: two generations of up to 1024 names, so that a
--- hot set stays while names seen once age out (a weak table would be emptied by the GC).
--- The older generation's table is emptied and reused for the next: no allocation once
--- both have grown to their size.
-local function recent()
-  local cur, prev, n = {}, {}, 0
-  local c = {}
-  function c.put(k, v)
-    if cur[k] == nil then
-      n = n + 1
-      if n > 1024 then
-        prev, cur, n = cur, prev, 1
-        clear(cur)
+-- The objects of named breakers by name, one per name, each checked against its
+-- breaker's identity on every hit (B.id: one read of the breaker's slot): a lookup of
+-- any name whose object exists is a table hit and that check, whatever the number of
+-- names; it allocates nothing. Bounded by the capacity: past the live ones plus the
+-- capacity, the objects whose breaker is gone (removed, evicted, or the name made again
+-- in another slot) are dropped, a walk whose cost is spread over as many insertions.
+local function objects()
+  local c = { map = {} }
+  local n, limit = 0, 0
+  function c.put(name, br)
+    local map = c.map
+    if map[name] == nil then
+      if n >= limit then
+        n = 0
+        for k, v in pairs(map) do
+          if B.id(v._h) ~= v._id then map[k] = nil else n = n + 1 end
+        end
+        limit = n + B.capacity() + 64
       end
+      n = n + 1
     end
-    cur[k] = v
+    map[name] = br
   end
-  function c.get(k)
-    local v = cur[k]
-    if v == nil then
-      v = prev[k]
-      if v ~= nil then c.put(k, v) end
-    end
-    return v
-  end
+  function c.reset() c.map, n, limit = {}, 0, 0 end
   return c
 end
 
 -- fuse.new of a name with the very options (same values, same functions) as the call
--- that made an object of that name gives that object again while its breaker lives: a
--- gateway that asks for its breaker by name per request pays a lookup, not a check of
--- the options nor a new object. Objects are found by name among recent names (news),
--- else by their breaker's slot (new_at, below: one object per slot, the last made).
-local news = recent()
+-- that made the name's object gives that object again while its breaker lives: a
+-- gateway that asks for its breaker by name per request pays a table hit, an identity
+-- check and a comparison of the options, not a check of the options nor a new object.
+local news = objects()
 
--- Whether opts are the options that made object br (br._opts: a copy without the name,
--- shared by the objects made with the same options, and the count of keys with it).
+-- The count of a table's keys: LuaJIT's table.nkeys (compiled), elsewhere by hand.
+local nkeys = (function()
+  local ok, f = pcall(require, "table.nkeys")
+  if ok then return f end
+  return function(t)
+    local n = 0
+    for _ in pairs(t) do n = n + 1 end
+    return n
+  end
+end)()
+
+local NO_KEY = {}  -- a key no options table has
+
+-- The record of the options of a fuse.new call (opts: a copy, the name's value in it
+-- never read), shared by the objects made with the same options but the name: up to
+-- four options besides the name are also kept as k1 = v1 ... k4 = v4, which same_opts
+-- compares with no loop (a loop there, in a request handler's loop, is compiled as an
+-- inner loop of its own that each call enters and leaves).
+local function opts_record(copy, n)
+  local r = { opts = copy, n = n, few = n <= 5, k1 = NO_KEY, k2 = NO_KEY, k3 = NO_KEY, k4 = NO_KEY }
+  local i = 0
+  for k, v in pairs(copy) do
+    if k ~= "name" and i < 4 then
+      i = i + 1
+      r["k" .. i], r["v" .. i] = k, v
+    end
+  end
+  return r
+end
+
+-- Whether opts are the options that made object br (br._opts, an opts_record).
 local function same_opts(br, opts)
   local o = br._opts
   if not o then return false end
+  if o.few then
+    return opts[o.k1] == o.v1 and opts[o.k2] == o.v2 and opts[o.k3] == o.v3 and opts[o.k4] == o.v4
+      and nkeys(opts) == o.n
+  end
   local n, was = 0, o.opts
   for k, v in pairs(opts) do
     if k ~= "name" and was[k] ~= v then return false end
     n = n + 1
   end
   return n == o.n
-end
-
--- The objects of the registry's breakers by slot (index slot + 1), each checked against
--- the breaker's identity that the lookup answers: at most one per slot for fuse.get
--- (got_at) and one for fuse.new (new_at), so bounded by the capacity; a hit allocates
--- nothing. Emptied when fuse.init replaces the registry (its slots are others).
-local got_at, new_at = {}, {}
-
--- The object of slot s (identity id) in the table `at`, or nil.
-local function at_slot(at, s, id)
-  local br = at[s + 1]
-  if br and br._s == s and br._id == id then return br end
-end
-
-local function put_slot(at, br, s)
-  br._s = s
-  at[s + 1] = br
 end
 
 -- The options last checked for a named breaker (a copy), and the check's result: a
@@ -675,7 +680,7 @@ local function checked(opts, name)
   if o.name then
     memo_opts, memo_n, memo_o = {}, 0, o
     for k, v in pairs(opts) do memo_opts[k], memo_n = v, memo_n + 1 end
-    memo_shared = { opts = memo_opts, n = memo_n }  -- (the name's value in it is never read)
+    memo_shared = opts_record(memo_opts, memo_n)
   end
   return o
 end
@@ -683,21 +688,13 @@ end
 function _M.new(opts)
   local name = type(opts) == "table" and opts.name
   if type(name) == "string" then
-    local br = news.get(name)
+    local br = news.map[name]
     if br and same_opts(br, opts) and B.id(br._h) == br._id then return br end
-    local s, id = B.find_slot(name)
-    br = s and at_slot(new_at, s, id)
-    if br and same_opts(br, opts) then
-      news.put(name, br)
-      return br
-    end
   end
   local o = checked(opts, name)
   local br = create(o, 2)  -- not a tail call: create's errors name the caller's line
   if o.name then
     br._opts = memo_shared  -- checked() just made or matched it for these options
-    local s, id = B.find_slot(o.name)
-    if s and id == br._id then put_slot(new_at, br, s) end
     news.put(o.name, br)
   end
   return br
@@ -846,31 +843,26 @@ Breaker.disable = manual("disable")
 ---------------------------------------------------------------------------- the registry
 
 -- fuse.get returns one object per live breaker (its options are the breaker's), kept
--- for recent names: a lookup is a table hit and an identity check.
-local got = recent()
+-- by name (objects, above): a lookup is a table hit and an identity check.
+local got = objects()
 
 local NO_FUNCTIONS = {}
 
-function _M.get(name)
-  local br = got.get(name)
+local function get(name)
+  local br = got.map[name]
   if br and B.id(br._h) == br._id then return br end
   if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. type(name), 2) end
   if #name == 0 then return nil end
-  local s, id = B.find_slot(name)
-  if not s then return nil end
-  br = at_slot(got_at, s, id)
-  if not br then
-    local h = B.at(s)
-    if not h then return nil end  -- removed meanwhile
-    local cfg = B.config(h)
-    -- the slot passed to another breaker meanwhile: its options are not this name's
-    if B.id(h) ~= id then return _M.get(name) end
-    br = make_breaker(h, id, name, cfg, NO_FUNCTIONS)
-    put_slot(got_at, br, s)
-  end
+  local h, id = B.find(name)
+  if not h then return nil end
+  local cfg = B.config(h)
+  -- the slot passed to another breaker meanwhile: those options are not this name's
+  if B.id(h) ~= id then return get(name) end
+  br = make_breaker(h, id, name, cfg, NO_FUNCTIONS)
   got.put(name, br)
   return br
 end
+_M.get = get
 
 -- fuse.remove(name) -> true when a breaker of that name existed and is now gone.
 function _M.remove(name)
@@ -911,7 +903,10 @@ function _M.init(opts)
       .. "workers; in " .. phase .. " each worker would get a registry of its own", 2)
   end
   local rc = B.init(o.capacity, o.shared, o.idle)
-  if rc == 0 then got_at, new_at = {}, {} end  -- a registry replaced: its slots are others
+  if rc == 0 then  -- the registry may be another now: objects of the one before go
+    got.reset()
+    news.reset()
+  end
   if rc == 0 and o.shared then rc = B.events_init_shared() end  -- fuse.events: one ring for every worker
   if rc ~= 0 then
     local why = rc == -6 and ((o.shared and B.is_shared()) and ("it is already shared with capacity "

@@ -1,7 +1,7 @@
 -- generated from csrc/fz.h by make cdef: do not edit
 -- (edit the FZ_CDEF region of csrc/fz.h, then run `make cdef`)
 return {
-  abi = 4,
+  abi = 3,
   cdef = [=[
 enum {
   FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4,
@@ -119,7 +119,6 @@ fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, i
 fz_breaker *fz_registry_find(const char *name, size_t len);
 fz_breaker *fz_registry_open_id(const char *name, size_t len, const fz_config *c, int *status, uint32_t *id);
 fz_breaker *fz_registry_find_id(const char *name, size_t len, uint32_t *id);
-int fz_registry_find_slot(const char *name, size_t len, uint32_t *id);
 int fz_registry_remove(const char *name, size_t len);
 int fz_registry_count(void);
 int fz_registry_live(void);

@@ -74,14 +74,6 @@ function _M.find(name)
   return h, tonumber(idbuf[0])
 end
 
--- The slot (0-based) of the registry breaker `name` and its identity, or nil: no handle
--- is made (the facade keeps its objects by slot; _M.at(slot) is the handle).
-function _M.find_slot(name)
-  local s = C.fz_registry_find_slot(name, #name, idbuf)
-  if s < 0 then return nil end
-  return s, tonumber(idbuf[0])
-end
-
 function _M.remove(name) return C.fz_registry_remove(name, #name) == 1 end
 function _M.id(h) return tonumber(C.fz_breaker_id(h)) end
 function _M.reconfigure(h, cfg) return (C.fz_breaker_reconfigure(h, to_config(cfg))) end
