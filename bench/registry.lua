@@ -16,12 +16,15 @@
 --   fuse.new existing, hot      fuse.new{ name = n, fails = 5 } of the hot 1,000
 --   fuse.new existing, any      the same over every name (rounds of 100,000)
 -- Growing the registry to each size times creation over its last 10%: half through
--- fuse.new (objects kept: the resident bytes per breaker then include its Lua object),
--- half through the core alone (B.open). Then, once each: the first fuse.get, and the
--- first fuse.new, in this process of a name that exists (made through the core, so no
--- object of it exists yet), and the resident bytes that one guarded call through each
--- kept object adds (its guarded-call function, made on first use).
+-- fuse.new, half through the core alone (B.open). Memory: the resident set's growth
+-- (/proc/self/statm) per breaker over the core's creations (the registry's share), and
+-- the Lua heap's growth (collectgarbage "count", after a full collection) per object
+-- over the fuse.new creations (objects kept alive) and then over one guarded call
+-- through each (what a first call adds: its guarded-call function). Then, once each:
+-- the first fuse.get, and the first fuse.new, in this process of a name that exists
+-- (made through the core, so no object of it exists yet).
 local ffi = require "ffi"
+local table_new = require "table.new"
 local fuse = require "fuse"
 local B = require "fuse.ffi"
 
@@ -65,23 +68,26 @@ local function grow_to(n)
   local tail = math.max(first, n - math.floor(n / 10) + 1)
   local mid = tail + math.floor((n - tail + 1) / 2)
   for i = first, tail - 1 do fuse.new{ name = name(i), fails = 5 } end
-  local objs = {}
+  local objs = table_new(mid - tail, 0)
   collectgarbage()
   collectgarbage()
-  local rss0, t0 = rss_bytes(), now()
+  local rss0, lua0, t0 = rss_bytes(), collectgarbage("count"), now()
   for i = tail, mid - 1 do objs[#objs + 1] = fuse.new{ name = name(i), fails = 5 } end
   local t1 = now()
   collectgarbage()
   collectgarbage()
-  local rss1 = rss_bytes()
+  local rss1, lua1 = rss_bytes(), collectgarbage("count")
   local t2 = now()
   for i = mid, n do B.open(name(i), CFG) end
   local t3 = now()
   local rss2 = rss_bytes()
+  collectgarbage()
+  collectgarbage()
+  local lua2 = collectgarbage("count")
   for _, b in ipairs(objs) do b:call(ok) end
   collectgarbage()
   collectgarbage()
-  local rss3 = rss_bytes()
+  local lua3 = collectgarbage("count")
   for _, b in ipairs(objs) do kept[#kept + 1] = b end
   first_get, first_new = {}, {}
   for i = mid, n do
@@ -91,8 +97,8 @@ local function grow_to(n)
   made = n
   local news = mid - tail
   return { rate_new = news / (t1 - t0), rate_core = (n - mid + 1) / (t3 - t2),
-    bytes_new = (rss1 - rss0) / news, bytes_core = (rss2 - rss1) / (n - mid + 1),
-    bytes_call = (rss3 - rss2) / news }
+    rss_new = (rss1 - rss0) / news, rss_core = (rss2 - rss1) / (n - mid + 1),
+    lua_new = (lua1 - lua0) * 1024 / news, lua_call = (lua3 - lua2) * 1024 / news }
 end
 
 local ROUNDS, N, HOT = 7, 200000, 1000
@@ -182,7 +188,8 @@ local function line(label, key, fmt)
 end
 line("creations/s, fuse.new (last 5%)", "rate_new")
 line("creations/s, core (last 5%)", "rate_core")
-line("resident bytes/breaker, fuse.new+object", "bytes_new")
-line("resident bytes/breaker, core alone", "bytes_core")
-line("resident bytes of a first call/object", "bytes_call")
+line("resident bytes/breaker, core alone", "rss_core")
+line("resident bytes/breaker, fuse.new", "rss_new")
+line("Lua heap bytes/object, fuse.new", "lua_new")
+line("Lua heap bytes/object, its first call", "lua_call")
 assert(#kept > 0)

@@ -198,16 +198,22 @@ end
 
 function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
 
--- The object br's rejections (open, half_open, forced_open), made on first need: an
--- object that is only looked up, or never runs a call, makes none.
-local function rejs_of(br)
+-- The object br's rejection in state i (OPEN, HALF_OPEN or FORCED_OPEN), made on first
+-- need: an object that is only looked up makes none, one that runs calls the open one,
+-- and the others only when a call meets that state.
+local REJ_STATES = { "open", "half_open", "forced_open" }
+local function rej_of(br, i)
   local rejs = br.rejs
   if not rejs then
-    local h, name = br._h, br.name
-    rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
+    rejs = {}
     br.rejs = rejs
   end
-  return rejs
+  local r = rejs[i]
+  if not r then
+    r = rejection(br._h, br.name, REJ_STATES[i])
+    rejs[i] = r
+  end
+  return r
 end
 
 -- The rejection for a negative ticket, firing the transition the rejected call made.
@@ -217,7 +223,7 @@ local function rejected(br, listener, t)
   if made == 1 then fire(listener, br.name, OPEN_TO_HALF)
   elseif made == 2 then fire(listener, br.name, HALF_TO_OPEN)
   elseif made == 3 then fire(listener, br.name, FORCED_TO_OPEN) end
-  return rejs_of(br)[floor(r / 4)]
+  return rej_of(br, floor(r / 4))
 end
 
 ---------------------------------------------------------------------------- stale handles
@@ -230,7 +236,12 @@ local function adopt(br, h, id)
   was[5] = nil
   br._was = was
   br._h, br._id = h, id
-  for _, r in ipairs(br.rejs or {}) do rej_handle[r] = h end
+  local rejs = br.rejs
+  if rejs then
+    for i = 1, 3 do
+      if rejs[i] then rej_handle[rejs[i]] = h end
+    end
+  end
   return h, id
 end
 
@@ -390,9 +401,9 @@ end
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
 -- and listener. Immutable upvalues let the JIT fold the branches on options away.
 local function make_run(br, fallback, is_failure, listener, direct)
-  local h, id, name, rejs = br._h, br._id, br.name, rejs_of(br)
+  local h, id, name = br._h, br._id, br.name
   local protect = direct and pcall or protected
-  local rej_open = rejs[OPEN]
+  local rej_open = rej_of(br, OPEN)
   local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
   local fb_fn = type(fallback) == "function"
