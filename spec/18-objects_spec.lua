@@ -110,6 +110,43 @@ end
     assert.equal(1, g2:stats().failures)
   end)
 
+  -- Gateways look names up from request handlers, which often run interpreted: LuaJIT
+  -- then starts traces at fuse.get's and fuse.new's entries, and blacklists one whose
+  -- traces keep aborting (spec/12-longlived_spec.lua for the guarded call).
+  it("no function of fuse is blacklisted after 100,000 lookups of each kind from interpreted code"
+    .. (jit and "" or " (skipped: not LuaJIT)"), function()
+    if not (jit and jit.attach) then return end
+    local jit_support = require "spec.jit_support"
+    local names = {}
+    for i = 1, 3000 do  -- more than fit the JIT's guess of a few hot keys
+      names[i] = unique("jit")
+      fuse.new{ name = names[i], fails = 5 }
+      if i % 1000 == 0 then fuse.remove(names[i]) end  -- misses and re-creations too
+    end
+    local fb = function() return 0 end
+    local kinds = {
+      function(i) return fuse.get(names[i % #names + 1]) end,
+      function(i) return fuse.new{ name = names[i % #names + 1], fails = 5 } end,
+      function(i) return fuse.new{ name = names[i % #names + 1], fails = 5, fallback = fb } end,
+      function(i) return fuse.new{ name = names[i % 50 + 1], fails = 5, window = 10, open_for = 10,
+        probes = 1, backoff = 1, fallback = fb } end,  -- more options than same_opts unrolls
+      function(i) return fuse.new{ name = names[i % #names + 1], fails = 5 }:call(fb) end,
+    }
+    local aborts = jit_support.fuse_aborts(function()
+      for k, kind in ipairs(kinds) do
+        local caller = assert(load("local fn = ... return function(i) return fn(i) end",
+          "=interpreted<lookup " .. k .. ">"))(kind)
+        jit.off(caller)
+        for i = 1, 100000 do caller(i) end
+      end
+    end)
+    local bad, n = jit_support.blacklisted(jit_support.fuse_roots({ fuse.get(names[1]) }))
+    assert.is_true(n > 50, ("only %d functions of fuse were found: the walk is broken"):format(n))
+    assert.is_true(#bad == 0, ("%d blacklisted entries or loops in fuse's functions:\n  %s\n"
+      .. "aborts of traces that started in fuse (%d):\n  %s"):format(#bad, table.concat(bad, "\n  "),
+      #aborts, table.concat(aborts, "\n  ", 1, math.min(#aborts, 20))))
+  end)
+
   it("keeps a bounded number of objects while names come and go: 40,000 names through a registry of 64",
     function()
       local kb = numbers(support.run_child([[

@@ -80,7 +80,7 @@ function _M.find(name)
 end
 
 function _M.remove(name) return C.fz_registry_remove(name, #name) == 1 end
-function _M.id(h) return tonumber(C.fz_breaker_id(h)) end
+function _M.id(h) return (C.fz_breaker_id(h)) end  -- (a uint32_t: a number already)
 function _M.reconfigure(h, cfg) return (C.fz_breaker_reconfigure(h, to_config(cfg))) end
 function _M.live() return (C.fz_registry_live()) end
 
