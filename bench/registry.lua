@@ -15,6 +15,9 @@
 --                               over the hot 1,000
 --   fuse.new existing, hot      fuse.new{ name = n, fails = 5 } of the hot 1,000
 --   fuse.new existing, any      the same over every name (rounds of 100,000)
+--   ..., one opts table         the same with one options table whose name changes: no
+--                               garbage per call, so no collector work that the retained
+--                               heap makes dearer (what the row above adds to it)
 -- Growing the registry to each size times creation over its last 10%: half through
 -- fuse.new, half through the core alone (B.open). Memory: the resident set's growth
 -- (/proc/self/statm) per breaker over the core's creations (the registry's share), and
@@ -126,6 +129,14 @@ local function make_loops()
       for i = 1, n do if new{ name = names[i % m + 1], fails = 5 } then s = s + 1 end end
       assert(s == n)
     end,
+    new_reused = function(names, m, n)
+      local new, s, opts = fuse.new, 0, { fails = 5 }
+      for i = 1, n do
+        opts.name = names[i % m + 1]
+        if new(opts) then s = s + 1 end
+      end
+      assert(s == n)
+    end,
   }
 end
 
@@ -158,6 +169,7 @@ local ROWS = {
   { "core find, hot (hash index)", function(n) return time_lookup("find", n, math.min(n, HOT), N) end },
   { "fuse.new existing, hot", function(n) return time_lookup("new", n, math.min(n, HOT), N / 2) end },
   { "fuse.new existing, any name", function(n) return time_lookup("new", n, n, N / 2) end },
+  { "fuse.new existing, any, one opts table", function(n) return time_lookup("new_reused", n, n, N / 2) end },
   { "fuse.get, first in this process", function() return time_first("get", first_get) end },
   { "fuse.new, first in this process", function() return time_first("new", first_new) end },
 }
