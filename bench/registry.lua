@@ -19,13 +19,11 @@
 --                               garbage per call, so no collector work that the retained
 --                               heap makes dearer (what the row above adds to it)
 -- Growing the registry to each size times creation over its last 10%: half through
--- fuse.new, half through the core alone (B.open). Memory: the resident set's growth
--- (/proc/self/statm) per breaker over the core's creations (the registry's share), and
--- the Lua heap's growth (collectgarbage "count", after a full collection) per object
--- over the fuse.new creations (objects kept alive) and then over one guarded call
--- through each (what a first call adds: its guarded-call function). Then, once each:
--- the first fuse.get, and the first fuse.new, in this process of a name that exists
--- (made through the core, so no object of it exists yet).
+-- fuse.new, half through the core alone (B.open), with the resident set's growth
+-- (/proc/self/statm) per breaker over each half (the core's: the registry's share; the
+-- Lua heap may reuse pages it freed, so the Lua objects are measured apart, at the end).
+-- Then, once each: the first fuse.get, and the first fuse.new, in this process of a name
+-- that exists (made through the core, so no object of it exists yet).
 local ffi = require "ffi"
 local table_new = require "table.new"
 local fuse = require "fuse"
@@ -74,23 +72,16 @@ local function grow_to(n)
   local objs = table_new(mid - tail, 0)
   collectgarbage()
   collectgarbage()
-  local rss0, lua0, t0 = rss_bytes(), collectgarbage("count"), now()
+  local rss0, t0 = rss_bytes(), now()
   for i = tail, mid - 1 do objs[#objs + 1] = fuse.new{ name = name(i), fails = 5 } end
   local t1 = now()
   collectgarbage()
   collectgarbage()
-  local rss1, lua1 = rss_bytes(), collectgarbage("count")
+  local rss1 = rss_bytes()
   local t2 = now()
   for i = mid, n do B.open(name(i), CFG) end
   local t3 = now()
   local rss2 = rss_bytes()
-  collectgarbage()
-  collectgarbage()
-  local lua2 = collectgarbage("count")
-  for _, b in ipairs(objs) do b:call(ok) end
-  collectgarbage()
-  collectgarbage()
-  local lua3 = collectgarbage("count")
   for _, b in ipairs(objs) do kept[#kept + 1] = b end
   first_get, first_new = {}, {}
   for i = mid, n do
@@ -100,8 +91,7 @@ local function grow_to(n)
   made = n
   local news = mid - tail
   return { rate_new = news / (t1 - t0), rate_core = (n - mid + 1) / (t3 - t2),
-    rss_new = (rss1 - rss0) / news, rss_core = (rss2 - rss1) / (n - mid + 1),
-    lua_new = (lua1 - lua0) * 1024 / news, lua_call = (lua3 - lua2) * 1024 / news }
+    rss_new = (rss1 - rss0) / news, rss_core = (rss2 - rss1) / (n - mid + 1) }
 end
 
 local ROUNDS, N, HOT = 7, 200000, 1000
@@ -164,14 +154,15 @@ local function time_first(kind, names)
 end
 
 local ROWS = {
+  -- (first: the rows over every name make the objects of every name)
+  { "fuse.get, first in this process", function() return time_first("get", first_get) end },
+  { "fuse.new, first in this process", function() return time_first("new", first_new) end },
   { "fuse.get, hot (1,000 names)", function(n) return time_lookup("get", n, math.min(n, HOT), N) end },
   { "fuse.get, any name", function(n) return time_lookup("get", n, n, N) end },
   { "core find, hot (hash index)", function(n) return time_lookup("find", n, math.min(n, HOT), N) end },
   { "fuse.new existing, hot", function(n) return time_lookup("new", n, math.min(n, HOT), N / 2) end },
   { "fuse.new existing, any name", function(n) return time_lookup("new", n, n, N / 2) end },
   { "fuse.new existing, any, one opts table", function(n) return time_lookup("new_reused", n, n, N / 2) end },
-  { "fuse.get, first in this process", function() return time_first("get", first_get) end },
-  { "fuse.new, first in this process", function() return time_first("new", first_new) end },
 }
 
 local SIZES = { 100, 10000, 100000 }
@@ -202,6 +193,23 @@ line("creations/s, fuse.new (last 5%)", "rate_new")
 line("creations/s, core (last 5%)", "rate_core")
 line("resident bytes/breaker, core alone", "rss_core")
 line("resident bytes/breaker, fuse.new", "rss_new")
-line("Lua heap bytes/object, fuse.new", "lua_new")
-line("Lua heap bytes/object, its first call", "lua_call")
 assert(#kept > 0)
+
+-- The Lua heap an object costs: 20,000 more names made through fuse.new, their objects
+-- kept, then one guarded call through each (collectgarbage "count" after full
+-- collections; the names themselves made before).
+local M = 20000
+local fresh, objs = {}, table_new(M, 0)
+for i = 1, M do fresh[i], objs[i] = "bench.registry.heap-" .. i, false end
+local function heap()
+  collectgarbage()
+  collectgarbage()
+  return collectgarbage("count") * 1024
+end
+local h0 = heap()
+for i = 1, M do objs[i] = fuse.new{ name = fresh[i], fails = 5 } end
+local h1 = heap()
+for i = 1, M do objs[i]:call(ok) end
+local h2 = heap()
+print(("Lua heap bytes per object: %.0f as fuse.new returns it, %.0f more after its first call (%.0f in all)")
+  :format((h1 - h0) / M, (h2 - h1) / M, (h2 - h0) / M))
