@@ -64,14 +64,14 @@ CORE_OBJS := $(CORE_SRCS:csrc/%.c=build/obj/%.o)
 LIB_OBJS   = $(filter-out %/fz_lua.o,$(1))
 
 # C tests beyond the three named ones (test/*.c): built like test_core, run as suites.
-NAMED_TESTS := test_core stress lstates faults interleave races
+NAMED_TESTS := test_core stress lstates faults interleave races regcore
 EXTRA_TESTS := $(filter-out $(NAMED_TESTS),$(basename $(notdir $(wildcard test/*.c))))
 TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 
 # $(call need,FILE): stop with a clear message when FILE does not exist.
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
-.PHONY: all deps cdef check-cdef test check asan tsan bench bench-nginx bench-nginx-registry \
+.PHONY: all deps cdef check-cdef test check suites summary stress-test asan tsan bench bench-nginx bench-nginx-registry \
         bench-nginx-jit demo demo-nginx lint rock dist clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
@@ -85,6 +85,7 @@ help:
 	@echo "                LuaJIT, lua5.1 and lua5.4, test/*.t.sh)"
 	@echo "make check      the same without the deps step"
 	@echo "make asan|tsan  the C tests under ASan+UBSan / the stress test under TSan"
+	@echo "make stress-test the nginx suites 5 times (STRESS_RUNS) under a CPU hog on every core"
 	@echo "make cdef       regenerate lua/fuse/cdef.lua from csrc/fz.h"
 	@echo "make check-cdef fail if lua/fuse/cdef.lua is stale or core.so exports differ"
 	@echo "make dist       build/$(ROCKSPEC:.rockspec=.src.rock): a source rock of the working"
@@ -129,10 +130,10 @@ test/%.c bench/%.c:
 # ---- packages ----------------------------------------------------------------------
 
 deps:
-	@command -v dpkg >/dev/null 2>&1 || { \
+	@command -v dpkg-query >/dev/null 2>&1 || { \
 	  echo "make deps: no dpkg here; install the equivalents of: $(DEB_PKGS)" >&2; exit 1; }
-	@missing=; for p in $(DEB_PKGS); do \
-	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=$$(sh tools/debs-missing $(DEB_PKGS) | tr '\n' ' '); missing=$${missing% }; \
+	missing=$${missing:+ $$missing}; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" -ne 0 ]; then \
 	  echo "make deps: missing Debian packages:$$missing" >&2; \
@@ -141,7 +142,9 @@ deps:
 	  exit 1; fi; \
 	echo "make deps: installing$$missing"; \
 	apt-get update && DEBIAN_FRONTEND=noninteractive \
-	  apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends $(DEB_PKGS)
+	  apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends $(DEB_PKGS) && \
+	still=$$(sh tools/debs-missing $(DEB_PKGS) | tr '\n' ' ') && \
+	if [ -n "$$still" ]; then echo "make deps: still not installed: $$still" >&2; exit 1; fi
 
 # ---- the FFI declarations ----------------------------------------------------------
 
@@ -154,8 +157,13 @@ check-cdef: build/fuse/core.so
 
 # ---- tests -------------------------------------------------------------------------
 
+# The summary is the last thing a recipe prints: the suites run in a recipe that never
+# fails on a test's result (runtap records each status), then tools/tapsum prints the
+# total and fails the target. When a test failed, make adds one line of its own after
+# the total ("make: *** [Makefile:N: test] Error 1"); nothing else follows it.
 test: deps
-	@$(MAKE) --no-print-directory check
+	@$(MAKE) --no-print-directory suites
+	@sh tools/tapsum $(LOGDIR)
 
 build/test_core build/stress $(EXTRA_TESTS:%=build/%): build/%: test/%.c test/tap.h \
     build/libfzcore.a
@@ -192,6 +200,15 @@ build/races build/asan/races build/tsan/races: test/races.c test/tap.h test/harn
 	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/races.c $(FAULT_SRCS) \
 	  $(LDFLAGS) $(LDLIBS)
 
+# regcore: one test per finding of issue 15 (the registry's life cycle), each forced with
+# a pause point or a kill at a fault point: built as races.
+build/regcore build/asan/regcore build/tsan/regcore: test/regcore.c test/tap.h test/harness.h \
+    test/pause.h $(FAULT_SRCS) $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(if $(findstring /asan/,$@),$(SAN_ASAN)) \
+	  $(if $(findstring /tsan/,$@),$(SAN_TSAN)) -DFZ_FAULTS -o $@ test/regcore.c $(FAULT_SRCS) \
+	  $(LDFLAGS) $(LDLIBS)
+
 # lstates runs Lua states in threads; their Lua FFI-loads build/fuse/core.so.
 build/lstates: test/lstates.c test/tap.h
 	@mkdir -p $(@D)
@@ -200,7 +217,14 @@ build/lstates: test/lstates.c test/tap.h
 
 RUNTAP = bash tools/runtap $(LOGDIR)
 
-check: all build/5.4/fuse/core.so $(TEST_BINS)
+check: suites
+	@sh tools/tapsum $(LOGDIR)
+
+# tools/tapsum over LOGDIR (the logs of the last run, or any directory of TAP logs)
+summary:
+	@sh tools/tapsum $(LOGDIR)
+
+suites: all build/5.4/fuse/core.so $(TEST_BINS)
 	@rm -rf $(LOGDIR)
 	@$(RUNTAP) test_core build/test_core
 	@$(RUNTAP) stress build/stress
@@ -208,6 +232,7 @@ check: all build/5.4/fuse/core.so $(TEST_BINS)
 	@$(RUNTAP) faults build/faults
 	@$(RUNTAP) interleave build/interleave
 	@$(RUNTAP) races build/races
+	@$(RUNTAP) regcore build/regcore
 	@$(foreach t,$(EXTRA_TESTS),$(RUNTAP) $(t) build/$(t);)
 	@$(RUNTAP) check-cdef sh tools/checkcdef.sh --tap
 	@$(RUNTAP) busted $(BUSTED_RUN) $(BUSTED_ARGS) -o TAP spec/
@@ -217,7 +242,11 @@ check: all build/5.4/fuse/core.so $(TEST_BINS)
 	  [ -f "$$t" ] && [ -x "$$t" ] || continue; \
 	  $(RUNTAP) "$$(basename "$$t" .t.sh)" "$$t"; done
 	@echo "# ---- summary"
-	@sh tools/tapsum $(LOGDIR)
+
+# The nginx suites STRESS_RUNS times (default 5) under a busy loop per core, with each
+# suite's count of passing runs (tools/stress-test). Not part of `make test`.
+stress-test: all build/5.4/fuse/core.so
+	@bash tools/stress-test
 
 # ---- sanitizers --------------------------------------------------------------------
 
@@ -239,12 +268,12 @@ build/tsan/libfzcore.a: $(call LIB_OBJS,$(CORE_SRCS:csrc/%.c=build/tsan/obj/%.o)
 	$(AR) rcs $@ $^
 endif
 
-build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry build/asan/seams: build/asan/%: test/%.c test/tap.h \
+build/asan/test_core build/asan/stress build/asan/ops_core build/asan/hardening build/asan/registry build/asan/seams build/asan/permits: build/asan/%: test/%.c test/tap.h \
     build/asan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_ASAN) $(DEPFLAGS) -o $@ $< build/asan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
-build/tsan/stress build/tsan/ops_core build/tsan/registry: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
+build/tsan/stress build/tsan/ops_core build/tsan/registry build/tsan/permits: build/tsan/%: test/%.c test/tap.h build/tsan/libfzcore.a
 	$(CC) $(CPPFLAGS) -Itest $(CFLAGS) $(SAN_TSAN) $(DEPFLAGS) -o $@ $< build/tsan/libfzcore.a \
 	  $(LDFLAGS) $(LDLIBS)
 
@@ -254,7 +283,7 @@ san_verdict = sh tools/tapsum $(1) && \
 	  echo "make: sanitizer report in the file(s) above" >&2; exit 1; fi
 
 asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/interleave build/asan/hardening \
-    build/asan/registry build/asan/seams build/asan/races
+    build/asan/registry build/asan/seams build/asan/races build/asan/regcore build/asan/permits
 	@rm -rf build/asan/logs
 	@bash tools/runtap build/asan/logs test_core env $(ASAN_ENV) build/asan/test_core
 	@bash tools/runtap build/asan/logs hardening env $(ASAN_ENV) build/asan/hardening
@@ -264,20 +293,29 @@ asan: build/asan/test_core build/asan/stress build/asan/ops_core build/asan/inte
 	@bash tools/runtap build/asan/logs registry env $(ASAN_ENV) build/asan/registry
 	@bash tools/runtap build/asan/logs seams env $(ASAN_ENV) build/asan/seams
 	@bash tools/runtap build/asan/logs races env $(ASAN_ENV) build/asan/races
+	@bash tools/runtap build/asan/logs regcore env $(ASAN_ENV) build/asan/regcore
+	@bash tools/runtap build/asan/logs permits env $(ASAN_ENV) build/asan/permits
 	@$(call san_verdict,build/asan/logs)
 
-tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races
+tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/registry build/tsan/races \
+    build/tsan/regcore build/tsan/permits
 	@rm -rf build/tsan/logs
 	@bash tools/runtap build/tsan/logs stress env $(TSAN_ENV) build/tsan/stress
 	@bash tools/runtap build/tsan/logs ops_core env $(TSAN_ENV) build/tsan/ops_core
 	@bash tools/runtap build/tsan/logs interleave env $(TSAN_ENV) build/tsan/interleave
 	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
 	@bash tools/runtap build/tsan/logs races env $(TSAN_ENV) build/tsan/races
+	@bash tools/runtap build/tsan/logs regcore env $(TSAN_ENV) build/tsan/regcore
+	@bash tools/runtap build/tsan/logs permits env $(TSAN_ENV) build/tsan/permits
 	@$(call san_verdict,build/tsan/logs)
 
 # ---- the rest ----------------------------------------------------------------------
 
 build/bench_threads: bench/threads.c build/libfzcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
+
+build/bench_registry_c: bench/registry_c.c build/libfzcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
 
@@ -288,11 +326,15 @@ bench: all
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
+	$(MAKE) --no-print-directory build/bench_registry_c && build/bench_registry_c
 
-# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min)
+# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min),
+# then max_concurrent's bulkhead: a healthy location beside a slow one, with and without
+# the limit (about 1 min)
 bench-nginx: all
 	$(call need,bench/nginx_upstream.sh)
 	bash bench/nginx_upstream.sh
+	bash bench/nginx_isolation.sh
 
 # requests/s of a location that looks its breaker up by name, at 10 and 50,000 names
 bench-nginx-registry: all
@@ -316,10 +358,12 @@ LINT_DIRS = $(wildcard lua spec bench examples)
 lint:
 	$(LUACHECK) $(if $(CI),--no-color) $(LINT_DIRS)
 
-# Installs the rock into build/rocktree, then requires it from there, away from the tree.
-# luarocks' builtin build leaves csrc/*.o and fuse/core.so in the directory it builds
-# in, so it builds in a copy of the sources, build/rock-src.
+# Installs the rock into ROCKTREE (default build/rocktree; `make rock ROCKTREE=DIR`
+# installs elsewhere), then requires it from there, away from the tree. luarocks'
+# builtin build leaves csrc/*.o and fuse/core.so in the directory it builds in, so it
+# builds in a copy of the sources, build/rock-src, and the clone stays clean.
 ROCKTREE   := $(CURDIR)/build/rocktree
+override ROCKTREE := $(abspath $(ROCKTREE))
 ROCK_CHECK := local tree = os.getenv("ROCKTREE"); \
   local fuse = require "fuse"; \
   local from = package.searchpath("fuse", package.path); \
@@ -341,7 +385,9 @@ rock:
 dist:
 	@sh tools/mkdist $(ROCKSPEC) build
 
+# also what a `luarocks make` run in the clone itself left (csrc/*.o, fuse/core.so)
 clean:
-	rm -rf build lua/fuse/cdef.lua.tmp
+	rm -rf build lua/fuse/cdef.lua.tmp csrc/*.o fuse/core.so
+	if [ -d fuse ]; then rmdir fuse 2>/dev/null || true; fi
 
 -include $(wildcard build/*.d build/*/*.d build/*/obj/*.d)

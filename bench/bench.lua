@@ -110,6 +110,30 @@ case("call", "fuse.wrap, closed", function(name)
   return loop_of(name, "g", CALL, g), sum_tiny, function() return b:state() == "closed" end
 end)
 
+case("call", "fuse.wrap, closed, max_concurrent = 100", function(name)
+  local g, b = fuse.wrap(tiny, { fails = 5, window = 10, max_concurrent = 100 })
+  return loop_of(name, "g", CALL, g), sum_tiny, function()
+    local s = b:stats()
+    return s.state == "closed" and s.running == 0 and s.full_total == 0
+  end
+end)
+
+case("call", "fuse.wrap, closed, shared max_concurrent", function(name)
+  local g, b = fuse.wrap(tiny, { name = "bench-limited", fails = 5, window = 10, max_concurrent = 100 })
+  return loop_of(name, "g", CALL, g), sum_tiny, function()
+    local s = b:stats()
+    return s.state == "closed" and s.running == 0 and s.full_total == 0
+  end
+end)
+
+case("call", "fuse.wrap, full (rejected, max_concurrent)", function(name)
+  local b = fuse.new { fails = 5, window = 10, max_concurrent = 1 }
+  local g = b:wrap(tiny)
+  local held = b:allow()  -- the one permit, held for the whole case
+  assert(held and b:stats().running == 1)
+  return loop_of(name, "g", REJECTED, g), count, function() return b:stats().running == 1 end
+end)
+
 case("call", "fuse.wrap, open (rejected)", function(name)
   local g, b = fuse.wrap(flaky, { fails = 5, window = 10, open_for = 86400 })
   drive_open(g, 5)

@@ -13,6 +13,10 @@
  *   count_window   count_window 100, fails 5: every call takes the next slot of one
  *                  ring, so all threads contend on one counter. This one is expected to
  *                  scale badly; it is measured so that the cost is known, not hidden.
+ *   max_concurrent `fails` with max_concurrent 1000: each call also takes a permit
+ *                  before fz_enter and gives it back after fz_done (fz_permit_take /
+ *                  fz_permit_give: one compare-and-swap each on the breaker's permit
+ *                  word, which every thread shares: the cost of one limit for all)
  *   open           the same breaker as `fails` driven open by 5 failures, open_for
  *                  86400: every call is rejected (reads the coarse clock, counts the
  *                  rejection), no fz_done.
@@ -54,6 +58,7 @@ typedef struct worker {
   pthread_t tid;
   fz_breaker *b;
   int expect_admit;
+  int permits;  /* take and give a permit around each call (max_concurrent) */
   uint64_t admitted, rejected, wrong;
   double secs, cpu;  /* wall time and this thread's CPU time over the run */
   char pad[64];
@@ -109,6 +114,10 @@ static void *work(void *arg) {
   double t0 = now_s(), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
   while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
     for (int k = 0; k < BATCH; k++) {
+      if (w->permits && !fz_permit_take(b, 1)) {
+        wrong++;  /* never: 1000 permits for at most MAX_THREADS threads */
+        continue;
+      }
       double t = fz_enter(b);
       if (t > 0) {
         if (fz_done(b, t, FZ_SUCCESS, -1.0) < 0) wrong++;
@@ -116,6 +125,7 @@ static void *work(void *arg) {
       } else {
         rejected++;
       }
+      if (w->permits) fz_permit_give(b);
     }
   }
   w->secs = now_s() - t0;
@@ -169,6 +179,7 @@ static double run(const variant *v, int n, double secs, double base) {
   __atomic_store_n(&g_go, 0, __ATOMIC_RELEASE);
   for (int i = 0; i < n; i++) {
     ws[i].b = b;
+    ws[i].permits = v->cfg.max_concurrent > 0;
     if (pthread_create(&ws[i].tid, NULL, work, &ws[i]) != 0) { perror("pthread_create"); exit(1); }
   }
   while (__atomic_load_n(&g_ready, __ATOMIC_ACQUIRE) < n) { /* wait for the start line */ }
@@ -232,7 +243,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "threads: library ABI %d, header ABI %d\n", fz_abi_version(), FZ_ABI_VERSION);
     return 1;
   }
-  variant vs[4];
+  variant vs[5];
   vs[0] = (variant){"fails", defaults(), 0};
   vs[1] = (variant){"failure_rate", defaults(), 0};
   vs[1].cfg.fails = 0;
@@ -242,6 +253,8 @@ int main(int argc, char **argv) {
   vs[3] = (variant){"open", defaults(), 1};
   vs[3].cfg.open_for = 86400;
   vs[3].cfg.max_open_for = 86400;
+  vs[4] = (variant){"max_concurrent", defaults(), 0};
+  vs[4].cfg.max_concurrent = 1000;
 
   long cpus = 0;
 #ifdef _SC_NPROCESSORS_ONLN

@@ -57,6 +57,7 @@
 #include "fz_atomic.h"
 #include "fz_errors.h"
 #include "fz_internal.h"
+#include "fz_permits.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -96,6 +97,8 @@ void (*fz_fault_hook)(const char *where);
 #define REPORTED (UINT64_C(1) << 63)       /* in a ledger entry's tk */
 #define MANUAL_ORIGIN (UINT64_C(1) << 62) /* the manual clock's 0 s, so negatives work */
 #define MANUAL_RANGE 4.5e9                /* seconds either side of it */
+#define EVICTIONS 4                       /* evictions of a slot remembered (late outcomes) */
+#define TENTATIVE (UINT64_C(1) << 63)     /* an eviction mark before its swap */
 
 __extension__ typedef unsigned __int128 u128;
 
@@ -138,13 +141,19 @@ struct fz_breaker {
   uint64_t folded_rej, folded_fail, folded_slow;
   uint64_t totals_seen[4];        /* concurrent: the highest totals read (succ, rej, fail, slow) */
   uint64_t opens_total;           /* concurrent */
+  /* What the totals above (folded + live words, and opens_total) stood at when this
+   * breaker took its registry slot, plus one: its own totals are the difference. Totals
+   * only move forward over the slot's life, so a late write of an earlier breaker here,
+   * prepared from a value read before the reuse, can never find that value again. */
+  uint64_t base[5];               /* succ, rej, fail, slow, opens; 0 outside a registry */
   uint64_t cur_open_ns;           /* concurrent: the open period before jitter */
-  uint64_t last_use;              /* concurrent: bucket (no shift) a call last recycled a word in */
+  uint64_t last_use;              /* concurrent: bucket (no shift, all 64 bits) a call last recycled a word in */
 
   /* The count window: a ring of the last N outcomes and one aggregate word (beside the
    * cold words, which are written once a bucket at most: a breaker fits in 2.5 KB). */
   uint64_t cw_seq;                 /* concurrent: calls recorded so far */
   uint64_t cw_agg;                 /* concurrent: era << 33 | calls << 22 | fails << 11 | slow */
+  uint64_t cw_n;                   /* concurrent: era << 32 | ring size, for eras >= that era */
   int64_t cw_ring_off;             /* bytes from the breaker to its ring (count window only) */
 
   stripe stripes[NSTRIPES];
@@ -154,12 +163,33 @@ struct fz_breaker {
   uint64_t forced_until;        /* concurrent: end of the forced_open, ns */
   uint64_t forced_gen;          /* concurrent: generation forced_until belongs to (| STAMPING) */
 
-  /* The generation of the FZ_REMOVED state an idle eviction of this slot's breaker made
-   * last (0: none), kept when the slot is reused: a ticket of the generation before it
-   * was current when its breaker was evicted, and its outcome is the name's (fz_done
-   * answers FZ_ESTALE, see fz_late_id). */
-  uint64_t evicted;             /* concurrent */
+  /* The generations of the FZ_REMOVED states the last EVICTIONS idle evictions of this
+   * slot's breakers made (0: none), kept when the slot is reused: a ticket of the
+   * generation before one of them was current when its breaker was evicted, and its
+   * outcome is the name's (fz_done answers FZ_ESTALE, see fz_late_id). A mark is written
+   * TENTATIVE before the eviction's swap and confirmed after it; a tentative mark counts
+   * only while the state word is that very FZ_REMOVED state (so an eviction killed
+   * before its swap marks nothing: the breaker lives on, fzi_finish_marks drops it). */
+  uint64_t evicted[EVICTIONS];  /* concurrent; written under the registry's lock */
+  uint64_t ev_next;             /* under the registry's lock: the next mark to write */
+
+  /* Bytes from the breaker to its permits (max_concurrent, csrc/fz_permits.h), outside
+   * the breaker so that a breaker without the option pays no memory for them: in a
+   * registry after the slot's ring (a reuse of the slot keeps them: calls of the breaker
+   * that was there give their permits back into them), for an anonymous breaker after
+   * its ring when made with max_concurrent; 0: none. */
+  int64_t permits_off;
 };
+
+_Static_assert(sizeof(fzp) == FZ_PERMITS_BYTES, "a slot's ring area has room for the permits");
+
+/* The breaker's permits, or NULL (an anonymous breaker made without max_concurrent). */
+static inline fzp *permits_of(fz_breaker *b) {
+  /* relaxed: written before the breaker is published, and rewritten (the same value) by a
+   * reuse of its registry slot, which a stale handle may be reading (fzi_slot_init) */
+  int64_t off = (int64_t)at_load_rlx((uint64_t *)(void *)&b->permits_off);
+  return off ? (fzp *)(void *)((char *)b + off) : NULL;
+}
 
 /* An option a reload may rewrite while calls read it (fzi_reconfigure): a relaxed load.
  * Each option is read once per use; a call that straddles a reload may mix old and new
@@ -264,6 +294,32 @@ static uint32_t cnt_of(uint64_t w) { return (uint32_t)w; }
 
 static uint64_t epoch_now(fz_breaker *b);
 
+/*
+ * Incarnations. A registry slot passes from breaker to breaker; a call of an earlier
+ * breaker there may still be running, and may write at any moment (docs/registry.md,
+ * "Incarnations"). Every write a call makes to a breaker's words follows one protocol:
+ * read the words the write is computed from (acquire), then check that the identity is
+ * still the one the call started with (alive), then write with a compare-and-swap from
+ * the value read. A reuse stores every word with release after the identity went even
+ * (fzi_slot_init), so a call that read a word of the next breaker fails the check; and
+ * a reuse gives every word a value that word never held before (epochs jump ahead,
+ * totals jump ahead, generations go on), so a swap prepared before the reuse fails
+ * after it. Nothing else writes: no fetch-and-add on a breaker's words.
+ */
+static inline int alive(const fz_breaker *b, uint32_t id) { return (uint32_t)at_load_acq(&b->id) == id; }
+
+/* Adds n to *w, while the breaker is still the one of identity id. */
+static void add_if(fz_breaker *b, uint32_t id, uint64_t *w, uint64_t n) {
+  uint64_t v = at_load_acq(w);
+  while (alive(b, id) && !at_cas_sc(w, &v, v + n)) {}  /* seq_cst: as the failures' adds */
+}
+
+/* Sets *w to v, while the breaker is still the one of identity id. */
+static void set_if(fz_breaker *b, uint32_t id, uint64_t *w, uint64_t v) {
+  uint64_t cur = at_load_acq(w);
+  while (cur != v && alive(b, id) && !at_cas_acqrel(w, &cur, v)) {}
+}
+
 /* Whether the clock, read now, is still more than a window behind epoch tag. */
 static int clock_went_back(fz_breaker *b, uint32_t tag) {
   return (int32_t)(tag - (uint32_t)epoch_now(b)) > SPAN + 1;
@@ -276,36 +332,40 @@ static int clock_went_back(fz_breaker *b, uint32_t tag) {
  * belongs to a newer window than this caller's (it was descheduled between its clock
  * read and this add): the call is older than that window, so it goes to the totals
  * only and the newer counts are left alone (unless the clock now reads behind that word
- * too: a manual clock set back, whose words are recycled as old). Any other word (older, never used, or left
- * from before a jump of the clock) is recycled: the compare-and-swap that retags it
- * captures its count exactly, which moves into *folded.
- * Returns the count before the add (0 when it went to the totals only).
+ * too: a manual clock set back, whose words are recycled as old). Any other word (older,
+ * never used, or left from before a jump of the clock) is recycled: the
+ * compare-and-swap that retags it captures its count exactly, which moves into *folded.
+ * Every write is a compare-and-swap after the identity check (see "Incarnations").
+ * Returns the count before the add (0 when it went to the totals only, or nowhere).
  */
-static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint32_t e, int order) {
+static uint32_t tw_add(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e64, uint32_t id) {
+  uint32_t e = (uint32_t)e64;
   FAULT("counting");
-  uint64_t v = at_load_rlx(w);
+  uint64_t v = at_load_acq(w);
   for (;;) {
     int32_t ahead = (int32_t)(tag_of(v) - e);
-    if (ahead > SPAN + 1 && !clock_went_back(b, tag_of(v))) {
-      at_add_sc(folded, 1);
+    int back = ahead > SPAN + 1 && clock_went_back(b, tag_of(v));
+    if (!alive(b, id)) return 0;  /* after every word the write is computed from */
+    if (ahead > SPAN + 1 && !back) {
+      add_if(b, id, folded, 1);
       return 0;
     }
-    if (ahead > SPAN + 1) ahead = -1;  /* a word from before the clock was set back: recycle */
-    if (ahead >= 0) {
-      if (cnt_of(v) >= UINT32_C(0x80000000)) {  /* bucket saturated: totals still exact */
-        at_add_rlx(folded, 1);
-        return cnt_of(v);
-      }
-      /* seq_cst for failures: pairs with the seq_cst loads in tw_sum of a concurrent
-       * failure, so one of two racing failures sees both (see the design note). */
-      v = order == __ATOMIC_SEQ_CST ? at_add_sc(w, 1) : at_add_rlx(w, 1);
+    if (back) ahead = -1;  /* a word from before the clock was set back: recycle */
+    if (ahead >= 0 && cnt_of(v) >= UINT32_C(0x80000000)) {  /* saturated: totals still exact */
+      add_if(b, id, folded, 1);
       return cnt_of(v);
+    }
+    /* seq_cst: pairs with the seq_cst loads in tw_sum of a concurrent failure, so one
+     * of two racing failures sees both (see the design note) */
+    if (ahead >= 0) {
+      if (at_cas_sc(w, &v, v + 1)) return cnt_of(v);
+      continue;
     }
     if (at_cas_sc(w, &v, (uint64_t)e << 32 | 1)) {
       FAULT("folding");
-      at_add_sc(folded, cnt_of(v));
+      add_if(b, id, folded, cnt_of(v));
       /* at most once a bucket a word: the coarse stamp of the last call (idle eviction) */
-      at_store_rlx(&b->last_use, (uint32_t)(e - (uint32_t)at_load_rlx(&b->shift)));
+      set_if(b, id, &b->last_use, e64 - at_load_acq(&b->shift));
       return 0;
     }
   }
@@ -328,7 +388,6 @@ static uint64_t tw_all(const uint64_t *w) {
   return sum;
 }
 
-/* The bucket epoch of time t; remembers the newest one for calls that read no clock. */
 /*
  * Retires every word of `w`: its count moves to *folded and it is retagged just behind
  * the window that ends at epoch e. Called when the epoch has just jumped past a whole
@@ -336,13 +395,13 @@ static uint64_t tw_all(const uint64_t *w) {
  * epoch (tags keep only 32 bits of the epoch; this pass is what keeps them from
  * aliasing). A call racing with the pass may see its count moved to the totals only.
  */
-static void retire(uint64_t *w, uint64_t *folded, uint64_t e) {
+static void retire(fz_breaker *b, uint32_t id, uint64_t *w, uint64_t *folded, uint64_t e) {
   uint64_t behind = (uint64_t)(uint32_t)(e - SPAN - 2) << 32;
   for (int i = 0; i < NBUCKETS; i++) {
-    uint64_t v = at_load_rlx(&w[i]);
-    while (v != behind) {
+    uint64_t v = at_load_acq(&w[i]);
+    while (v != behind && alive(b, id)) {
       if (at_cas_sc(&w[i], &v, behind)) {
-        at_add_sc(folded, cnt_of(v));
+        add_if(b, id, folded, cnt_of(v));
         break;
       }
     }
@@ -350,21 +409,21 @@ static void retire(uint64_t *w, uint64_t *folded, uint64_t e) {
 }
 
 /* After the clock jumped past a whole window: one pass over every bucket. */
-static void retire_all(fz_breaker *b, uint64_t e) {
-  retire(b->fails, &b->folded_fail, e);
-  retire(b->slow, &b->folded_slow, e);
+static void retire_all(fz_breaker *b, uint64_t e, uint32_t id) {
+  retire(b, id, b->fails, &b->folded_fail, e);
+  retire(b, id, b->slow, &b->folded_slow, e);
   for (int i = 0; i < NSTRIPES; i++) {
-    retire(b->stripes[i].succ, &b->folded_succ, e);
-    retire(b->stripes[i].rej, &b->folded_rej, e);
+    retire(b, id, b->stripes[i].succ, &b->folded_succ, e);
+    retire(b, id, b->stripes[i].rej, &b->folded_rej, e);
   }
 }
 
 /* Moves the remembered epoch forward to e (the CAS winner retires every bucket when
  * the clock jumped past a whole window). */
-static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, uint64_t cur) {
-  while (e > cur) {
+static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, uint64_t cur, uint32_t id) {
+  while (e > cur && alive(b, id)) {
     if (at_cas_acqrel(&b->cur_epoch, &cur, e)) {
-      if (e - cur > SPAN + 1) retire_all(b, e);
+      if (e - cur > SPAN + 1) retire_all(b, e, id);
       break;
     }
   }
@@ -374,27 +433,31 @@ static __attribute__((noinline)) void advance_epoch(fz_breaker *b, uint64_t e, u
  * Division by the bucket width is a multiplication by its reciprocal (precomputed):
  * exact to within one bucket at the edges, and the same t always gives the same e. */
 static uint64_t epoch_now(fz_breaker *b) {
-  return (uint64_t)(((u128)now_ns() * OPT(b, bucket_inv)) >> 64) + at_load_rlx(&b->shift);
+  return (uint64_t)(((u128)now_ns() * OPT(b, bucket_inv)) >> 64) + at_load_acq(&b->shift);
 }
 
-static inline uint64_t epoch_at(fz_breaker *b, uint64_t t) {
-  uint64_t e = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64) + at_load_rlx(&b->shift);
-  uint64_t cur = at_load_rlx(&b->cur_epoch);
-  if (e > cur) advance_epoch(b, e, cur);  /* once a bucket */
+static inline uint64_t epoch_raw(fz_breaker *b, uint64_t t) {
+  return (uint64_t)(((u128)t * at_load_acq(&b->bucket_inv)) >> 64) + at_load_acq(&b->shift);
+}
+
+static inline uint64_t epoch_at(fz_breaker *b, uint64_t t, uint32_t id) {
+  uint64_t e = epoch_raw(b, t);
+  uint64_t cur = at_load_acq(&b->cur_epoch);
+  if (e > cur) advance_epoch(b, e, cur, id);  /* once a bucket */
   return e;
 }
 
 /* Bumps the counter of bucket epoch e in the array w (striped or not). */
-static uint32_t bump(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e, int order) {
-  return tw_add(b, &w[e % NBUCKETS], folded, (uint32_t)e, order);
+static uint32_t bump(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e, uint32_t id) {
+  return tw_add(b, &w[e % NBUCKETS], folded, e, id);
 }
 
 /* Starts a fresh window: every bucket written so far falls out of it. */
-static void fresh_window(fz_breaker *b) {
-  at_add_sc(&b->shift, NBUCKETS + 1);
-  epoch_at(b, now_ns());
-  uint64_t agg = at_load_rlx(&b->cw_agg);
-  while (!at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
+static void fresh_window(fz_breaker *b, uint32_t id) {
+  add_if(b, id, &b->shift, NBUCKETS + 1);
+  epoch_at(b, now_ns(), id);
+  uint64_t agg = at_load_acq(&b->cw_agg);
+  while (alive(b, id) && !at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
 }
 
 /* ---------------------------------------------------------------- tickets */
@@ -440,6 +503,7 @@ static const fz_bound BOUNDS[] = {
   { "count_window", 1, FZ_MAX_COUNT_WINDOW, 0, 0, 1, 1 },
   { "min_calls", 1, FZ_MAX_MIN_CALLS, 0, 0, 1, 0 },
   { "probes", 1, FZ_MAX_PROBES, 0, 0, 1, 0 },
+  { "max_concurrent", 1, FZ_MAX_CONCURRENT, 0, 0, 1, 1 },
 };
 enum { NBOUNDS = sizeof BOUNDS / sizeof BOUNDS[0] };
 
@@ -455,7 +519,7 @@ int fz_config_check(const fz_config *c) {
   if (!c) return FZ_EINVAL;
   const double v[] = { c->window, c->open_for, c->max_open_for, c->slow, c->probe_timeout,
                        c->failure_rate, c->slow_rate, c->backoff, c->jitter, c->fails,
-                       c->count_window, c->min_calls, c->probes };
+                       c->count_window, c->min_calls, c->probes, c->max_concurrent };
   _Static_assert(sizeof v / sizeof v[0] == NBOUNDS, "one bound per fz_config field");
   for (int i = 0; i < NBOUNDS; i++)
     if (!in_bound(&BOUNDS[i], v[i])) return FZ_EINVAL;
@@ -487,6 +551,7 @@ uint32_t fz_config_diff(const fz_config *a, const fz_config *b) {
   m |= a->count_window != b->count_window ? FZ_CFG_COUNT_WINDOW : 0;
   m |= a->min_calls != b->min_calls ? FZ_CFG_MIN_CALLS : 0;
   m |= a->probes != b->probes ? FZ_CFG_PROBES : 0;
+  m |= a->max_concurrent != b->max_concurrent ? FZ_CFG_MAX_CONCURRENT : 0;
   return m;
 }
 
@@ -511,6 +576,7 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
   b->flags = (c->failure_rate > 0 || c->slow_rate > 0 ? F_RATE : 0) | (c->count_window ? F_CW : 0) |
              (c->slow > 0 ? F_SLOW : 0);
   b->cur_open_ns = b->open_for_ns;
+  b->cw_n = c->count_window;
   b->key = (uint64_t)(1 + (uint32_t)(rand01() * 8191)) << 40;  /* 1..8191: never 0 */
   b->sw = sw_make(0, FZ_CLOSED);
   if (name) memcpy(b->name, name, len);
@@ -521,13 +587,15 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
 fz_breaker *fz_breaker_new(const fz_config *c, int *err) {
   int rc = fz_config_check(c);
   fz_breaker *b = NULL;
-  size_t ring = rc == FZ_OK ? (size_t)c->count_window * sizeof(uint32_t) : 0;
-  if (rc == FZ_OK && !(b = aligned_alloc(LINE, (sizeof *b + ring + LINE - 1) / LINE * LINE))) rc = FZ_ENOMEM;
+  size_t ring = rc == FZ_OK ? ((size_t)c->count_window * sizeof(uint32_t) + LINE - 1) / LINE * LINE : 0;
+  size_t permits = rc == FZ_OK && c->max_concurrent ? sizeof(fzp) : 0;
+  if (rc == FZ_OK && !(b = aligned_alloc(LINE, (sizeof *b + ring + permits + LINE - 1) / LINE * LINE))) rc = FZ_ENOMEM;
   if (err) *err = rc;
   if (rc != FZ_OK) return NULL;
   breaker_init(b, c, NULL, 0);
-  b->cw_ring_off = (int64_t)sizeof *b;  /* the ring follows the breaker */
-  memset(b + 1, 0, ring);
+  b->cw_ring_off = (int64_t)sizeof *b;  /* the ring follows the breaker, then the permits */
+  b->permits_off = permits ? (int64_t)(sizeof *b + ring) : 0;
+  memset(b + 1, 0, ring + permits);
   return b;
 }
 
@@ -580,61 +648,69 @@ static uint64_t ms_since(uint64_t st, uint64_t t_ms) {
  * the newer claim right after and swaps that value back. It ends the stamp with a
  * compare-and-swap, never over a newer claim. If the circuit is
  * open with a stamp left half-written, open_due reads it as "due": a probe is admitted
- * early rather than the circuit staying open for ever.
+ * early rather than the circuit staying open for ever. Every timed stamp uses this one
+ * protocol: the end of an open period (until/until_gen) and of a timed forced_open
+ * (forced_until/forced_gen).
  */
-static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
-  uint64_t cur = at_load_acq(&b->until_gen);
+static void stamp(uint64_t *gen_w, uint64_t *end_w, uint64_t gen, uint64_t end_ns, const char *where) {
+  (void)where;  /* the fault point's name: only the -DFZ_FAULTS build uses it */
+  uint64_t cur = at_load_acq(gen_w);
   for (;;) {
     if ((cur & ~STAMPING) > gen || cur == gen) return;  /* newer, or this gen is stamped */
     if (cur == (gen | STAMPING)) break;  /* another stamper of gen, alive or dead: finish */
-    if (at_cas_acqrel(&b->until_gen, &cur, gen | STAMPING)) break;
+    if (at_cas_acqrel(gen_w, &cur, gen | STAMPING)) break;
   }
-  uint64_t u = at_load_sc(&b->until);
+  uint64_t u = at_load_sc(end_w);
   for (;;) {
     /* after the load of u: a newer claim seen here was made after u was read */
-    if (at_load_sc(&b->until_gen) != (gen | STAMPING)) return;  /* done, or a newer claim */
-    FAULT("stamping");
-    if (at_cas_sc(&b->until, &u, end_ns)) break;  /* fails if `until` moved since u */
+    if (at_load_sc(gen_w) != (gen | STAMPING)) return;  /* done, or a newer claim */
+    FAULT(where);
+    if (at_cas_sc(end_w, &u, end_ns)) break;  /* fails if the end moved since u */
   }
-  cur = at_load_sc(&b->until_gen);
+  cur = at_load_sc(gen_w);
   if ((cur & ~STAMPING) > gen) {  /* a newer claim whose end was u: give it back */
     uint64_t mine = end_ns;
-    at_cas_sc(&b->until, &mine, u);
+    at_cas_sc(end_w, &mine, u);
     return;
   }
   cur = gen | STAMPING;
-  at_cas_acqrel(&b->until_gen, &cur, gen);  /* release: pairs with the acquire in open_due */
+  at_cas_acqrel(gen_w, &cur, gen);  /* release: pairs with the acquire in open_due / forced_end */
+}
+
+/* The end of the open period of generation gen. */
+static void stamp_open(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
+  stamp(&b->until_gen, &b->until, gen, end_ns, "stamping");
 }
 
 /* closed -> open. Returns the transition code, or 0 when another caller moved first. */
-static int trip(fz_breaker *b, uint64_t sw, uint64_t t) {
+static int trip(fz_breaker *b, uint64_t sw, uint64_t t, uint32_t id) {
   stamp_open(b, sw_gen(sw) + 1, t + jittered(b, OPT(b, open_for_ns)));
   FAULT("trip-stamped");
   /* acq_rel: the stamp above happens-before any reader that sees this open state */
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
   FAULT("tripped");
-  at_store_rlx(&b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
-  at_add_rlx(&b->opens_total, 1);
+  set_if(b, id, &b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
+  add_if(b, id, &b->opens_total, 1);
   return trans_code(FZ_CLOSED, FZ_OPEN);
 }
 
 /* half_open -> open after a failed or timed-out probe: the open period backs off. */
-static int reopen(fz_breaker *b, uint64_t sw, uint64_t t) {
+static int reopen(fz_breaker *b, uint64_t sw, uint64_t t, uint32_t id) {
   double next = (double)at_load_rlx(&b->cur_open_ns) * OPT(b, cfg.backoff);
   uint64_t max_open = OPT(b, max_open_ns);
   uint64_t period = next > (double)max_open ? max_open : (uint64_t)next;
   stamp_open(b, sw_gen(sw) + 1, t + jittered(b, period));
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_OPEN))) return 0;
-  at_store_rlx(&b->cur_open_ns, period);
-  at_add_rlx(&b->opens_total, 1);
+  set_if(b, id, &b->cur_open_ns, period);
+  add_if(b, id, &b->opens_total, 1);
   return trans_code(FZ_HALF_OPEN, FZ_OPEN);
 }
 
 /* half_open -> closed. The fresh window is laid before the swap: while half-open no
  * rule reads the window, so a swap that loses leaves nothing wrong behind. The backoff
  * is left alone: the next trip starts a new run of open periods. */
-static int close_circuit(fz_breaker *b, uint64_t sw) {
-  fresh_window(b);
+static int close_circuit(fz_breaker *b, uint64_t sw, uint32_t id) {
+  fresh_window(b, id);
   FAULT("closing");
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_CLOSED))) return 0;
   return trans_code(FZ_HALF_OPEN, FZ_CLOSED);
@@ -696,7 +772,7 @@ static int probe_take(fz_breaker *b, uint32_t g32, unsigned slot, int succ, uint
 /* Makes a transition due by time alone, if one is: returns its code (0 when none was
  * made by this caller) and leaves the current state word in *sw. At most one, so that
  * the caller can report exactly what it did. */
-static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
+static int settle(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id) {
   int made = 0, st = sw_state(*sw);
   unsigned slot;
   if (st == FZ_OPEN && open_due(b, *sw, t)) {
@@ -707,8 +783,8 @@ static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
     uint64_t ho;
     /* the caller that takes the timed-out probe back counts it as failed, once */
     if (probe_take(b, (uint32_t)sw_gen(*sw), slot - 1, 0, &ho)) {
-      at_add_sc(&b->folded_fail, 1);
-      made = reopen(b, *sw, t);
+      add_if(b, id, &b->folded_fail, 1);
+      made = reopen(b, *sw, t, id);
     }
   } else {
     return 0;
@@ -720,13 +796,25 @@ static int settle(fz_breaker *b, uint64_t *sw, uint64_t t) {
 
 /* The timed forced_open (defined with the manual states). */
 static uint64_t forced_end(fz_breaker *b, uint64_t sw);
-static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t);
+static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id);
 static int both(int first, int second);
 
 /* ---------------------------------------------------------------- admission */
 
-static void count_rejection(fz_breaker *b, uint64_t e) {
-  bump(b, my_stripe(b)->rej, &b->folded_rej, e, __ATOMIC_RELAXED);
+/*
+ * Whether the state word sw, just re-read after an attempt at a transition, is still
+ * that of the breaker of identity `id` (the one the call came in for): not removed,
+ * and the slot not passed to another breaker. Every path that re-reads the state word
+ * and then issues a ticket or counts from it asks this first (the identity is read
+ * after the state word: a reuse stores the new breaker's state word with release after
+ * the removal made the identity even, see fzi_slot_init). Only slow paths re-read.
+ */
+static int still(fz_breaker *b, uint32_t id, uint64_t sw) {
+  return sw_state(sw) != FZ_REMOVED && (uint32_t)at_load_acq(&b->id) == id;
+}
+
+static void count_rejection(fz_breaker *b, uint64_t e, uint32_t id) {
+  bump(b, my_stripe(b)->rej, &b->folded_rej, e, id);
 }
 
 /* Claims a probe slot in half-open generation sw; returns the ticket or a rejection. */
@@ -752,7 +840,7 @@ static void stamp_probe(fz_breaker *b, unsigned slot, uint32_t g32, uint64_t t) 
   }
 }
 
-static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
+static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made, uint32_t id) {
   uint32_t g32 = (uint32_t)sw_gen(sw);
   uint64_t ho = at_load_acq(&b->ho);
   unsigned slot;
@@ -762,7 +850,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
     if (ahead < 0) succ = busy = 0;  /* the first probe of this generation */
     if (ahead > 0 || (uint32_t)__builtin_popcount(busy) >= OPT(b, cfg.probes)) {
       /* `probes` run already, or a later half-open began: this call's view is stale */
-      count_rejection(b, epoch_at(b, t));
+      count_rejection(b, epoch_at(b, t, id), id);
       return rejection(FZ_HALF_OPEN, made ? 1 : 0);
     }
     slot = (unsigned)__builtin_ctz(~busy);
@@ -777,35 +865,40 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made) {
   uint64_t now_sw = at_load_acq(&b->sw);
   if (now_sw != sw) {
     probe_release(b, sw_gen(sw), slot);
+    if (!still(b, id, now_sw)) return rejection(FZ_STALE, 0);  /* another breaker's state */
     if (sw_state(now_sw) == FZ_CLOSED) return ticket(b, sw_gen(now_sw), 0, KIND_NORMAL, made ? 1 : 0);
     if (sw_state(now_sw) == FZ_DISABLED) return ticket(b, sw_gen(now_sw), 0, KIND_PASS, made ? 1 : 0);
-    count_rejection(b, epoch_at(b, t));
+    count_rejection(b, epoch_at(b, t, id), id);
     return rejection(sw_state(now_sw), made ? 1 : 0);
   }
   return ticket(b, sw_gen(sw), slot, KIND_PROBE, made ? 1 : 0);
 }
 
 /* fz_enter when the circuit is not closed. A state machine: one case a state. */
-static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
+static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw, uint32_t id) {
   /* the manual states need no clock: forced_open counts in the bucket of the last read */
   if (sw_state(sw) == FZ_DISABLED) return ticket(b, sw_gen(sw), 0, KIND_PASS, 0);
   if (sw_state(sw) == FZ_FORCED_OPEN && !forced_end(b, sw)) {
-    count_rejection(b, at_load_rlx(&b->cur_epoch));
+    count_rejection(b, at_load_acq(&b->cur_epoch), id);
     return rejection(FZ_FORCED_OPEN, 0);
   }
+  /* retired (fz_enter, which checks no identity): nothing to count into */
+  if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_REMOVED, 0);
   uint64_t t = now_ns();
   if (sw_state(sw) == FZ_FORCED_OPEN) {  /* timed: lifted when its time is up */
-    int lifted = lift_forced(b, &sw, t);
+    int lifted = lift_forced(b, &sw, t, id);
+    if (!lifted && !still(b, id, sw)) return rejection(FZ_STALE, 0);
     if (lifted || sw_state(sw) == FZ_FORCED_OPEN) {
-      count_rejection(b, epoch_at(b, t));
+      count_rejection(b, epoch_at(b, t, id), id);
       return lifted ? rejection(FZ_OPEN, 3) : rejection(FZ_FORCED_OPEN, 0);
     }
   }
-  int made = settle(b, &sw, t);
+  int made = settle(b, &sw, t, id);
+  if (!still(b, id, sw)) return rejection(FZ_STALE, 0);  /* re-read: the slot moved on */
   if (made == trans_code(FZ_HALF_OPEN, FZ_OPEN)) {
     /* this call re-opened the circuit: it is rejected, and the rejection says so,
      * whatever another caller made of the state since */
-    count_rejection(b, epoch_at(b, t));
+    count_rejection(b, epoch_at(b, t, id), id);
     return rejection(FZ_OPEN, 2);
   }
   /* the transition this call made travels back in the ticket, whatever happened next */
@@ -816,9 +909,9 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
   case FZ_DISABLED:
     return ticket(b, sw_gen(sw), 0, KIND_PASS, to_half);
   case FZ_HALF_OPEN:
-    return claim_probe(b, sw, t, to_half);
+    return claim_probe(b, sw, t, to_half, id);
   default: /* FZ_OPEN, FZ_FORCED_OPEN */
-    count_rejection(b, epoch_at(b, t));
+    count_rejection(b, epoch_at(b, t, id), id);
     return rejection(sw_state(sw), to_half ? 1 : 0);
   }
 }
@@ -828,25 +921,37 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw) {
 static inline int reject_open(fz_breaker *b, uint64_t sw) {
   uint64_t t = now_ns();
   if (open_due(b, sw, t)) return 0;
-  uint64_t e = epoch_at(b, t);
+  uint64_t e = epoch_raw(b, t);
   uint32_t si = t_stripe;
-  uint64_t *w = si == UINT32_MAX ? NULL : &b->stripes[si].rej[e % NBUCKETS];
-  uint64_t v = w ? at_load_rlx(w) : 0;
-  if (w && tag_of(v) == (uint32_t)e && cnt_of(v) < UINT32_C(0x80000000)) at_add_rlx(w, 1);
-  else count_rejection(b, e);
-  return 1;
+  if (si == UINT32_MAX || e > at_load_acq(&b->cur_epoch)) return 0;  /* enter_slow counts it */
+  uint64_t *w = &b->stripes[si].rej[e % NBUCKETS];
+  uint64_t v = at_load_acq(w);
+  /* the state word again, after every word the add is computed from: unchanged, they
+   * are this breaker's (see "Incarnations"); then the add is a swap from what was read */
+  if (tag_of(v) != (uint32_t)e || cnt_of(v) >= UINT32_C(0x80000000) || at_load_acq(&b->sw) != sw) return 0;
+  return at_cas_acqrel(w, &v, v + 1);
 }
 
 /* fz_enter's body, inlined into fz_allow too (an exported function may be interposed,
  * so the compiler calls it through the PLT instead). */
-static inline double enter_sw(fz_breaker *b, uint64_t sw) {
+static inline double enter_sw(fz_breaker *b, uint64_t sw, uint32_t id) {
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
   if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
-  return enter_slow(b, sw);
+  return enter_slow(b, sw, id);
+}
+
+/* fz_enter's slow path has no identity from a handle: it takes the one the breaker has
+ * now (read after the state word), so that a slot that passes to another breaker while
+ * the call runs is noticed there too. */
+static __attribute__((noinline)) double enter_slow_any(fz_breaker *b, uint64_t sw) {
+  return enter_slow(b, sw, (uint32_t)at_load_acq(&b->id));
 }
 
 static inline double enter(fz_breaker *b) {
-  return enter_sw(b, at_load_acq(&b->sw));  /* acquire: pairs with the acq_rel swap of a transition */
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
+  if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
+  return enter_slow_any(b, sw);
 }
 
 double fz_enter(fz_breaker *b) { return enter(b); }
@@ -994,7 +1099,7 @@ double fz_allow_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in fz_enter_id */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);
-  double u = enter_sw(b, sw);
+  double u = enter_sw(b, sw, id);
   return u > 0 ? track(b, (uint64_t)(int64_t)u) : u;
 }
 
@@ -1013,17 +1118,17 @@ double fz_enter_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);  /* its identity goes next */
-  return enter_sw(b, sw);
+  return enter_sw(b, sw, id);
 }
 
 /* ---------------------------------------------------------------- outcomes */
 
 /* Adds (sign 1) or removes (sign -1) one outcome to the aggregate of era `era`.
  * Returns the new aggregate, or 0 when a fresh window has begun meanwhile. */
-static uint64_t cw_apply(fz_breaker *b, uint64_t era, int sign, uint32_t bits) {
+static uint64_t cw_apply(fz_breaker *b, uint64_t era, int sign, uint32_t bits, uint32_t id) {
   uint64_t agg = at_load_acq(&b->cw_agg);
   for (;;) {
-    if (agg >> 33 != era) return 0;
+    if (agg >> 33 != era || !alive(b, id)) return 0;
     uint64_t calls = (agg >> 22 & 0x7ff) + (uint64_t)(int64_t)sign;
     uint64_t f = (agg >> 11 & 0x7ff) + (bits & CW_FAIL ? (uint64_t)(int64_t)sign : 0);
     uint64_t s = (agg & 0x7ff) + (bits & CW_SLOW ? (uint64_t)(int64_t)sign : 0);
@@ -1040,22 +1145,30 @@ static uint64_t cw_apply(fz_breaker *b, uint64_t era, int sign, uint32_t bits) {
  * calls to N). A writer whose era has passed (a fresh window began) leaves the ring
  * alone when the slot already holds a newer era's outcome.
  */
-static uint64_t cw_record(fz_breaker *b, int fail, int slow) {
-  uint32_t n = OPT(b, cfg.count_window);
-  if (!n) return 0;  /* a reload made it a time window while this call ran */
+static uint64_t cw_record(fz_breaker *b, int fail, int slow, uint32_t id) {
+  if (!OPT(b, cfg.count_window)) return 0;  /* a reload made it a time window while this call ran */
   uint64_t era = at_load_acq(&b->cw_agg) >> 33;
+  /* the ring's size is the era's (cw_n, written by a reload before the era it starts):
+   * a call never indexes the ring of one era with the size of another */
+  uint64_t cw_n = at_load_acq(&b->cw_n);
+  uint32_t n = (uint32_t)cw_n;
+  FAULT("cw-sized");
+  if (cw_n >> 32 > era || !n) return 0;  /* a reload is starting another era: none of it */
   uint32_t era28 = (uint32_t)era & 0x0fffffff;
   uint32_t nv = era28 << 4 | CW_VALID | (fail ? CW_FAIL : 0) | (slow ? CW_SLOW : 0);
-  uint64_t agg = cw_apply(b, era, 1, nv);
+  uint64_t agg = cw_apply(b, era, 1, nv, id);
   if (!agg) return 0;  /* a fresh window began: this outcome belongs to none */
-  uint32_t *ring = (uint32_t *)(void *)((char *)b + b->cw_ring_off);
-  uint32_t *slot = &ring[at_add_rlx(&b->cw_seq, 1) % n];
+  uint32_t *ring = (uint32_t *)(void *)((char *)b + at_load_acq((const uint64_t *)&b->cw_ring_off));
+  uint64_t seq = at_load_acq(&b->cw_seq);
+  while (alive(b, id) && !at_cas_acqrel(&b->cw_seq, &seq, seq + 1)) {}
+  uint32_t *slot = &ring[seq % n];
   uint32_t old = at_load32_acq(slot);
   do {
     if ((old & CW_VALID) && (int32_t)(((old >> 4) - era28) << 4) > 0) return 0;  /* newer era */
+    if (!alive(b, id)) return 0;
   } while (!at_cas32_acqrel(slot, &old, nv));
   if ((old & CW_VALID) && old >> 4 == era28) {
-    uint64_t after = cw_apply(b, era, -1, old);
+    uint64_t after = cw_apply(b, era, -1, old, id);
     if (after) agg = after;
   }
   return agg;
@@ -1093,16 +1206,16 @@ static uint32_t sum_succ(fz_breaker *b, uint32_t e) {
 }
 
 /* An outcome of a call admitted while closed (generation sw), through the rules. */
-static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
-  uint64_t t = now_ns(), e = epoch_at(b, t);
-  if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
-  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
-  if (slow) bump(b, b->slow, &b->folded_slow, e, __ATOMIC_SEQ_CST);
+static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow, uint32_t id) {
+  uint64_t t = now_ns(), e = epoch_at(b, t, id);
+  if (fail) bump(b, b->fails, &b->folded_fail, e, id);
+  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, id);
+  if (slow) bump(b, b->slow, &b->folded_slow, e, id);
   const rules r = rules_of(b), *c = &r;
   uint32_t flags = OPT(b, flags);
   uint64_t calls, f, s;
   if (flags & F_CW) {
-    uint64_t agg = cw_record(b, fail, slow);
+    uint64_t agg = cw_record(b, fail, slow, id);
     if (!agg) return 0;
     calls = cw_calls(b, agg), f = agg >> 11 & 0x7ff, s = agg & 0x7ff;
   } else {
@@ -1119,25 +1232,25 @@ static int closed_record(fz_breaker *b, uint64_t sw, int fail, int slow) {
     if (!need_f) f = tw_sum(b->fails, (uint32_t)e);  /* calls are successes + failures */
     calls = f + sum_succ(b, (uint32_t)e);
   }
-  return rules_trip(c, calls, f, s) ? trip(b, sw, t) : 0;
+  return rules_trip(c, calls, f, s) ? trip(b, sw, t, id) : 0;
 }
 
 /* The outcome of the probe in `slot` of half-open generation sw. A slow probe counts
  * as failed when a slow-call rate rule is set. */
-static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int slow) {
+static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int slow, uint32_t id) {
   int bad = fail || (slow && OPT(b, cfg.slow_rate) > 0);
   uint64_t ho;
   FAULT("probe-recording");
   /* a probe taken back already (timed out) was counted as failed by whoever took it */
   if (!probe_take(b, (uint32_t)sw_gen(sw), slot, !bad, &ho)) return 0;
-  uint64_t t = now_ns(), e = epoch_at(b, t);
-  if (slow) bump(b, b->slow, &b->folded_slow, e, __ATOMIC_SEQ_CST);
-  if (fail) bump(b, b->fails, &b->folded_fail, e, __ATOMIC_SEQ_CST);
-  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, __ATOMIC_RELAXED);
-  if (bad) return reopen(b, sw, t);
+  uint64_t t = now_ns(), e = epoch_at(b, t, id);
+  if (slow) bump(b, b->slow, &b->folded_slow, e, id);
+  if (fail) bump(b, b->fails, &b->folded_fail, e, id);
+  else bump(b, my_stripe(b)->succ, &b->folded_succ, e, id);
+  if (bad) return reopen(b, sw, t, id);
   /* only the success that completes `probes` closes; later ones of this generation
    * (probes still running when it closed) are stale */
-  return (ho >> 16 & 0xffff) == OPT(b, cfg.probes) ? close_circuit(b, sw) : 0;
+  return (ho >> 16 & 0xffff) == OPT(b, cfg.probes) ? close_circuit(b, sw, id) : 0;
 }
 
 /* An ignored probe gives its slot back. */
@@ -1158,20 +1271,21 @@ static void probe_release(fz_breaker *b, uint64_t gen, unsigned slot) {
  * and for every 64th call, so a busy one stays current. Returns 1 when it counted.
  */
 static inline int done_fast(fz_breaker *b, uint64_t t) {
-  if ((t & 0x7f) != KIND_NORMAL << 1 || OPT(b, flags)) return 0;
-  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
   uint32_t si = t_stripe;
+  if ((t & 0x7f) != KIND_NORMAL << 1 || OPT(b, flags) || si == UINT32_MAX) return 0;
+  /* the words the add is computed from first (acquire), the state word after them: a
+   * ticket current in it means they are this breaker's (see "Incarnations") */
+  uint64_t e = at_load_acq(&b->cur_epoch);
+  uint64_t *w = &b->stripes[si].succ[e % NBUCKETS];
+  uint64_t v = at_load_acq(w);
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the swap of a transition */
   /* one compare: key, generation, and state closed (sw << 5 puts the generation at bit 8
    * and the state at bits 5-7, which are 0 in a kind-1 ticket) */
-  if ((t & ~UINT64_C(0x1f)) != (at_load_rlx(&b->key) | ((sw << 5) & (GEN_MASK << 8 | 0xe0))) || si == UINT32_MAX)
-    return 0;
-  uint64_t e = at_load_rlx(&b->cur_epoch);
-  uint64_t *w = &b->stripes[si].succ[e % NBUCKETS];
-  uint64_t v = at_load_rlx(w);
+  if ((t & ~UINT64_C(0x1f)) != (at_load_rlx(&b->key) | ((sw << 5) & (GEN_MASK << 8 | 0xe0)))) return 0;
   uint32_t n = cnt_of(v);
   if (tag_of(v) != (uint32_t)e || n < 64 || (n & 63) == 63 || n >= UINT32_C(0x80000000)) return 0;
-  at_add_rlx(w, 1);  /* a retag racing with this lands it a bucket late, never lost */
-  return 1;
+  FAULT("done-fast");  /* tests only (-DFZ_FAULTS): nothing in other builds */
+  return at_cas_acqrel(w, &v, v + 1);  /* from what was read: else done_slow counts it */
 }
 
 static __attribute__((noinline)) int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed);
@@ -1204,11 +1318,20 @@ static int probe_busy(fz_breaker *b, uint64_t gen, unsigned slot) {
  * when it is a closed call's that was current when an idle eviction retired the breaker
  * (the outcome is its name's: the caller counts it with fz_late_id). */
 static int stale(fz_breaker *b, uint64_t gen, int kind) {
-  uint64_t ev = at_load_acq(&b->evicted);  /* acquire: pairs with the release in fzi_retire */
-  return kind == KIND_NORMAL && ev && gen == ((ev - 1) & GEN_MASK) ? FZ_ESTALE : 0;
+  if (kind != KIND_NORMAL) return 0;
+  for (int i = 0; i < EVICTIONS; i++) {
+    uint64_t ev = at_load_acq(&b->evicted[i]);  /* acquire: pairs with the release in fzi_retire */
+    uint64_t g = ev & ~TENTATIVE;
+    if (!g || gen != ((g - 1) & GEN_MASK)) continue;
+    if (!(ev & TENTATIVE) || at_load_acq(&b->sw) == sw_make(g, FZ_REMOVED)) return FZ_ESTALE;
+  }
+  return 0;
 }
 
 static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
+  /* the identity before the state word: a state word current for the ticket then means
+   * that identity is the ticket's breaker's (every write below checks it, "Incarnations") */
+  uint32_t id = (uint32_t)at_load_acq(&b->id);
   int kind = (int)(t >> 1 & 3);
   unsigned slot = (unsigned)(t >> 3 & 15);
   if (kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || (t & TK_TRACKED) ||
@@ -1230,22 +1353,26 @@ static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
   int fail = outcome == FZ_FAILURE;
   double slow_s = OPT(b, cfg.slow);
   int slow = slow_s > 0 && elapsed >= slow_s;
-  if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail, slow);
+  if (kind == KIND_PROBE) return probe_record(b, sw, slot, fail, slow, id);
   if (!fail && !slow && !OPT(b, flags)) {
     /* what done_fast declined: count in the bucket of a fresh clock read */
-    bump(b, my_stripe(b)->succ, &b->folded_succ, epoch_at(b, now_ns()), __ATOMIC_RELAXED);
+    bump(b, my_stripe(b)->succ, &b->folded_succ, epoch_at(b, now_ns(), id), id);
     return 0;
   }
   FAULT("recording");
-  return closed_record(b, sw, fail, slow);
+  int rc = closed_record(b, sw, fail, slow, id);
+  /* retired while it recorded (its writes then stopped): the outcome is the name's when
+   * an eviction did it, as for a ticket found stale above */
+  return alive(b, id) ? rc : stale(b, gen, kind);
 }
 
 /* ---------------------------------------------------------------- reading */
 
 int fz_state(fz_breaker *b) {
+  uint32_t id = (uint32_t)at_load_acq(&b->id);  /* before the state word, as in done_slow */
   uint64_t sw = at_load_acq(&b->sw);
-  int lifted = sw_state(sw) == FZ_FORCED_OPEN ? lift_forced(b, &sw, now_ns()) : 0;
-  int made = sw_state(sw) == FZ_OPEN || sw_state(sw) == FZ_HALF_OPEN ? settle(b, &sw, now_ns()) : 0;
+  int lifted = sw_state(sw) == FZ_FORCED_OPEN ? lift_forced(b, &sw, now_ns(), id) : 0;
+  int made = sw_state(sw) == FZ_OPEN || sw_state(sw) == FZ_HALF_OPEN ? settle(b, &sw, now_ns(), id) : 0;
   return sw_state(sw) + 256 * both(lifted, made);
 }
 
@@ -1283,20 +1410,22 @@ static void read_totals(fz_breaker *b, fz_stats *out) {
   }
   fail += tw_all(b->fails);
   slow += tw_all(b->slow);
-  out->successes_total = seen_max(&b->totals_seen[0], succ);
-  out->rejections_total = seen_max(&b->totals_seen[1], rej);
-  out->failures_total = seen_max(&b->totals_seen[2], fail);
-  out->slow_total = seen_max(&b->totals_seen[3], slow);
+  /* base: read after the words (acquire), it is at least as new as they are */
+  out->successes_total = seen_max(&b->totals_seen[0], succ) - at_load_acq(&b->base[0]);
+  out->rejections_total = seen_max(&b->totals_seen[1], rej) - at_load_acq(&b->base[1]);
+  out->failures_total = seen_max(&b->totals_seen[2], fail) - at_load_acq(&b->base[2]);
+  out->slow_total = seen_max(&b->totals_seen[3], slow) - at_load_acq(&b->base[3]);
 }
 
 /* The snapshot of fz_stats_read and fz_stats_peek. With `settle`, due transitions are
  * made (and the code of one returned); without, the state they would give is reported. */
 static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   uint64_t t = now_ns();
+  uint32_t id = (uint32_t)at_load_acq(&b->id);  /* before the state word, as in done_slow */
   uint64_t sw = at_load_acq(&b->sw);
-  int lifted = settle_due ? lift_forced(b, &sw, t) : 0;
-  int made = settle_due ? both(lifted, settle(b, &sw, t)) : 0;
-  uint32_t e = (uint32_t)epoch_at(b, t);
+  int lifted = settle_due ? lift_forced(b, &sw, t, id) : 0;
+  int made = settle_due ? both(lifted, settle(b, &sw, t, id)) : 0;
+  uint32_t e = (uint32_t)epoch_at(b, t, id);
   memset(out, 0, sizeof *out);
   out->state = sw_state(sw);
   out->generation = sw_gen(sw);
@@ -1321,7 +1450,13 @@ static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   }
   out->retry_after = fz_retry_after(b);
   read_totals(b, out);
-  out->opens_total = at_load_rlx(&b->opens_total);
+  out->opens_total = at_load_acq(&b->opens_total) - at_load_acq(&b->base[4]);
+  fzp *p = permits_of(b);
+  if (p) {
+    out->running = fzp_running(p);
+    out->full_total = at_load_rlx(&p->full_total);
+    out->rejections_total += out->full_total;  /* both monotonic: so is the sum */
+  }
   return made;
 }
 
@@ -1334,9 +1469,10 @@ void fz_stats_peek(fz_breaker *b, fz_stats *out) { stats_fill(b, out, 0); }
 /* A breaker retired by a removal or an eviction (FZ_REMOVED) is left alone: a manual
  * state through a handle that went stale meanwhile must not bring it back (0). */
 static int move_to(fz_breaker *b, int to) {
+  uint32_t id = (uint32_t)at_load_acq(&b->id);
   uint64_t sw = at_load_acq(&b->sw);
   if (sw_state(sw) == FZ_REMOVED) return 0;
-  if (to == FZ_CLOSED) fresh_window(b);
+  if (to == FZ_CLOSED) fresh_window(b, id);
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED) return 0;
     if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) break;
@@ -1347,17 +1483,12 @@ static int move_to(fz_breaker *b, int to) {
 /* ---------------------------------------------------------------- timed forced_open */
 
 /* Publishes the end of the timed forced_open of generation gen BEFORE the swap that
- * enters it: the same small seqlock as stamp_open, on forced_until/forced_gen (own
- * fields, so that a trip racing with the force-open never lends it its end). */
+ * enters it: stamp_open's protocol (one for every timed stamp), on forced_until/forced_gen
+ * (own fields, so that a trip racing with the force-open never lends it its end). A
+ * stamper whose view is late never writes over a newer stamp, so none can leave the
+ * forced_open of a later generation without its end (forced for ever). */
 static void stamp_forced(fz_breaker *b, uint64_t gen, uint64_t end_ns) {
-  uint64_t cur = at_load_acq(&b->forced_gen);
-  for (;;) {
-    if ((cur & ~STAMPING) > gen || cur == gen) return;  /* newer, or this gen is stamped */
-    if (cur == (gen | STAMPING)) break;  /* another stamper of gen, alive or dead: finish */
-    if (at_cas_acqrel(&b->forced_gen, &cur, gen | STAMPING)) break;
-  }
-  at_store_rlx(&b->forced_until, end_ns);
-  at_store_rel(&b->forced_gen, gen);  /* release: pairs with the acquire in forced_end */
+  stamp(&b->forced_gen, &b->forced_until, gen, end_ns, "forced-stamping");
 }
 
 /* The end (ns) of the forced_open of state word sw when it is timed; 0 when sw is not
@@ -1378,13 +1509,14 @@ static int both(int first, int second) { return first && second ? first + 128 * 
  * state word in *sw. The open stamp of gen + 1 is safe: no one else stamps it, as only
  * a trip or a reopen from gen would, and gen is a forced_open.
  */
-static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t) {
+static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id) {
   uint64_t end = forced_end(b, *sw), want = *sw;
   if (!end || t < end) return 0;
   stamp_open(b, sw_gen(want) + 1, end);
+  FAULT("lifting");
   int made = 0;
   if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(want) + 1, FZ_OPEN))) {
-    at_store_rlx(&b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
+    set_if(b, id, &b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
     made = trans_code(FZ_FORCED_OPEN, FZ_OPEN);
   }
   *sw = at_load_acq(&b->sw);
@@ -1398,6 +1530,7 @@ int fz_force_open_for(fz_breaker *b, double seconds) {
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED) return 0;  /* as move_to */
     stamp_forced(b, sw_gen(sw) + 1, end);
+    FAULT("forced-stamped");
     if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_FORCED_OPEN))) break;
   }
   return trans_code(sw_state(sw), FZ_FORCED_OPEN);
@@ -1416,6 +1549,32 @@ int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed) {
   if ((uint32_t)at_load_acq(&b->id) != id || sw_state(sw) == FZ_REMOVED) return FZ_ESTALE;
   if (sw_state(sw) != FZ_CLOSED || outcome < FZ_SUCCESS || outcome > FZ_IGNORE) return 0;
   return fz_done(b, ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0), outcome, elapsed);
+}
+
+/* ---------------------------------------------------------------- permits */
+
+/* max_concurrent (csrc/fz_permits.h, csrc/fz_permits.c): with no limit set (a reload
+ * dropped it while calls held permits) a take still counts, so that gives balance. */
+int fz_permit_take(fz_breaker *b, int count_full) {
+  fzp *p = permits_of(b);
+  uint32_t limit = OPT(b, cfg.max_concurrent);
+  if (!p || fzp_take(p, limit ? limit : FZ_MAX_CONCURRENT * 4u)) return 1;
+  if (count_full) at_add_rlx(&p->full_total, 1);
+  return 0;
+}
+
+void fz_permit_give(fz_breaker *b) {
+  fzp *p = permits_of(b);
+  if (p) fzp_give(p);
+}
+
+/* A reload's copy (fz_registry.c, migrate): the permits copied beside the breaker, and
+ * their word made again (the copy was read while workers ran). */
+void fzi_permits_copy(fz_breaker *to, fz_breaker *from) {
+  fzp *p = permits_of(to), *q = permits_of(from);
+  if (!p || !q) return;
+  memcpy(p, q, sizeof *p);
+  fzp_rebuild(p);
 }
 
 /* ---------------------------------------------------------------- the library */
@@ -1455,40 +1614,77 @@ void fzi_set_id(fz_breaker *b, uint64_t id) {
   at_store_rel(&b->id, id);  /* release: pairs with the acquire in fz_enter_id and lookups */
 }
 
+/* The words of slot b's previous breaker that a call of it may still swap (see
+ * "Incarnations"), given values in tmp (the next breaker, built aside) that those words
+ * never held: epochs start EPOCH_GAP past the old ones (and the shift never goes back),
+ * the count window's era and sequence go on, and every total starts past everything
+ * counted so far (its base). */
+#define EPOCH_GAP (UINT64_C(1) << 20)
+static void carry_on(fz_breaker *b, fz_breaker *tmp) {
+  uint64_t cur = at_load_acq(&b->cur_epoch), shift = at_load_acq(&b->shift) + 1;
+  uint64_t raw = (uint64_t)(((u128)now_ns() * tmp->bucket_inv) >> 64);
+  if (raw + shift < cur + EPOCH_GAP) shift = cur + EPOCH_GAP - raw;
+  tmp->shift = shift;
+  tmp->cur_epoch = raw + shift;
+  retire_fresh(tmp, tmp->cur_epoch);
+  tmp->cw_agg = ((at_load_acq(&b->cw_agg) >> 33) + 1) << 33;
+  tmp->cw_n = (tmp->cw_agg >> 33) << 32 | tmp->cfg.count_window;
+  tmp->cw_seq = at_load_acq(&b->cw_seq) + 1;
+  uint64_t live[4] = { 0, 0, tw_all(b->fails), tw_all(b->slow) };
+  for (int i = 0; i < NSTRIPES; i++) live[0] += tw_all(b->stripes[i].succ), live[1] += tw_all(b->stripes[i].rej);
+  uint64_t *folded[4] = { &b->folded_succ, &b->folded_rej, &b->folded_fail, &b->folded_slow };
+  uint64_t *to[4] = { &tmp->folded_succ, &tmp->folded_rej, &tmp->folded_fail, &tmp->folded_slow };
+  for (int i = 0; i < 4; i++) {
+    uint64_t past = at_load_acq(folded[i]) + live[i] + 1, seen = at_load_acq(&b->totals_seen[i]);
+    if (past <= seen) past = seen + 1;
+    *to[i] = tmp->base[i] = tmp->totals_seen[i] = past;
+  }
+  tmp->opens_total = tmp->base[4] = at_load_acq(&b->opens_total) + 1;
+  uint64_t open_ns = at_load_acq(&b->cur_open_ns);
+  if (tmp->cur_open_ns == open_ns) tmp->cur_open_ns ^= 1;  /* 1 ns off: a value it never held */
+}
+
 /* A breaker in a registry slot, with the slot's ring (room for FZ_MAX_COUNT_WINDOW).
- * The slot's generation goes on from the previous breaker there, so that its tickets are
- * stale here. The identity is left 0 (not live) for the registry to publish. Built aside,
- * then stored word by word with atomic stores: a stale handle may be reading the slot's
- * state word and identity meanwhile (fz_enter_id). */
+ * Built aside, then stored word by word with release stores, whether the slot was used
+ * before or not: a stale handle may be reading any word of the slot meanwhile, and a
+ * reader that acquires one of the new words then sees the retirement that came before
+ * this reuse (fzi_retire, and the even identity the registry stored after it).
+ *
+ * Nothing that numbers the slot's life restarts (docs/registry.md, "Incarnations"):
+ *   - the identity is not written at all: it stays the even value the removal left (or
+ *     0 for a slot never used) until the registry publishes the next odd one, so a
+ *     process killed anywhere in here leaves an identity that the next reuse continues;
+ *   - the generation goes on from the state word's, and the words stamped with a
+ *     generation (the open and forced ends, the half-open word, probe starts, the last
+ *     eviction) are kept: their generations are all older than the new breaker's;
+ *   - the key goes on (a ticket of an earlier breaker here is stale by generation).
+ * The state word is stored last. */
 void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t len, uint32_t *ring) {
   typedef uint64_t __attribute__((may_alias)) word;
   fz_breaker tmp;
-  uint64_t gen = sw_gen(at_load_acq(&b->sw));
-  if (gen == 0 && at_load_acq(&b->id) == 0) {
-    /* a slot never used: no handle can point at it, so it is built in place */
-    breaker_init(b, c, name, len);
-    b->in_registry = 1;
-    b->sw = sw_make(1, FZ_CLOSED);
-    b->last_use = (uint32_t)(((u128)now_ns() * b->bucket_inv) >> 64);
-    b->cw_ring_off = (int64_t)((char *)ring - (char *)b);
-    memset(ring, 0, (size_t)c->count_window * sizeof *ring);
-    return;
-  }
+  uint64_t gen = sw_gen(at_load_acq(&b->sw)), key = at_load_rlx(&b->key);
   breaker_init(&tmp, c, name, len);
-  /* the slot's key goes on too: a ticket of an earlier breaker here is then stale by its
-   * generation (counts nothing, no error), as it was between the removal and the reuse */
-  tmp.key = at_load_rlx(&b->key);
-  tmp.evicted = at_load_rlx(&b->evicted);  /* late outcomes of its last evicted breaker */
+  if (key) tmp.key = key;  /* 0: a slot never used takes the one breaker_init drew */
+  for (int i = 0; i < EVICTIONS; i++) tmp.evicted[i] = at_load_rlx(&b->evicted[i]);  /* late outcomes */
+  tmp.ev_next = at_load_rlx(&b->ev_next);
+  tmp.until = at_load_rlx(&b->until), tmp.until_gen = at_load_rlx(&b->until_gen) & ~STAMPING;
+  tmp.forced_until = at_load_rlx(&b->forced_until);
+  tmp.forced_gen = at_load_rlx(&b->forced_gen) & ~STAMPING;
+  tmp.ho = at_load_rlx(&b->ho);
+  for (int i = 0; i < FZ_MAX_PROBES; i++) tmp.probe_start[i] = at_load_rlx(&b->probe_start[i]);
+  carry_on(b, &tmp);
   tmp.in_registry = 1;
   tmp.sw = sw_make(gen + 1, FZ_CLOSED);
-  tmp.id = 0;
-  tmp.last_use = (uint32_t)(((u128)now_ns() * tmp.bucket_inv) >> 64);
+  tmp.last_use = (uint64_t)(((u128)now_ns() * tmp.bucket_inv) >> 64);
+  if (tmp.last_use == at_load_acq(&b->last_use)) tmp.last_use++;  /* a value it never held */
   tmp.cw_ring_off = (int64_t)((char *)ring - (char *)b);
+  tmp.permits_off = tmp.cw_ring_off + (int64_t)FZ_RING_BYTES;
   word *to = (word *)(void *)b;
   const word *from = (const word *)(const void *)&tmp;
   _Static_assert(offsetof(fz_breaker, sw) == 0, "the state word comes first");
-  for (size_t i = 1; i < sizeof tmp / sizeof(word); i++) at_store_rlx((uint64_t *)&to[i], from[i]);
-  memset(ring, 0, (size_t)c->count_window * sizeof *ring);
+  _Static_assert(offsetof(fz_breaker, id) == sizeof(word), "the identity comes second");
+  for (size_t i = 2; i < sizeof tmp / sizeof(word); i++) at_store_rel((uint64_t *)&to[i], from[i]);
+  for (uint32_t i = 0; i < c->count_window; i++) at_store32_rel(&ring[i], 0);
   /* the state word last (release: pairs with the acquire of a stale handle's read of the
    * state word, so that one that reads the new breaker's state then reads an identity
    * at least as new as the removal's, which came before this reuse: see fz_enter_id) */
@@ -1504,8 +1700,36 @@ void fzi_config_load(fz_breaker *b, fz_config *out) {
   for (size_t i = 0; i < sizeof *out / sizeof(word); i++) to[i] = at_load_rlx((uint64_t *)&from[i]);
 }
 
+/*
+ * A copy of live breaker b into to (a reload's new mapping, seen by no one yet), with
+ * its ring into ring. Calls of old workers may run on b meanwhile: every word is read
+ * with an atomic load, and what must agree is made to agree. The count window's
+ * aggregate is rebuilt from the copied ring (the ring is the truth: an outcome added to
+ * the aggregate between the copies of the two would otherwise be counted without its
+ * slot, or a slot without its count, and the failure field could go below 0 when that
+ * slot is displaced).
+ */
+void fzi_copy(fz_breaker *to, fz_breaker *b, uint32_t *ring) {
+  typedef uint64_t __attribute__((may_alias)) word;
+  word *dst = (word *)(void *)to;
+  const word *src = (const word *)(const void *)b;
+  for (size_t i = 0; i < sizeof *b / sizeof(word); i++) dst[i] = at_load_acq((const uint64_t *)&src[i]);
+  uint32_t n = (uint32_t)to->cw_n, *from_ring = (uint32_t *)(void *)((char *)b + to->cw_ring_off);
+  to->cw_ring_off = (int64_t)((char *)ring - (char *)to);
+  FAULT("migrating");  /* between the breaker's words and its ring */
+  if (!to->cw_ring_off || !(to->flags & F_CW)) return;
+  uint64_t era = to->cw_agg >> 33, calls = 0, f = 0, sl = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t v = ring[i] = at_load32_acq(&from_ring[i]);
+    if (!(v & CW_VALID) || v >> 4 != ((uint32_t)era & 0x0fffffff)) continue;
+    calls++, f += !!(v & CW_FAIL), sl += !!(v & CW_SLOW);
+  }
+  to->cw_agg = era << 33 | calls << 22 | f << 11 | sl;
+}
+
 void fzi_set_ring(fz_breaker *b, uint32_t *ring) {
   b->cw_ring_off = ring ? (int64_t)((char *)ring - (char *)b) : 0;
+  b->permits_off = ring ? b->cw_ring_off + (int64_t)FZ_RING_BYTES : 0;
 }
 
 /* How long the breaker has seen no call, in ns, when it is evictable: closed, no failure
@@ -1514,29 +1738,47 @@ void fzi_set_ring(fz_breaker *b, uint32_t *ring) {
 int64_t fzi_unused_ns(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw), t = now_ns();
   if (sw_state(sw) != FZ_CLOSED) return -1;
-  uint64_t e = epoch_at(b, t);
+  uint64_t e = epoch_at(b, t, fz_breaker_id(b));
   uint32_t f = OPT(b, flags) & F_CW ? (uint32_t)(at_load_acq(&b->cw_agg) >> 11 & 0x7ff) : tw_sum(b->fails, (uint32_t)e);
   if (f) return -1;
-  uint32_t now_b = (uint32_t)(((u128)t * OPT(b, bucket_inv)) >> 64);
-  uint32_t buckets = now_b - (uint32_t)at_load_rlx(&b->last_use);
-  if ((int32_t)buckets < 1) return 0;
-  return (int64_t)((uint64_t)(buckets - 1) * OPT(b, bucket_ns));
+  /* 64-bit buckets: no idle time is too long to be told (a 32-bit difference of 1 ms
+   * buckets wrapped after 24.8 days, and the breaker was never evicted again) */
+  uint64_t now_b = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64), last = at_load_acq(&b->last_use);
+  if (now_b <= last) return 0;
+  u128 ns = (u128)(now_b - last - 1) * OPT(b, bucket_ns);
+  return ns > INT64_MAX ? INT64_MAX : (int64_t)ns;
 }
 
 /* Takes the breaker out of service: its state becomes FZ_REMOVED (generation bumped, so
  * every ticket out is stale). With only_closed, only from closed (an eviction must not
  * race a trip), and the eviction is remembered (`evicted`). Returns 1 when done. */
 int fzi_retire(fz_breaker *b, int only_closed) {
-  uint64_t sw = at_load_acq(&b->sw), was = at_load_rlx(&b->evicted);
+  uint64_t sw = at_load_acq(&b->sw), k = at_load_rlx(&b->ev_next) % EVICTIONS;
+  uint64_t was = at_load_rlx(&b->evicted[k]);
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED || (only_closed && sw_state(sw) != FZ_CLOSED)) return 0;
-    /* an eviction is named before the swap that makes it (release: pairs with the
-     * acquire in `stale`), and unnamed when the swap fails (evictions hold the registry's
-     * lock: no other writer of `evicted`) */
-    if (only_closed) at_store_rel(&b->evicted, sw_gen(sw) + 1);
+    /* an eviction is named (tentatively) before the swap that makes it (release: pairs
+     * with the acquire in `stale`), confirmed after it, and unnamed when the swap fails
+     * (evictions hold the registry's lock: no other writer of `evicted`) */
+    if (only_closed) at_store_rel(&b->evicted[k], (sw_gen(sw) + 1) | TENTATIVE);
     FAULT("retiring");
-    if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_REMOVED))) return 1;
-    if (only_closed) at_store_rel(&b->evicted, was);
+    if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_REMOVED))) {
+      if (only_closed) at_store_rel(&b->evicted[k], sw_gen(sw) + 1), at_store_rlx(&b->ev_next, k + 1);
+      return 1;
+    }
+    if (only_closed) at_store_rel(&b->evicted[k], was);
+  }
+}
+
+/* After a writer died holding the registry's lock (repair): a tentative eviction mark is
+ * confirmed when its swap was made, else dropped (the breaker lives on). */
+void fzi_finish_marks(fz_breaker *b) {
+  for (uint64_t k = 0; k < EVICTIONS; k++) {
+    uint64_t ev = at_load_rlx(&b->evicted[k]);
+    if (!(ev & TENTATIVE)) continue;
+    int made = at_load_acq(&b->sw) == sw_make(ev & ~TENTATIVE, FZ_REMOVED);
+    at_store_rel(&b->evicted[k], made ? ev & ~TENTATIVE : 0);
+    if (made) at_store_rlx(&b->ev_next, k + 1);
   }
 }
 
@@ -1551,8 +1793,8 @@ static void reepoch(fz_breaker *b) {
   uint64_t raw = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64);
   uint64_t cur = at_load_rlx(&b->cur_epoch), shift = at_load_rlx(&b->shift);
   if (raw + shift < cur + NBUCKETS + 1) at_store_rlx(&b->shift, cur + NBUCKETS + 1 - raw);
-  at_store_rlx(&b->last_use, (uint32_t)raw);
-  epoch_at(b, t);
+  at_store_rlx(&b->last_use, raw);
+  epoch_at(b, t, fz_breaker_id(b));
 }
 
 /* Fewer probes than a half-open under way counted: the successes it counted stop one
@@ -1587,8 +1829,11 @@ void fzi_reconfigure(fz_breaker *b, const fz_config *c) {
   at_store_rlx(&b->cur_open_ns, tmp.open_for_ns);
   if (b->cw_ring_off && tmp.cfg.count_window != old_cw) {
     uint32_t *ring = (uint32_t *)(void *)((char *)b + b->cw_ring_off);
+    uint64_t agg = at_load_acq(&b->cw_agg);  /* a fresh count window, of the new size: */
+    /* the size first, for the era about to start (release: a call that reads the era
+     * still current sees it is ending and counts nothing, see cw_record) */
+    at_store_rel(&b->cw_n, ((agg >> 33) + 1) << 32 | tmp.cfg.count_window);
     for (uint32_t i = 0; i < tmp.cfg.count_window; i++) at_store32_rlx(&ring[i], 0);
-    uint64_t agg = at_load_rlx(&b->cw_agg);  /* a fresh count window */
     while (!at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
   }
   at_store32_rlx(&b->flags, tmp.flags);

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FZ_ABI_VERSION 3
+#define FZ_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,7 +38,7 @@ enum { FZ_SUCCESS = 0, FZ_FAILURE = 1, FZ_IGNORE = 2 };
 
 enum {
   FZ_MAX_PROBES = 16, FZ_MAX_COUNT_WINDOW = 1024, FZ_MAX_FAILS = 1000000,
-  FZ_MAX_MIN_CALLS = 1000000, FZ_NAME_MAX = 127
+  FZ_MAX_MIN_CALLS = 1000000, FZ_NAME_MAX = 127, FZ_MAX_CONCURRENT = 1000000
 };
 
 enum {
@@ -52,7 +52,8 @@ enum {
   FZ_CFG_WINDOW = 1, FZ_CFG_OPEN_FOR = 2, FZ_CFG_MAX_OPEN_FOR = 4, FZ_CFG_SLOW = 8,
   FZ_CFG_PROBE_TIMEOUT = 16, FZ_CFG_FAILURE_RATE = 32, FZ_CFG_SLOW_RATE = 64,
   FZ_CFG_BACKOFF = 128, FZ_CFG_JITTER = 256, FZ_CFG_FAILS = 512,
-  FZ_CFG_COUNT_WINDOW = 1024, FZ_CFG_MIN_CALLS = 2048, FZ_CFG_PROBES = 4096
+  FZ_CFG_COUNT_WINDOW = 1024, FZ_CFG_MIN_CALLS = 2048, FZ_CFG_PROBES = 4096,
+  FZ_CFG_MAX_CONCURRENT = 8192
 };
 
 /* The numeric options of a breaker, already validated by the Lua facade.
@@ -71,6 +72,8 @@ typedef struct fz_config {
   uint32_t count_window;  /* the window is the last N calls, or 0 for a time window */
   uint32_t min_calls;     /* calls the window must hold before a rate rule trips */
   uint32_t probes;        /* 1..FZ_MAX_PROBES */
+  uint32_t max_concurrent; /* permits: calls at once (fz_permit_take), or 0 for no limit */
+  uint32_t spare;         /* 0 (fz_config stays whole 64-bit words) */
 } fz_config;
 
 /* A snapshot of one breaker. Window counts cover the current window only. */
@@ -81,6 +84,9 @@ typedef struct fz_stats {
   double retry_after;                           /* seconds until probes, 0 if not open */
   uint64_t successes_total, failures_total, slow_total, rejections_total, opens_total;
   uint64_t generation;
+  uint64_t full_total;    /* calls rejected for max_concurrent (counted in rejections_total too) */
+  uint32_t running;       /* permits held now */
+  uint32_t spare;
 } fz_stats;
 
 /* The bounds of one numeric option of fz_config (see fz_config_bound). */
@@ -140,6 +146,8 @@ int fz_force_open_id(fz_breaker *b, uint32_t id);
 int fz_disable_id(fz_breaker *b, uint32_t id);
 int fz_force_open_for_id(fz_breaker *b, uint32_t id, double seconds);
 int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed);
+int fz_permit_take(fz_breaker *b, int count_full);
+void fz_permit_give(fz_breaker *b);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
 fz_breaker *fz_registry_find(const char *name, size_t len);
@@ -189,8 +197,8 @@ const char *fz_counter_name(int i);
  *   README, "Options") and the rules between fields hold, FZ_EINVAL otherwise. NaN and
  *   infinities are FZ_EINVAL.
  *
- * fz_config_bound(i): the bounds of the i-th field of fz_config (0 <= i < 13, in
- *   declaration order), or NULL for any other i. One static table, read-only, safe from
+ * fz_config_bound(i): the bounds of the i-th field of fz_config (0 <= i < 14, in
+ *   declaration order; `spare` has none), or NULL for any other i. One static table, read-only, safe from
  *   any thread: fz_config_check checks against it, and the Lua facade reads it for its
  *   own checks and messages, so that the two never disagree. Beside these bounds,
  *   fz_config_check requires max_open_for >= open_for, at least one trip rule (fails,
@@ -276,10 +284,13 @@ const char *fz_counter_name(int i);
  *                   ticket that b's fz_allow did not record;
  *     FZ_EREPORTED  a ticket of fz_allow given to fz_done before;
  *     FZ_ESTALE     a ticket of a closed breaker that an idle eviction retired while the
- *                   call ran (the ticket was current then): the outcome belongs to the
- *                   name, not to this slot; count it with fz_late_id into the breaker
- *                   the name has now (re-found or re-created). After fz_registry_remove
- *                   such a ticket is stale as any other (0): a removal starts afresh.
+ *                   call ran (the ticket was current then, or the eviction landed while
+ *                   fz_done recorded it): the outcome belongs to the name, not to this
+ *                   slot; count it with fz_late_id into the breaker the name has now
+ *                   (re-found or re-created). The slot remembers its last 4 evictions: a
+ *                   call that outlives more is dropped (0). An eviction killed before its
+ *                   swap evicted nothing and marks nothing. After fz_registry_remove such
+ *                   a ticket is stale as any other (0): a removal starts afresh.
  *   fz_enter's tickets are checked by key, generation and state only: give each to
  *   fz_done once.
  *
@@ -295,7 +306,8 @@ const char *fz_counter_name(int i);
  * fz_stats_read(b, out): fills *out as of now (making due transitions as fz_state
  *   does) and returns the transition code (or two, packed as fz_state packs them). Window counts are read without a lock:
  *   under concurrent calls they are a recent value, not an atomic snapshot; totals
- *   never go down.
+ *   never go down. running and full_total are as fz_permit_take
+ *   counts them; rejections_total includes full_total.
  *
  * fz_stats_peek(b, out): the same snapshot, but a pure read: a transition due by time
  *   alone is reported in out->state as the state it would give (half_open, or open
@@ -327,6 +339,24 @@ const char *fz_counter_name(int i);
  *   when b is closed; nothing (0) in any other state, as for a call that began before a
  *   transition. Returns as fz_done, or FZ_ESTALE when this handle went stale too.
  *
+ * fz_permit_take(b, count_full): takes one of the breaker's max_concurrent permits (its
+ *   options; a reload may change the number): 1 when fewer than that many were held,
+ *   else 0: the call is rejected, and with count_full counted in full_total and
+ *   rejections_total (a caller that will wait and try again passes 0 until its last
+ *   try); the circuit does not move. Give every permit taken back exactly once with fz_permit_give. Lock-free: one
+ *   compare-and-swap on the breaker's permit word, and plain stores to the calling
+ *   thread's lane (claimed at its first take, see csrc/fz_permits.h). Safe from any
+ *   thread and process sharing the breaker; a process killed at any instruction leaves
+ *   nothing that shrinks the limit for good: when the limit is reached (at most every
+ *   0.2 s a breaker) the lanes of dead processes are found (kill(pid, 0) answers ESRCH)
+ *   and their permits taken back. With max_concurrent 0 (no limit) it takes a permit
+ *   that never fails, so that a reload that drops the limit still balances. A thread
+ *   beyond the 40 that may hold lanes of one breaker at once is rejected (0).
+ * fz_permit_give(b): gives back a permit fz_permit_take gave, from any thread (a thread
+ *   of another process than the taker's: no). Never fails. Lock-free. Permits survive the
+ *   removal, eviction or reuse of a registry slot: a call of the breaker that was there
+ *   gives its permit back into the same count, which the slot's next breaker inherits.
+ *
  * fz_force_open_for(b, seconds): forced_open for `seconds` (0 < seconds <=
  *   FZ_MAX_FORCE_OPEN, else FZ_EINVAL and nothing changes), then an open circuit whose
  *   period is over, so that probes decide. The end is stamped with the generation of
@@ -348,8 +378,9 @@ const char *fz_counter_name(int i);
  * fz_events_last(): the seq of the newest event recorded (0 when none).
  * fz_events_read(seq, out): copies event seq into *out. Returns 1 when copied, 0 when
  *   it is not complete yet (being written, or not recorded yet), -1 when it was
- *   overwritten (lost to the ring) or written over by a stalled older writer. A copy is validated by the entry's seq (a seqlock; see
- *   csrc/fz_events.c for the one stall it does not cover).
+ *   overwritten (lost to the ring), written over by a stalled older writer, or taken
+ *   back from a writer that died holding it (or held it 10 s). A copy is validated by
+ *   the entry's seq (a seqlock; see csrc/fz_events.c).
  *
  * fz_registry_open(name, len, c, status): the breaker registered under name (1 to
  *   FZ_NAME_MAX bytes, no NUL), created with options c when missing. *status is 1 when
@@ -359,9 +390,11 @@ const char *fz_counter_name(int i);
  *   options, FZ_ENOMEM when the registry could not be mapped; NULL is returned then.
  *   Safe from any thread and process. A lookup is lock-free (a hash index); creation
  *   takes the registry's robust mutex to claim a slot (never the call path). When the
- *   registry is full and it has an `idle` (fz_registry_init), creation first evicts the
- *   least recently used breaker that is closed, has no failure in its window and saw no
- *   call for `idle` seconds.
+ *   registry is full and it has an `idle` (fz_registry_init), creation first evicts a
+ *   breaker that is closed, has no failure in its window and saw no call for `idle`
+ *   seconds: the one unused longest among the 256 slots after a rotating hand (a bounded
+ *   scan, not the whole registry: the least recently used of those, not of all; the
+ *   next creation looks at the next 256). None evictable there: FZ_EFULL.
  * fz_registry_open_id(name, len, c, status, id): the same, and the breaker's identity in
  *   *id (id may be NULL): the value to give fz_enter_id.
  *

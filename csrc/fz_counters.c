@@ -9,29 +9,45 @@
  * worker inherits the same table (fz.c pins the library with RTLD_NODELETE, so a reload
  * keeps it). The table holds no pointers.
  *
- * Slots are found by open addressing on a 64-bit hash of the name. A slot is claimed
- * by one compare-and-swap of its tag (0 -> hash); the claimer then writes the name and
- * publishes it with a release store of `ready`. An opener that finds its hash in a slot
- * waits (bounded) for `ready` and compares names. Adds are relaxed atomic adds: a count
- * needs atomicity, not ordering. A process killed between the claim and `ready` leaves
- * a slot that never becomes ready: after the bounded wait, an opener of that name takes
- * the next free slot (the counter starts again at 0; nothing wedges).
+ * Slots are found by open addressing on a 64-bit hash of the name. A slot's `state` is
+ * 0 (free), READY (its name published) or a claim: who made it and when, pid << 32 |
+ * monotonic seconds << 1 (never 0 or READY). One compare-and-swap of state from 0 claims a
+ * free slot; the claimer writes the tag (the hash), the name and its length, then
+ * publishes them with a release store of READY. An opener that finds a slot claimed
+ * waits (bounded) for READY, unless its claimer is dead (kill(pid, 0): ESRCH) or has
+ * held it CLAIM_S seconds: then the opener takes the claim over with a compare-and-swap
+ * from that very claim, and writes its own name there. So a process killed between its
+ * claim and READY leaves nothing that later openers wait on; nothing wedges, no slot
+ * is lost. Adds are relaxed atomic adds: a count needs atomicity, not ordering.
  */
 #include "fz.h"
 #include "fz_atomic.h"
 
+#include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef FZ_FAULTS
+extern void (*fz_fault_hook)(const char *where);
+#define FAULT(where) do { if (fz_fault_hook) fz_fault_hook(where); } while (0)
+#else
+#define FAULT(where) ((void)0)
+#endif
 
 #define LINE 64
 #define SPIN_LIMIT 100000
+#define READY UINT64_C(1)
+#define CLAIM_S 10   /* a claim this old is taken over, its claimer alive or not */
 
 typedef struct {
-  uint64_t tag;            /* concurrent: 0 free, else the name's hash (never 0) */
-  uint32_t ready;          /* concurrent: 1 once name/len are written (release) */
-  uint32_t len;
+  uint64_t state;          /* concurrent: 0 free, READY, or a claim (pid << 32 | seconds) */
+  uint64_t tag;            /* concurrent: the name's hash, written by the claimer */
   uint64_t value;          /* concurrent: relaxed adds */
+  uint64_t len;            /* concurrent: written by the claimer, read after READY */
   char name[FZ_NAME_MAX + 1];
 } slot;
 
@@ -53,24 +69,43 @@ static uint64_t hash_name(const char *s, size_t len) {
   return h ? h : 1;
 }
 
-/* Waits (bounded) until a claimed slot's name is published; 1 when it is. */
-static int wait_ready(slot *s) {
-  for (int i = 0; i < SPIN_LIMIT; i++) {
-    if (at_load32_acq(&s->ready)) return 1;  /* acquire: pairs with the release in claim */
+static uint64_t my_claim(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  /* the low bit 0 (never READY), the pid above: never 0 */
+  return (uint64_t)(uint32_t)getpid() << 32 | ((uint64_t)ts.tv_sec & 0x7fffffffu) << 1;
+}
+
+/* Whether claim c (of another process or thread) can be taken over: its claimer is
+ * dead, or has held it CLAIM_S seconds. */
+static int abandoned(uint64_t c) {
+  pid_t pid = (pid_t)(c >> 32);
+  if (pid > 0 && kill(pid, 0) == -1 && errno == ESRCH) return 1;
+  return ((uint32_t)my_claim() - (uint32_t)c) >> 1 >= CLAIM_S;
+}
+
+/* Waits (bounded) while slot s is claimed; its state then (READY, 0, or still a claim). */
+static uint64_t wait_ready(slot *s) {
+  uint64_t st = at_load_acq(&s->state);  /* acquire: pairs with the release in publish */
+  for (int i = 0; i < SPIN_LIMIT && st != READY && st != 0 && !abandoned(st); i++) {
+    FAULT("counter-waiting");
     if (i > 64) sched_yield();
+    st = at_load_acq(&s->state);
   }
-  return 0;
+  return st;
 }
 
-static int same_name(const slot *s, const char *name, size_t len) {
-  return s->len == len && memcmp(s->name, name, len) == 0;
+static int same_name(slot *s, uint64_t h, const char *name, size_t len) {
+  return at_load_rlx(&s->tag) == h && at_load_rlx(&s->len) == len && memcmp(s->name, name, len) == 0;
 }
 
-static void claim(slot *s, const char *name, size_t len) {
+/* Writes the name into slot s, which this caller claims (state c), and publishes it. */
+static void publish(slot *s, uint64_t h, const char *name, size_t len) {
+  at_store_rlx(&s->tag, h);
   memcpy(s->name, name, len);
   s->name[len] = '\0';
-  s->len = (uint32_t)len;
-  at_store32_rel(&s->ready, 1);  /* release: publishes name and len; pairs with wait_ready */
+  at_store_rlx(&s->len, len);
+  at_store_rel(&s->state, READY);  /* release: publishes tag, name and len; pairs with wait_ready */
 }
 
 int fz_counter_open(const char *name, size_t len) {
@@ -79,16 +114,20 @@ int fz_counter_open(const char *name, size_t len) {
   for (uint32_t k = 0; k < FZ_COUNTERS_MAX; k++) {
     uint32_t i = (uint32_t)((h + k) % FZ_COUNTERS_MAX);
     slot *s = &table[i];
-    uint64_t tag = at_load_acq(&s->tag);  /* acquire: pairs with the claim's CAS */
-    if (tag == 0) {
-      uint64_t expected = 0;
-      if (at_cas_acqrel(&s->tag, &expected, h)) {  /* exactly one opener claims the slot */
-        claim(s, name, len);
+    for (;;) {
+      uint64_t st = wait_ready(s), mine = my_claim();
+      if (st == READY) {
+        if (same_name(s, h, name, len)) return (int)i;
+        break;  /* another name: probe on */
+      }
+      /* free, or a claim given up: take it (exactly one opener's swap wins) */
+      if (st != 0 && !abandoned(st)) break;  /* still being written after the wait: probe on */
+      if (at_cas_acqrel(&s->state, &st, mine)) {
+        FAULT("counter-claimed");
+        publish(s, h, name, len);
         return (int)i;
       }
-      tag = expected;
     }
-    if (tag == h && wait_ready(s) && same_name(s, name, len)) return (int)i;
   }
   return FZ_EFULL;
 }
@@ -104,7 +143,7 @@ double fz_counter_value(int i) {
 }
 
 const char *fz_counter_name(int i) {
-  if (i < 0 || i >= FZ_COUNTERS_MAX || !at_load_rlx(&table[i].tag)) return NULL;
-  if (!at_load32_acq(&table[i].ready)) return NULL;  /* acquire: pairs with claim's release */
+  if (i < 0 || i >= FZ_COUNTERS_MAX) return NULL;
+  if (at_load_acq(&table[i].state) != READY) return NULL;  /* acquire: pairs with publish's release */
   return table[i].name;
 }

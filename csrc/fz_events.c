@@ -19,22 +19,42 @@
  * events are recorded lands its late stores in a newer, published entry. So each entry
  * also holds a hash of its seq and fields, written last: a copy that fails it was mixed
  * and reads as lost (-1), never as an event. Nothing takes a lock.
+ *
+ * A claim says who made it and when (`owner`: pid and monotonic seconds, stored before
+ * the claim's swap). A writer killed after its claim would leave its entry "being
+ * written" for ever, and in-order readers (fuse.events, fuse.watch) would wait on it
+ * until the ring came round; so a reader that finds an entry claimed by a dead process,
+ * or claimed STALL_S seconds ago, takes it back (seq | LOST, one compare-and-swap, which
+ * the writer's publishing swap then loses) and reads it as lost (-1).
  */
 #include "fz.h"
 #include "fz_atomic.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #define LINE 64
+#ifdef FZ_FAULTS
+extern void (*fz_fault_hook)(const char *where);
+#define FAULT(where) do { if (fz_fault_hook) fz_fault_hook(where); } while (0)
+#else
+#define FAULT(where) ((void)0)
+#endif
+
 #define BUSY (UINT64_C(1) << 63)
+#define LOST (UINT64_C(1) << 62)  /* taken back from a writer that died holding it */
+#define FLAGS (BUSY | LOST)
+#define STALL_S 10                /* a claim this old is taken back, owner alive or not */
 #define NAME_WORDS ((FZ_NAME_MAX + 1) / 8)
 
 typedef struct entry {
-  uint64_t seq;                /* concurrent: the seq held, | BUSY while written */
+  uint64_t seq;                /* concurrent: the seq held, | BUSY while written, | LOST taken back */
+  uint64_t owner;              /* concurrent: who claimed it last: pid << 32 | monotonic seconds */
   uint64_t time_ns;            /* concurrent: CLOCK_REALTIME when recorded */
   uint64_t meta;               /* concurrent: pid << 32 | from << 24 | to << 16 | name length */
   uint64_t name[NAME_WORDS];   /* concurrent: the name, NUL-padded */
@@ -97,13 +117,35 @@ static uint64_t wall_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Claims entry e for seq: 1, or 0 when a newer event holds it already. */
+static uint64_t mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec;
+}
+
+/* Claims entry e for seq: 1, or 0 when a newer event holds it already. The claim says
+ * who and when (owner, stored before the claim's swap: a reader that sees the claim sees
+ * an owner at least as new), so a reader can take it back from a dead writer. */
 static int claim(entry *e, uint64_t seq) {
   uint64_t cur = at_load_rlx(&e->seq);
+  if ((cur & ~FLAGS) >= seq) return 0;
+  at_store_rel(&e->owner, (uint64_t)(uint32_t)getpid() << 32 | (mono_s() & 0xffffffffu));
   do {
-    if ((cur & ~BUSY) >= seq) return 0;
+    if ((cur & ~FLAGS) >= seq) return 0;
   } while (!at_cas_acqrel(&e->seq, &cur, seq | BUSY));
   return 1;
+}
+
+/* An entry claimed for seq and not published: taken back (LOST, so readers go past it)
+ * when its writer is dead or has held it STALL_S seconds. 1 when it is lost now. */
+static int take_back(entry *e, uint64_t seq) {
+  uint64_t owner = at_load_acq(&e->owner);  /* acquire: pairs with the release in claim */
+  pid_t pid = (pid_t)(owner >> 32);
+  int dead = pid > 0 && kill(pid, 0) == -1 && errno == ESRCH;
+  int stalled = (uint32_t)(mono_s() - (owner & 0xffffffffu)) >= STALL_S;
+  if (!dead && !stalled) return 0;
+  uint64_t busy = seq | BUSY;
+  return at_cas_acqrel(&e->seq, &busy, seq | LOST) || busy == (seq | LOST);
 }
 
 double fz_events_add(const char *name, size_t len, int from, int to) {
@@ -114,6 +156,7 @@ double fz_events_add(const char *name, size_t len, int from, int to) {
   uint64_t seq = at_add_sc(&r->head, 1) + 1;
   entry *e = &r->e[seq % FZ_EVENTS_CAPACITY];
   if (!claim(e, seq)) return (double)seq;  /* already overwritten: lost to the ring */
+  FAULT("event-claimed");
   /* release: each field store carries the claim before it (pairs with the reader's
    * acquire loads of the fields: a reader that saw a field of ours sees the claim when
    * it loads seq again, so it drops its copy) */
@@ -141,7 +184,8 @@ int fz_events_read(double want, fz_event *out) {
   uint64_t seq = (uint64_t)want;
   entry *e = &r->e[seq % FZ_EVENTS_CAPACITY];
   uint64_t v1 = at_load_acq(&e->seq);  /* acquire: pairs with the writer's publishing CAS */
-  if ((v1 & ~BUSY) > seq) return -1;
+  if ((v1 & ~FLAGS) > seq || v1 == (seq | LOST)) return -1;
+  if (v1 == (seq | BUSY)) return take_back(e, seq) ? -1 : 0;
   if (v1 != seq) return 0;
   uint64_t words[NAME_WORDS];
   /* acquire: pairs with the writer's release stores of the fields (see fz_events_add) */
@@ -149,7 +193,7 @@ int fz_events_read(double want, fz_event *out) {
   for (int i = 0; i < NAME_WORDS; i++) words[i] = at_load_acq(&e->name[i]);
   uint64_t check = at_load_acq(&e->check);
   uint64_t v2 = at_load_rlx(&e->seq);
-  if (v2 != seq) return (v2 & ~BUSY) > seq ? -1 : 0;
+  if (v2 != seq) return (v2 & ~FLAGS) > seq || v2 == (seq | LOST) ? -1 : 0;
   /* published, yet written over by a stalled older writer: this event is lost */
   if (check != check_of(seq, t, meta, words)) return -1;
   size_t len = meta & 0xffff;

@@ -31,6 +31,7 @@
 #include <lua.h>
 
 #include <stdint.h>
+#include <string.h>
 
 /* A new table of the functions in l. Lua 5.1: luaL_register with a NULL name fills
  * the table on top. Not LuaJIT's luaL_newlib: it calls luaL_setfuncs, which PUC Lua
@@ -63,9 +64,10 @@ typedef struct reaper {
 /* The fz_config field names, in fz_config order; the first NDOUBLES are doubles. */
 static const char *const CFG_FIELDS[] = {
   "window", "open_for", "max_open_for", "slow", "probe_timeout", "failure_rate",
-  "slow_rate", "backoff", "jitter", "fails", "count_window", "min_calls", "probes"
+  "slow_rate", "backoff", "jitter", "fails", "count_window", "min_calls", "probes",
+  "max_concurrent"
 };
-enum { NDOUBLES = 9, NFIELDS = 13 };
+enum { NDOUBLES = 9, NFIELDS = 14 };
 
 /* ---------------------------------------------------------------- numbers */
 
@@ -210,17 +212,19 @@ static void check_config(lua_State *L, int arg, fz_config *c) {
                                             CFG_FIELDS[i], n));
     }
   }
+  memset(c, 0, sizeof *c);
   c->window = d[0], c->open_for = d[1], c->max_open_for = d[2], c->slow = d[3];
   c->probe_timeout = d[4], c->failure_rate = d[5], c->slow_rate = d[6];
   c->backoff = d[7], c->jitter = d[8];
   c->fails = u[0], c->count_window = u[1], c->min_calls = u[2], c->probes = u[3];
+  c->max_concurrent = u[4];
 }
 
 static void push_config(lua_State *L, const fz_config *c) {
   const double d[NDOUBLES] = { c->window, c->open_for, c->max_open_for, c->slow,
     c->probe_timeout, c->failure_rate, c->slow_rate, c->backoff, c->jitter };
   const uint32_t u[NFIELDS - NDOUBLES] = { c->fails, c->count_window, c->min_calls,
-    c->probes };
+    c->probes, c->max_concurrent };
   lua_createtable(L, 0, NFIELDS);
   for (int i = 0; i < NFIELDS; i++) {
     if (i < NDOUBLES) lua_pushnumber(L, d[i]);
@@ -452,6 +456,8 @@ static void push_stats(lua_State *L, const fz_stats *s) {
   set_uint(L, "slow_total", s->slow_total);
   set_uint(L, "rejections_total", s->rejections_total);
   set_uint(L, "opens_total", s->opens_total);
+  set_uint(L, "running", s->running);
+  set_uint(L, "full_total", s->full_total);
 }
 
 /* stats(h, t): fills t with the numbers of fz_stats; returns the transition code. */
@@ -583,6 +589,17 @@ static int l_counter_name(lua_State *L) {
   return 1;
 }
 
+/* permit_take(h, count_full) -> 1 taken, 0 full; permit_give(h): max_concurrent. */
+static int l_permit_take(lua_State *L) {
+  lua_pushinteger(L, fz_permit_take(check_breaker(L, 1), (int)check_int(L, 2, 0, 1)));
+  return 1;
+}
+
+static int l_permit_give(lua_State *L) {
+  fz_permit_give(check_breaker(L, 1));
+  return 0;
+}
+
 static const luaL_Reg FUNCS[] = {
   { "strerror", l_strerror }, { "new", l_new }, { "open", l_open }, { "find", l_find },
   { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
@@ -600,7 +617,8 @@ static const luaL_Reg FUNCS[] = {
   { "counter_open", l_counter_open }, { "counter_add", l_counter_add },
   { "counter_value", l_counter_value }, { "counter_name", l_counter_name },
   { "reset_id", l_reset_id }, { "force_open_id", l_force_open_id }, { "disable_id", l_disable_id },
-  { "force_open_for_id", l_force_open_for_id }, { "late_id", l_late_id }, { NULL, NULL }
+  { "force_open_for_id", l_force_open_for_id }, { "late_id", l_late_id },
+  { "permit_take", l_permit_take }, { "permit_give", l_permit_give }, { NULL, NULL }
 };
 
 int luaopen_fuse_core(lua_State *L) {

@@ -37,8 +37,8 @@
  * slots (repair), under an odd `moves`, so readers retry rather than miss.
  *
  * Eviction (with `idle`): when creation finds every slot taken, it scans from a rotating
- * hand (every slot when the capacity is at most SCAN, else SCAN slots, more only while
- * none was evictable) for the evictable breaker (closed, no failure in its window, no
+ * hand (SCAN slots at most, whatever the capacity: the next creation goes on where it
+ * stopped) for the evictable breaker (closed, no failure in its window, no
  * call for `idle` seconds) that has been unused longest, and retires it with a
  * compare-and-swap of its state word from closed, so a breaker that trips meanwhile is
  * never evicted. "Last call" is the coarse stamp a call writes when it is the first to
@@ -54,6 +54,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #ifdef FZ_FAULTS
 extern void (*fz_fault_hook)(const char *where);
@@ -66,9 +69,9 @@ extern void (*fz_fault_hook)(const char *where);
 #define REG_MAGIC 0x667a7232u  /* "fzr2" */
 #define PRIVATE_CAPACITY 4096
 #define MAX_CAPACITY 1000000
-#define RING_BYTES ((size_t)FZ_MAX_COUNT_WINDOW * sizeof(uint32_t))
+#define RING_BYTES (FZ_RING_BYTES + FZ_PERMITS_BYTES)  /* a slot's ring, then its permits */
 #define NAME_WORDS ((FZ_NAME_MAX + 1) / 8)
-#define SCAN 256  /* slots an eviction looks at, at least */
+#define SCAN 256  /* slots an eviction looks at, at most */
 
 typedef struct meta {
   uint64_t hash;              /* concurrent: the name's hash */
@@ -79,6 +82,7 @@ typedef struct meta {
 typedef struct registry {
   _Alignas(LINE) uint32_t magic, shared, capacity, tmask;  /* tmask: index words - 1 */
   uint64_t idle_ns;           /* 0: no eviction */
+  uint64_t hkey[2];           /* the name hash's key: random, made with the mapping */
   uint64_t size, slot_size;
   uint64_t off_meta, off_index, off_free, off_slots, off_rings;
   pthread_mutex_t lock;       /* process-shared and robust: writers only */
@@ -88,6 +92,7 @@ typedef struct registry {
   uint64_t moves;               /* concurrent: odd while the index is being shifted or rebuilt */
   uint64_t free_head, free_tail;/* under the lock: the FIFO of freed slots */
   uint64_t hand;                /* under the lock: where the eviction scan goes on */
+  uint64_t dry;                 /* under the lock: slots scanned in a row with none evictable */
   double barren_until;          /* under the lock: a scan found nothing evictable; none before */
   uint64_t full_total;          /* concurrent: calls run unguarded, registry full */
   uint64_t evictions_total;     /* concurrent */
@@ -114,6 +119,21 @@ static uint32_t *ring_of(registry *r, uint32_t s) {
 
 static size_t up(size_t n) { return (n + 4095) / 4096 * 4096; }
 
+/* A random key for the name hash: the kernel's, or (without it) the clocks, the pid and
+ * an address, mixed. Made with each mapping, so every forked worker has its registry's. */
+static void make_key(uint64_t key[2]) {
+  if (getrandom(key, 2 * sizeof key[0], GRND_NONBLOCK) == (ssize_t)(2 * sizeof key[0])) return;
+  struct timespec a, b;
+  clock_gettime(CLOCK_REALTIME, &a), clock_gettime(CLOCK_MONOTONIC, &b);
+  uint64_t x = (uint64_t)a.tv_nsec ^ (uint64_t)a.tv_sec << 32 ^ (uint64_t)(uintptr_t)key;
+  uint64_t y = (uint64_t)b.tv_nsec ^ (uint64_t)b.tv_sec << 20 ^ (uint64_t)getpid() << 40;
+  for (int i = 0; i < 2; i++) {
+    x = (x ^ x >> 31) * 0x9e3779b97f4a7c15u ^ y;
+    y = (y ^ y >> 29) * 0xbf58476d1ce4e5b9u ^ x;
+  }
+  key[0] = x, key[1] = y | 1;
+}
+
 static registry *reg_map(uint32_t capacity, int shared, uint64_t idle_ns) {
   uint32_t words = 16;
   while (words < 2 * capacity) words *= 2;
@@ -136,6 +156,7 @@ static registry *reg_map(uint32_t capacity, int shared, uint64_t idle_ns) {
   r->idle_ns = idle_ns, r->size = size, r->slot_size = fzi_breaker_size();
   r->off_meta = off_meta, r->off_index = off_index, r->off_free = off_free;
   r->off_slots = off_slots, r->off_rings = off_rings;
+  make_key(r->hkey);
   return r;
 }
 
@@ -157,21 +178,29 @@ static int name_ok(const char *name, size_t len) {
   return name && len >= 1 && len <= FZ_NAME_MAX && !memchr(name, 0, len);
 }
 
-/* The name as zero-padded words, and its hash (64-bit multiply-xor over the words). */
-static uint64_t pack(const char *name, size_t len, uint64_t key[NAME_WORDS]) {
-  uint64_t h = 0x9e3779b97f4a7c15u ^ len;
+/* 64 x 64 -> 128-bit multiply, folded: the high half xor the low half. */
+static uint64_t mix(uint64_t a, uint64_t b) {
+  __extension__ unsigned __int128 p = (unsigned __int128)a * b;
+  return (uint64_t)p ^ (uint64_t)(p >> 64);
+}
+
+/* The name as zero-padded words, and its hash under the registry's key: every word is
+ * mixed with both halves of the key (a keyed multiply-fold of our own, not a
+ * cryptographic MAC): names chosen without the key, which never leaves the mapping,
+ * cannot be made to share a home (DESIGN.md, "Gateway scale"). */
+static uint64_t pack(const registry *r, const char *name, size_t len, uint64_t key[NAME_WORDS]) {
+  uint64_t k0 = r->hkey[0], k1 = r->hkey[1];
+  uint64_t h = mix(k0 ^ len, k1 ^ 0x9e3779b97f4a7c15u);
   size_t n = (len + 7) / 8;
   key[n - 1] = 0;
   memcpy(key, name, len);
-  for (size_t i = 0; i < n; i++) {
-    h = (h ^ key[i]) * 0xff51afd7ed558ccdu;
-    h ^= h >> 32;
-  }
-  h *= 0xc4ceb9fe1a85ec53u;
-  return h ^ h >> 29;
+  for (size_t i = 0; i < n; i++) h = mix(h ^ key[i] ^ k1, k0 ^ 0xff51afd7ed558ccdu);
+  return mix(h ^ k0, k1 ^ 0xc4ceb9fe1a85ec53u);
 }
 
-static uint32_t tag_of(uint64_t h) { return (uint32_t)(h >> 32) | 1u; }  /* never 0 */
+/* The word's tag and home: the hash's high 32 bits, all of them (0 too: a word is never
+ * 0 anyway, its slot + 1 is not), so every index word can be a home. */
+static uint32_t tag_of(uint64_t h) { return (uint32_t)(h >> 32); }
 
 /* Whether live slot s holds this name; its identity in *id. A seqlock read (see the note). */
 static int slot_is(registry *r, uint32_t s, const uint64_t *key, size_t len, uint64_t h, uint32_t *id) {
@@ -210,6 +239,7 @@ static int64_t idx_find(registry *r, const uint64_t *key, size_t len, uint64_t h
     uint64_t i = tag & mask;
     for (uint64_t n = 0; n <= mask; n++, i = (i + 1) & mask) {
       uint64_t w = at_load_acq(&t[i]);  /* acquire: pairs with the release of idx_put */
+      FAULT("reg-probe");  /* tests count the words a lookup reads */
       if (!w) break;
       uint32_t s = (uint32_t)w - 1;
       if ((uint32_t)(w >> 32) == tag && s < r->capacity && slot_is(r, s, key, len, h, id)) return s;
@@ -275,6 +305,7 @@ static void repair(registry *r) {
   for (uint32_t s = 0; s < top; s++) {
     fz_breaker *b = slot_of(r, s);
     uint32_t id = fz_breaker_id(b);
+    fzi_finish_marks(b);  /* an eviction killed mid-way names no breaker that lives on */
     if ((id & 1) && fzi_is_removed(b)) fzi_set_id(b, (uint64_t)id + 1), id++;
     if (id & 1) {
       idx_put(r, s, at_load_rlx(&meta_of(r, s)->hash));
@@ -305,14 +336,17 @@ static void drop(registry *r, uint32_t s) {
   at_store32_rel(&r->live, r->live - 1);
 }
 
-/* The evictable breaker unused longest, looking at SCAN slots from the hand (more while
- * none is evictable); -1 when there is none. */
+/* The evictable breaker unused longest among the SCAN slots after the hand (which moves
+ * on past them, so successive creations look at the whole registry in turn); -1 when
+ * none of them is evictable. Bounded whatever the capacity: the lock is held for SCAN
+ * slots at most (DESIGN.md: never the whole registry under the lock). */
 static int64_t victim(registry *r) {
   uint32_t top = at_load32_rlx(&r->top), best = 0;
   int64_t best_unused = -1;
-  for (uint32_t n = 0; n < top && (n < SCAN || best_unused < 0); n++) {
+  for (uint32_t n = 0; n < top && n < SCAN; n++) {
     uint32_t s = (uint32_t)(r->hand++ % top);
     fz_breaker *b = slot_of(r, s);
+    FAULT("reg-scan");  /* tests count the slots a scan looks at */
     if (!(fz_breaker_id(b) & 1)) continue;
     int64_t unused = fzi_unused_ns(b);
     if (unused >= (int64_t)r->idle_ns && unused > best_unused) best = s, best_unused = unused;
@@ -328,16 +362,19 @@ static int64_t claim(registry *r) {
     return top;
   }
   if (r->free_tail != r->free_head) return free_of(r)[r->free_tail++ % r->capacity];
-  /* A scan that found nothing evictable is not repeated for a tenth of `idle` (at most
-   * 0.1 s): a flood of new names into a registry of busy breakers costs no scan each. */
+  /* Scans that found nothing evictable in a whole turn of the hand are not repeated for
+   * a tenth of `idle` (at most 0.1 s): a flood of new names into a registry of busy
+   * breakers costs no scan each. */
   double now = r->idle_ns ? fz_clock_now() : 0;
   if (now < r->barren_until && now > r->barren_until - 1) return -1;
   for (int tries = 0; r->idle_ns && tries < 4; tries++) {
     int64_t s = victim(r);
     if (s < 0) {
-      r->barren_until = now + fmin((double)r->idle_ns / 1e10, 0.1);
+      /* a whole turn of the hand found nothing: not again for a while */
+      if ((r->dry += SCAN) >= at_load32_rlx(&r->top)) r->barren_until = now + fmin((double)r->idle_ns / 1e10, 0.1), r->dry = 0;
       return -1;
     }
+    r->dry = 0;
     if (!fzi_retire(slot_of(r, (uint32_t)s), 1)) continue;  /* it moved meanwhile */
     FAULT("reg-evicting");
     drop(r, (uint32_t)s);
@@ -357,9 +394,10 @@ static fz_breaker *create(registry *r, const uint64_t *key, const char *name, si
   }
   FAULT("reg-claimed");
   fz_breaker *b = slot_of(r, (uint32_t)s);
-  uint32_t old = fz_breaker_id(b);  /* even: never used, or freed */
+  uint32_t old = fz_breaker_id(b);  /* even: never used (0), or freed; never reset */
   write_meta(r, (uint32_t)s, key, len, h);
   fzi_slot_init(b, c, name, len, ring_of(r, (uint32_t)s));
+  FAULT("reg-initialised");  /* the identity is still `old`: a repair frees the slot */
   fzi_set_id(b, (uint64_t)old + 1);  /* release: publishes the breaker and its meta */
   FAULT("reg-published");
   idx_put(r, (uint32_t)s, h);
@@ -381,7 +419,7 @@ fz_breaker *fz_registry_open_id(const char *name, size_t len, const fz_config *c
   if (!name_ok(name, len)) st = FZ_ENAME;
   else if (fz_config_check(c) != FZ_OK) st = FZ_EINVAL;
   else if (!r) st = FZ_ENOMEM;
-  else h = pack(name, len, key);
+  else h = pack(r, name, len, key);
   for (int tries = 0; st == 0 && !b; tries++) {
     int64_t s = tries ? -2 : idx_find(r, key, len, h, &mine);
     if (s < 0) {
@@ -409,7 +447,7 @@ fz_breaker *fz_registry_find_id(const char *name, size_t len, uint32_t *id) {
   registry *r = reg_get();
   uint64_t key[NAME_WORDS];
   if (!r || !name_ok(name, len)) return NULL;
-  uint64_t h = pack(name, len, key);
+  uint64_t h = pack(r, name, len, key);
   int64_t s = idx_find(r, key, len, h, id);
   if (s == -2) {
     reg_lock(r);
@@ -428,7 +466,7 @@ int fz_registry_remove(const char *name, size_t len) {
   uint64_t key[NAME_WORDS], h;
   if (!name_ok(name, len)) return FZ_ENAME;
   if (!r) return 0;
-  h = pack(name, len, key);
+  h = pack(r, name, len, key);
   reg_lock(r);
   int64_t s = idx_find(r, key, len, h, NULL);
   int done = s >= 0 && fzi_retire(slot_of(r, (uint32_t)s), 0);
@@ -463,16 +501,20 @@ static int migrate(registry *from, registry *to) {
     if (!(fz_breaker_id(b) & 1)) continue;
     if (n == to->capacity) return FZ_EFULL;
     fz_breaker *nb = slot_of(to, n);
-    memcpy(nb, b, from->slot_size);
+    fzi_copy(nb, b, ring_of(to, n));  /* word by word, the count window made consistent */
     memcpy(meta_of(to, n), meta_of(from, s), sizeof(meta));
-    fzi_set_ring(nb, ring_of(to, n));
-    fz_config c;
-    fz_breaker_config(b, &c);
-    memcpy(ring_of(to, n), ring_of(from, s), (size_t)c.count_window * sizeof(uint32_t));
+    meta *m = meta_of(to, n);  /* the new mapping has a key of its own: hash again */
+    uint64_t words[NAME_WORDS];
+    m->hash = pack(to, fz_breaker_name(b), (size_t)m->len, words);
+    fzi_set_ring(nb, ring_of(to, n));  /* its permits after the new ring (fzi_copy set the ring) */
+    fzi_permits_copy(nb, b);  /* the permits after the ring, their word made again */
     idx_put(to, n, meta_of(to, n)->hash);
     n++;
   }
   to->top = to->live = n;
+  /* totals never go down: the new mapping goes on from the old one's */
+  at_store_rel(&to->full_total, at_load_acq(&from->full_total));
+  at_store_rel(&to->evictions_total, at_load_acq(&from->evictions_total));
   return FZ_OK;
 }
 

@@ -27,7 +27,7 @@ local error, ipairs, pairs, pcall, select, setmetatable, tostring, type = error,
 local getmetatable = getmetatable
 local floor = math.floor
 local huge = math.huge
-local byte = string.byte
+local show = options.show  -- how every message shows a value
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
 
@@ -52,7 +52,8 @@ local E_MISMATCH, E_FULL, E_TICKET, E_REPORTED, E_STALE = -4, -3, -7, -9, -10
 -- interpreted for the rest of the process (spec/12-longlived_spec.lua). Under PUC Lua,
 -- the C module's functions under the same names.
 local core = B.lib or { fz_enter_id = B.enter, fz_allow_id = B.allow, fz_done = B.done, fz_clock_now = B.clock_now,
-  fz_clock_manual = B.clock_manual, fz_retry_after = B.retry_after }
+  fz_clock_manual = B.clock_manual, fz_retry_after = B.retry_after, fz_permit_take = B.permit_take,
+  fz_permit_give = B.permit_give }
 
 -- OpenResty: guarded calls in flight are noted with their request, so that a function
 -- that ends the request (ngx.exit, ngx.exec, ngx.redirect) is still counted, by fuse.log()
@@ -68,7 +69,7 @@ local fake  -- the test clock installed by fuse.clock(fn), or nil
 local function bad_clock(s)
   if type(s) ~= "number" or not (s > -4.5e9 and s < 4.5e9) then
     return "fuse: the clock function must return seconds as a number within 4.5e9 of 0, got "
-      .. tostring(s)
+      .. show(s)
   end
 end
 
@@ -84,7 +85,7 @@ end
 -- answers a bad value leaves the clock as it was.
 function _M.clock(fn)
   if fn ~= nil and type(fn) ~= "function" then
-    error("fuse: fuse.clock needs a function or nothing, got " .. type(fn), 2)
+    error("fuse: fuse.clock needs a function or nothing, got " .. show(fn), 2)
   end
   if not fn then
     fake = nil
@@ -177,30 +178,85 @@ local REJ = {}
 local rej_handle = setmetatable({}, { __mode = "k" })
 local FIELDS = {}  -- the private key of a rejection's { name = ..., state = ... }
 
+-- The circuit's state now, for a rejection for the limit (a pure read: no transition).
+local function state_now(h)
+  local s = {}
+  B.peek(h, s)
+  return STATES[s.state] or "closed"
+end
+
 REJ.__index = function(r, k)
+  local f = r[FIELDS]
   if k == "retry_after" then
+    if f.reason == "full" then return 0 end
     if fake then sync() end
     return (core.fz_retry_after(rej_handle[r]))
   end
-  return r[FIELDS][k]
+  if k == "state" and f.reason == "full" then return state_now(rej_handle[r]) end
+  return f[k]
 end
 REJ.__newindex = function(_, k)
   error("fuse: a rejection is read-only (it is shared by every call its breaker rejects): cannot set "
     .. (type(k) == "string" and "'" .. k .. "'" or "a field"), 2)
 end
-REJ.__tostring = function(r) return "fuse: circuit '" .. (r.name or "anonymous") .. "' is open" end
+REJ.__tostring = function(r)
+  local f = r[FIELDS]
+  if f.reason == "full" then
+    return ("fuse: breaker '%s' is full (%d calls running)"):format(f.name or "anonymous", f.limit)
+  end
+  return "fuse: circuit '" .. (f.name or "anonymous") .. "' is open"
+end
 
 local function rejection(h, name, state)
-  local r = setmetatable({ [FIELDS] = { name = name, state = state } }, REJ)
+  local r = setmetatable({ [FIELDS] = { name = name, state = state, reason = "open" } }, REJ)
   rej_handle[r] = h
   return r
 end
 
+-- The rejection of a call past max_concurrent (reason "full"; its state is read when asked).
+local function rejection_full(h, name, limit)
+  local r = setmetatable({ [FIELDS] = { name = name, reason = "full", limit = limit } }, REJ)
+  rej_handle[r] = h
+  return r
+end
+
+---------------------------------------------------------------------------- max_wait
+
+local ngx_now, ngx_sleep
+do
+  local ngx = rawget(_G, "ngx")
+  if type(ngx) == "table" and type(ngx.sleep) == "function" then ngx_now, ngx_sleep = ngx.now, ngx.sleep end
+end
+local min = math.min
+
+-- Waits up to max_wait seconds for a permit of h (OpenResty: yields with ngx.sleep, in
+-- steps from 1 ms doubling up to 20 ms); true when one was taken. A phase where
+-- ngx.sleep is not allowed (the error is caught) gives up at once.
+local function wait_permit(h, max_wait)
+  local deadline, step = ngx_now() + max_wait, 0.001
+  while true do
+    local left = deadline - ngx_now()
+    if left <= 0 or not pcall(ngx_sleep, min(step, left)) then return false end
+    if core.fz_permit_take(h, 0) == 1 then return true end
+    step = min(step * 2, 0.02)
+  end
+end
+
+-- A permit of h for a call: 1 taken (at once, or after waiting up to max_wait), else 0
+-- and the rejection counted (full_total). The results are parenthesized: never a tail
+-- call into C, which a trace that starts at this function's entry cannot record.
+local function permit(h, max_wait)
+  if max_wait == 0 then return (core.fz_permit_take(h, 1)) end
+  if core.fz_permit_take(h, 0) == 1 or wait_permit(h, max_wait) then return 1 end
+  return (core.fz_permit_take(h, 1))  -- a last try, which counts the rejection
+end
+
 function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
 
--- The object br's rejection in state i (OPEN, HALF_OPEN or FORCED_OPEN), made on first
--- need: an object that is only looked up makes none, one that runs calls the open one,
--- and the others only when a call meets that state.
+-- The object br's rejection in state i (OPEN, HALF_OPEN or FORCED_OPEN), or 4: a call
+-- past max_concurrent; made on first need: an object that is only looked up makes none,
+-- one that runs calls the open one (and the full one with max_concurrent), the others
+-- only when a call meets that state.
 local REJ_STATES = { "open", "half_open", "forced_open" }
 local function rej_of(br, i)
   local rejs = br.rejs
@@ -210,7 +266,8 @@ local function rej_of(br, i)
   end
   local r = rejs[i]
   if not r then
-    r = rejection(br._h, br.name, REJ_STATES[i])
+    if i == 4 then r = rejection_full(br._h, br.name, br.cfg.max_concurrent)
+    else r = rejection(br._h, br.name, REJ_STATES[i]) end
     rejs[i] = r
   end
   return r
@@ -238,7 +295,7 @@ local function adopt(br, h, id)
   br._h, br._id = h, id
   local rejs = br.rejs
   if rejs then
-    for i = 1, 3 do
+    for i = 1, 4 do
       if rejs[i] then rej_handle[rejs[i]] = h end
     end
   end
@@ -330,7 +387,7 @@ end
 local function judged(ok, v)
   if not ok then return nil, v end
   if v == true then return FAILURE elseif v == false then return SUCCESS elseif v == nil then return IGNORE end
-  return nil, "fuse: is_failure must return true, false or nil, got " .. tostring(v)
+  return nil, "fuse: is_failure must return true, false or nil, got " .. show(v)
 end
 
 -- The default failure rule, or the user's is_failure: FAILURE, SUCCESS or IGNORE; or
@@ -399,7 +456,8 @@ local function call_fallback(fb, err, n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
 end
 
 -- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
--- and listener. Immutable upvalues let the JIT fold the branches on options away.
+-- and listener. Immutable upvalues let the JIT fold the branches on options away: a
+-- breaker without max_concurrent (limit false) never reaches the permit code.
 local function make_run(br, fallback, is_failure, listener, direct)
   local h, id, name = br._h, br._id, br.name
   local protect = direct and pcall or protected
@@ -407,8 +465,14 @@ local function make_run(br, fallback, is_failure, listener, direct)
   local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
   local fb_fn = type(fallback) == "function"
+  local limit = br.cfg.max_concurrent > 0
+  local rej_full = limit and rej_of(br, 4)
+  local max_wait = br.max_wait or 0
 
-  local function record(t, t0, outcome)
+  -- ph: the handle whose permit the call holds (max_concurrent), given back here, with
+  -- the outcome; false or nil for none.
+  local function record(t, t0, outcome, ph)
+    if limit then core.fz_permit_give(ph) end
     local elapsed = -1
     if slow then elapsed = now() - t0 elseif fake then sync() end
     local code = core.fz_done(h, t, outcome, elapsed)
@@ -420,27 +484,27 @@ local function make_run(br, fallback, is_failure, listener, direct)
 
   -- An is_failure that raised: the call counts nowhere (a probe gives its slot back)
   -- and the error goes to the caller.
-  local function misjudged(t, err)
-    record(t, 0, IGNORE)
+  local function misjudged(t, ph, err)
+    record(t, 0, IGNORE, ph)
     error(err, 0)
   end
 
   -- (p, k): under OpenResty, the call's entry in its request's calls in flight, or nil.
-  local function finish(t, t0, p, k, ok, ...)
+  local function finish(t, t0, p, k, ph, ok, ...)
     if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
-    if not outcome then misjudged(t, err) end
-    record(t, t0, outcome)
+    if not outcome then misjudged(t, ph, err) end
+    record(t, t0, outcome, ph)
     if outcome == FAILURE and has_fallback then return fallback end
     if ok then return ... end
     error((...), 0)
   end
 
-  local function finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
+  local function finish_fb(t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
     if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
-    if not outcome then misjudged(t, err) end
-    record(t, t0, outcome)
+    if not outcome then misjudged(t, ph, err) end
+    record(t, t0, outcome, ph)
     if outcome == FAILURE then
       return call_fallback(fallback, failure_of(ok, ...), n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
     end
@@ -449,12 +513,12 @@ local function make_run(br, fallback, is_failure, listener, direct)
   end
 
   -- More than MANY arguments: they wait in `rest`, off the stack, while fn runs.
-  local function run_many(t, t0, p, k, fn, rest, n)
+  local function run_many(t, t0, p, k, ph, fn, rest, n)
     if fb_fn then
-      return finish_fb(t, t0, p, k, n, nil, nil, nil, nil, nil, nil, nil, nil, rest,
+      return finish_fb(t, t0, p, k, ph, n, nil, nil, nil, nil, nil, nil, nil, nil, rest,
         pcall(call_unpacked, fn, rest, n))
     end
-    return finish(t, t0, p, k, pcall(call_unpacked, fn, rest, n))
+    return finish(t, t0, p, k, ph, pcall(call_unpacked, fn, rest, n))
   end
 
   local run
@@ -471,27 +535,42 @@ local function make_run(br, fallback, is_failure, listener, direct)
   if fb_fn then
     run = function(fn, ...)
       if fake then sync() end
+      local ph
+      if limit then  -- the permit first: a call past the limit touches no circuit
+        if permit(h, max_wait) == 0 then return fallback(rej_full, ...) end
+        ph = h
+      end
       local t = core.fz_enter_id(h, id)
       if t < 0 then
+        if limit then core.fz_permit_give(ph) end
         if t == STALE then return rerun(fn, ...) end
         return fallback(t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t), ...)
       end
       if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
       local t0 = slow and now() or 0
       local p, k
-      if TRACK then p, k = track(record, t, t0) end
+      if TRACK then p, k = track(record, t, t0, ph) end
       local n = select("#", ...)
       local a1, a2, a3, a4, a5, a6, a7, a8 = ...
       local rest = n > 8 and { ... } or nil
-      if n > MANY then return run_many(t, t0, p, k, fn, rest, n) end
-      return finish_fb(t, t0, p, k, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, protect(fn, ...))
+      if n > MANY then return run_many(t, t0, p, k, ph, fn, rest, n) end
+      return finish_fb(t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, protect(fn, ...))
     end
     return run
   end
   run = function(fn, ...)
     if fake then sync() end
+    local ph
+    if limit then  -- the permit first: a call past the limit touches no circuit
+      if permit(h, max_wait) == 0 then
+        if has_fallback then return fallback end
+        return nil, rej_full
+      end
+      ph = h
+    end
     local t = core.fz_enter_id(h, id)
     if t < 0 then
+      if limit then core.fz_permit_give(ph) end
       if t == STALE then return rerun(fn, ...) end
       local rej = t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t)
       if has_fallback then return fallback end
@@ -500,10 +579,10 @@ local function make_run(br, fallback, is_failure, listener, direct)
     if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
     local t0 = slow and now() or 0
     local p, k
-    if TRACK then p, k = track(record, t, t0) end
+    if TRACK then p, k = track(record, t, t0, ph) end
     local n = select("#", ...)
-    if n > MANY then return run_many(t, t0, p, k, fn, { ... }, n) end
-    return finish(t, t0, p, k, protect(fn, ...))
+    if n > MANY then return run_many(t, t0, p, k, ph, fn, { ... }, n) end
+    return finish(t, t0, p, k, ph, protect(fn, ...))
   end
   return run
 end
@@ -524,6 +603,7 @@ local function make_breaker(h, id, name, cfg, o)
   if o.fallback ~= nil then br.fallback = o.fallback end
   if o.is_failure ~= nil then br.is_failure = o.is_failure end
   if o.on_state_change ~= nil then br.on_state_change = o.on_state_change end
+  if o.max_wait and o.max_wait ~= 0 then br.max_wait = o.max_wait end
   return br
 end
 
@@ -548,7 +628,7 @@ end
 local function check_callable(fn, what, level)
   local mt = type(fn) == "table" and getmetatable(fn)
   if type(fn) ~= "function" and not (mt and mt.__call) then
-    error("fuse: " .. what .. " needs a function, got " .. type(fn), level + 1)
+    error("fuse: " .. what .. " needs a function, got " .. show(fn), level + 1)
   end
 end
 
@@ -684,7 +764,7 @@ local function checked(opts, name)
     end
     if n == memo_n then
       return { name = name, fallback = memo_o.fallback, is_failure = memo_o.is_failure,
-        on_state_change = memo_o.on_state_change, cfg = memo_o.cfg }
+        on_state_change = memo_o.on_state_change, max_wait = memo_o.max_wait, cfg = memo_o.cfg }
     end
   end
   local o = options.check(opts, 4)
@@ -746,17 +826,72 @@ function Breaker:wrap(fn, fallback)
 end
 
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
+-- max_concurrent: the permits of allowed tickets not reported yet, ticket -> { handle,
+-- pending list, entry } (under OpenResty the ticket is noted with its request, so that a
+-- request that ends without its report gives the permit back in fuse.log()).
+local function held_of(br)
+  local held = br._held
+  if not held then
+    held = {}
+    br._held = held
+  end
+  return held
+end
+
+-- A permit of an allowed ticket given back (report, or the end of its request).
+local function give_held(br, ticket)
+  local held = br._held
+  local e = held and held[ticket]
+  if not e then return end
+  held[ticket] = nil
+  if e[2] then untrack(e[2], e[3]) end
+  core.fz_permit_give(e[1])
+end
+
+-- The end of a request whose allowed ticket was never reported: its permit back, and
+-- the call counted by the status as fuse.log() counts calls that ended their request.
+local function settle_allowed(br)
+  return function(ticket, _, outcome)
+    local e = br._held and br._held[ticket]
+    if not e then return end
+    br._held[ticket] = nil
+    core.fz_permit_give(e[1])
+    if fake then sync() end
+    local code = core.fz_done(br._h, ticket, outcome, -1)
+    if code > 0 then fire(br.on_state_change, br.name, code) end
+  end
+end
+
 function Breaker:allow()
   if getmetatable(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
+  local limit, ph = self.cfg.max_concurrent > 0, nil
+  if limit then
+    if permit(self._h, self.max_wait or 0) == 0 then return nil, rej_of(self, 4) end
+    ph = self._h
+  end
   local t = core.fz_allow_id(self._h, self._id)
   while t == STALE do  -- again when another worker removed the name right after the re-find
     local h, id = refind(self, self._id)
-    if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
+    if not h then  -- full registry: unguarded, counted nowhere
+      if limit then core.fz_permit_give(ph) end
+      return PASS_TICKET
+    end
     t = core.fz_allow_id(h, id)
   end
-  if t < 0 then return nil, rejected(self, self.on_state_change, t) end
+  if t < 0 then
+    if limit then core.fz_permit_give(ph) end
+    return nil, rejected(self, self.on_state_change, t)
+  end
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
+  if limit then
+    local p, k
+    if TRACK then
+      self._settle = self._settle or settle_allowed(self)
+      p, k = track(self._settle, t, 0, ph)
+    end
+    held_of(self)[t] = { ph, p, k }
+  end
   return t
 end
 
@@ -767,11 +902,11 @@ end
 -- breaker now (`late`).
 function Breaker:report(ticket, ok, seconds)
   if getmetatable(self) ~= Breaker then not_a_breaker("report", self) end
-  if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. type(ticket), 2) end
+  if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. show(ticket), 2) end
   local outcome = ok == true and SUCCESS or ok == false and FAILURE or ok == nil and IGNORE
-  if not outcome then error("fuse: report's ok must be true, false or nil, got " .. type(ok), 2) end
+  if not outcome then error("fuse: report's ok must be true, false or nil, got " .. show(ok), 2) end
   if seconds ~= nil and not (type(seconds) == "number" and seconds >= 0 and seconds < huge) then
-    error("fuse: report's seconds must be a finite number >= 0, got " .. tostring(seconds), 2)
+    error("fuse: report's seconds must be a finite number >= 0, got " .. show(seconds), 2)
   end
   if ticket == PASS_TICKET then return end  -- allow's answer when the registry was full: counts nowhere
   if fake then sync() end
@@ -779,8 +914,11 @@ function Breaker:report(ticket, ok, seconds)
   if code == E_STALE or (code == E_TICKET and self._was) then
     code = late(self, ticket, outcome, seconds or -1, code)
   end
+  if code ~= E_REPORTED and code ~= E_TICKET then give_held(self, ticket) end
   if code == E_REPORTED or code == E_TICKET then
-    local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or tostring(ticket)
+    -- a ticket is an integer below 2^53: all its digits (show's 14 significant digits
+    -- print one that ends in 0 as 3.7472087572493e+14)
+    local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or show(ticket)
     if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
     error("fuse: report: " .. shown .. " is not a ticket this breaker's allow issued"
       .. " (another breaker's, or made up)", 2)
@@ -841,7 +979,7 @@ function Breaker:force_open(seconds)
   if getmetatable(self) ~= Breaker then not_a_breaker("force_open", self) end
   if seconds ~= nil and (type(seconds) ~= "number" or not (seconds > 0 and seconds <= MAX_FORCE_OPEN)) then
     error("fuse: force_open's seconds must be a number in (0, " .. MAX_FORCE_OPEN .. "], got "
-      .. tostring(seconds), 2)
+      .. show(seconds), 2)
   end
   if fake then sync() end
   local code
@@ -862,7 +1000,7 @@ local NO_FUNCTIONS = {}
 local function get(name)
   local br = got.map[name]
   if br and B.id(br._h) == br._id then return br end
-  if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. type(name), 2) end
+  if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. show(name), 2) end
   if #name == 0 then return nil end
   local h, id = B.find(name)
   if not h then return nil end
@@ -877,21 +1015,28 @@ _M.get = get
 
 -- fuse.remove(name) -> true when a breaker of that name existed and is now gone.
 function _M.remove(name)
-  if type(name) ~= "string" then error("fuse: fuse.remove needs a name string, got " .. type(name), 2) end
+  if type(name) ~= "string" then error("fuse: fuse.remove needs a name string, got " .. show(name), 2) end
   return #name > 0 and #name <= 127 and not name:find("\0", 1, true) and B.remove(name) or false
 end
 
 -- Calls fn(h, name) for every live registry breaker (the slots in use; one removed or
 -- reused meanwhile is skipped).
-local function each_breaker(fn)
-  for i = 0, B.count() - 1 do
+-- fn(h, name, still) for the live breaker of each registry slot from `from` (0) up to
+-- `upto` (excluded; the slots handed out so far), where still() says whether that
+-- breaker is still the slot's; fn returning true stops the walk. Returns the slot after
+-- the last one looked at.
+local function each_breaker(fn, from, upto)
+  local i, n = from or 0, upto or B.count()
+  while i < n do
     local h = B.at(i)
     local id = h and B.id(h)
+    i = i + 1
     if h then
       local name = B.name_of(h)
-      fn(h, name, function() return B.id(h) == id end)
+      if fn(h, name, function() return B.id(h) == id end) then break end
     end
   end
+  return i
 end
 
 function _M.list()
@@ -900,6 +1045,27 @@ function _M.list()
     if still() then names[#names + 1] = name end
   end)
   return names
+end
+
+-- Internal, for fuse.admin: one page of a walk over the registry, in slot order. From
+-- slot `from` (0 at first), looking at `budget` slots at most, calls fn(name) for each
+-- live breaker and lists what it returns (nil: nothing) until `limit` are listed.
+-- Returns the list and the slot the next page starts from, or nil when the walk is
+-- over. A breaker that lives through the whole walk is seen once (slots do not move);
+-- one made or removed meanwhile may be seen or not, once per name and page.
+function _M._page(from, limit, budget, fn)
+  local list, seen, count = {}, {}, B.count()
+  local upto = math.min(count, from + budget)
+  local i = each_breaker(function(_, name, still)
+    if still() and not seen[name] then
+      seen[name] = true
+      local v = fn(name)
+      if v ~= nil then list[#list + 1] = v end
+    end
+    return #list >= limit
+  end, from, upto)
+  if i < count then return list, i end
+  return list, nil
 end
 
 -- fuse.init{ capacity = N [, shared = true] [, idle = seconds] }: before any named
@@ -936,7 +1102,7 @@ local EVENTS_CAPACITY = 1024  -- FZ_EVENTS_CAPACITY
 -- lost: how many of those the ring no longer holds; upto: the seq to pass next time.
 function _M.events(since)
   if since ~= nil and (type(since) ~= "number" or not (since >= 0 and since < 2^53)) then
-    error("fuse: fuse.events needs a seq number (>= 0) or nothing, got " .. tostring(since), 2)
+    error("fuse: fuse.events needs a seq number (>= 0) or nothing, got " .. show(since), 2)
   end
   since = floor(since or 0)
   local last = B.events_last()
@@ -945,7 +1111,7 @@ function _M.events(since)
   for seq = first, last do
     local rc, s, time, name, from, to, pid = B.event_at(seq)
     -- still being written: the next read starts here (an entry whose writer died in
-    -- the middle reads so until the ring overwrites it; then it counts as lost)
+    -- the middle is taken back by the core, fz_events.c, and counts as lost)
     if rc == 0 then break end
     if rc == 1 then
       list[#list + 1] = { seq = s, time = time, name = name, from = STATES[from], to = STATES[to], pid = pid }
@@ -978,58 +1144,10 @@ end
 
 ---------------------------------------------------------------------------- metrics
 
--- The length of the valid UTF-8 sequence (RFC 3629: no overlong forms, no surrogates,
--- nothing above U+10FFFF) that starts at byte i of s, or nil.
-local function utf8_at(s, i)
-  local c = byte(s, i)
-  if c < 0x80 then return 1 end
-  local n
-  local lo, hi = 0x80, 0xBF
-  if c >= 0xC2 and c <= 0xDF then n = 2
-  elseif c >= 0xE0 and c <= 0xEF then
-    n = 3
-    if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
-  elseif c >= 0xF0 and c <= 0xF4 then
-    n = 4
-    if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
-  else return nil end
-  local c2 = byte(s, i + 1)
-  if not c2 or c2 < lo or c2 > hi then return nil end
-  for k = 2, n - 1 do
-    local ck = byte(s, i + k)
-    if not ck or ck < 0x80 or ck > 0xBF then return nil end
-  end
-  return n
-end
-
--- The value of the `name` label for a breaker name (Prometheus label values must be
--- UTF-8): the name itself when it is UTF-8 without a backslash, as names nearly always
--- are; otherwise the name with each backslash doubled and each byte that is not part of
--- a UTF-8 character written \xHH. A value with a backslash thus always reads back to
--- one name, and two names never share a value.
-local function name_value(s)
-  if not s:find("[\\\128-\255]") then return s end
-  local out, i, n, plain = {}, 1, #s, true
-  while i <= n do
-    local len = utf8_at(s, i)
-    if not len then
-      out[#out + 1] = ("\\x%02X"):format(byte(s, i))
-      plain = false
-      i = i + 1
-    else
-      local piece = s:sub(i, i + len - 1)
-      if piece == "\\" then piece, plain = "\\\\", false end
-      out[#out + 1] = piece
-      i = i + len
-    end
-  end
-  if plain then return s end
-  return concat(out)
-end
-
--- A label value as the text format writes it: \, \" and \n escaped.
+-- A label value as the text format writes it (Prometheus label values must be UTF-8):
+-- the name as options.utf8_text writes it, then \, \" and \n escaped.
 local function label(s)
-  return (name_value(s):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+  return (options.utf8_text(s):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
 end
 
 local METRICS = {
@@ -1042,6 +1160,8 @@ local METRICS = {
   { "fuse_slow_calls_total", "counter", "Calls that took at least the slow threshold.", "slow_total" },
   { "fuse_rejections_total", "counter", "Calls rejected without running.", "rejections_total" },
   { "fuse_opens_total", "counter", "Times the circuit opened.", "opens_total" },
+  { "fuse_running", "gauge", "Guarded calls running now (max_concurrent's permits held).", "running" },
+  { "fuse_full_total", "counter", "Calls rejected because max_concurrent calls were running.", "full_total" },
 }
 
 -- Prometheus text exposition of every breaker in the registry.

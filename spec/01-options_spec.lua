@@ -43,7 +43,7 @@ end
 local DEFAULT_CFG = {
   window = 10, open_for = 10, max_open_for = 320, slow = 0, probe_timeout = 10,
   failure_rate = 0, slow_rate = 0, backoff = 1, jitter = 0, fails = 5,
-  count_window = 0, min_calls = 10, probes = 1,
+  count_window = 0, min_calls = 10, probes = 1, max_concurrent = 0,
 }
 
 -- Every numeric option: the options it needs beside it (base), values accepted (each
@@ -132,7 +132,7 @@ describe("options #" .. BACKEND, function()
     assert.same({
       "name", "fallback", "fails", "window", "count_window", "failure_rate", "min_calls",
       "slow", "slow_rate", "open_for", "backoff", "max_open_for", "jitter", "probes",
-      "probe_timeout", "is_failure", "on_state_change",
+      "probe_timeout", "is_failure", "on_state_change", "max_concurrent", "max_wait",
     }, options.NAMES)
   end)
 
@@ -337,7 +337,7 @@ describe("options #" .. BACKEND, function()
     it("list the options when no name is near", function()
       local list = "name, fallback, fails, window, count_window, failure_rate, "
         .. "min_calls, slow, slow_rate, open_for, backoff, max_open_for, jitter, probes, "
-        .. "probe_timeout, is_failure, on_state_change"
+        .. "probe_timeout, is_failure, on_state_change, max_concurrent, max_wait"
       assert.equal("fuse: unknown option 'retries' (options are: " .. list .. ")",
         check_error({ retries = 3 }))
       -- 'rate' is in two names: no guess

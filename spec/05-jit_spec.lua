@@ -69,6 +69,37 @@ describe("fuse #ffi", function()
     assert_compiled(ev)
   end)
 
+  it("a wrap with max_concurrent stays compiled: its permits taken and given in the trace", function()
+    local f, b = fuse.wrap(add, { name = "s05-limited", fails = 5, max_concurrent = 3,
+      fallback = function() return 0 end })
+    local sum
+    local ev = traced(function(n)
+      sum = 0
+      for i = 1, n do sum = sum + f(i, 1) end
+    end)
+    assert.equal(N * (N + 1) / 2 + N, sum)
+    local s = b:stats()
+    assert.equal(N + W, s.successes_total)
+    assert.equal(0, s.running)
+    assert.equal(0, s.full_total)
+    assert_compiled(ev)
+  end)
+
+  it("a call past max_concurrent stays compiled too (the fallback's answer)", function()
+    local b = fuse.new({ fails = 5, max_concurrent = 1 })
+    local f = b:wrap(add, 0)
+    local held = b:allow()
+    local sum
+    local ev = traced(function(n)
+      sum = 0
+      for i = 1, n do sum = sum + f(i, 1) end
+    end)
+    assert.equal(0, sum)
+    assert.equal(N + W, b:stats().full_total)
+    b:report(held, true)
+    assert_compiled(ev)
+  end)
+
   it("a wrap with four arguments and a fallback stays compiled", function()
     local function add4(a, b, c, d) return a + b + c + d end
     local f, b = fuse.wrap(add4, { fails = 5, fallback = function() return 0 end })

@@ -263,6 +263,7 @@ describe("fuse #" .. BACKEND, function()
     end)
 
     it("never lets an error in the listener break the call", function()
+      local reported = support.reported(finally)
       local raised = 0
       local function bad_listener()
         raised = raised + 1
@@ -297,9 +298,13 @@ describe("fuse #" .. BACKEND, function()
       })
       assert.equal("fb", g())
       assert.equal(5, raised)
+      assert.equal(5, #reported)                -- each one reported, none printed
+      assert.matches("fuse: on_state_change of breaker 'anonymous' %(closed %-> open%) failed: "
+        .. ".*listener boom", reported[1])
     end)
 
     it("never lets an error in the listener escape allow/report/state/reset", function()
+      local reported = support.reported(finally)
       local raised = 0
       local b = fuse.new{
         fails = 1, open_for = 5,
@@ -313,6 +318,8 @@ describe("fuse #" .. BACKEND, function()
       assert.has_no.errors(function() b:reset() end)
       assert.equal("closed", b:state())
       assert.is_true(raised >= 3)
+      assert.equal(raised, #reported)
+      assert.matches("(forced_open -> closed) failed: table: ", reported[#reported], 1, true)
     end)
   end)
 

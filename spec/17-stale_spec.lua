@@ -5,7 +5,6 @@
 -- forced in one thread: a backend function is wrapped so that the removal and the reuse
 -- of the slot happen exactly between the facade's check and its act.
 local fuse = require "fuse"
-local admin = require "fuse.admin"
 local support = require "spec.support"
 local BACKEND = support.BACKEND
 
@@ -67,6 +66,18 @@ describe("stale objects #" .. BACKEND, function()
         assert.equal("closed\t1\t" .. case[3] .. "\n", out)
       end)
     end
+
+    -- The act is retried after the name is found again: the transition it makes is
+    -- recorded once, so fuse.watch cannot deliver it twice (issue 16, item 6).
+    it("records its transition in fuse.events once, though the act was retried", function()
+      local out = run_child(SLOT_PASSES .. [[
+local _, _, since = fuse.events()
+armed = true
+b:force_open()
+for _, e in ipairs((fuse.events(since))) do print(e.name, e.from, e.to) end
+]])
+      assert.equal("a\tclosed\tforced_open\n", out)
+    end)
   end)
 
   describe("reads of an object whose name was removed", function()
@@ -108,15 +119,16 @@ describe("stale objects #" .. BACKEND, function()
       local name = unique("admin")
       fuse.new{ name = name, fails = 2 }
       local get = fuse.get
+      local looked = false
       fuse.get = function(n)
         local b = get(n)
-        if n == name then fuse.remove(name) end
+        if n == name then looked = fuse.remove(name) end
         return b
       end
-      local ok, status = pcall(admin.handle, "GET")
+      local ok, err = pcall(support.admin_all)  -- every page: the name is on one of them
       fuse.get = get
-      assert.is_true(ok, status)
-      assert.equal(200, status)
+      assert.is_true(ok, err)
+      assert.is_true(looked)
       gone(name)
     end)
 

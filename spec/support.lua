@@ -48,6 +48,17 @@ function support.fake_clock(start, step)
   return clock
 end
 
+-- support.reported(finally): for one test, fuse.report_error records its messages instead of
+-- writing them to stderr, so that a spec of a listener that raises on purpose prints
+-- nothing that reads like a failure; the test asserts on the list. Restored after the
+-- test by busted's `finally`, which the test passes (it is not a global of modules).
+function support.reported(finally)
+  local saved, got = fuse.report_error, {}
+  fuse.report_error = function(msg) got[#got + 1] = msg end
+  finally(function() fuse.report_error = saved end)
+  return got
+end
+
 -- Returns a function that makes registry names ("TAG-PREFIX-N") no other call returns:
 -- the registry lives as long as the process, so every test takes names of its own.
 function support.unique_names(tag)
@@ -108,6 +119,22 @@ end
 function support.has(list, x)
   for _, v in ipairs(list) do if v == x then return true end end
   return false
+end
+
+-- Every breaker the admin GET lists, walking its pages (`query`: its other arguments,
+-- such as { state = "open" }); and the number of pages.
+function support.admin_all(query)
+  local admin = require "fuse.admin"
+  local all, args, pages = {}, {}, 0
+  for k, v in pairs(query or {}) do args[k] = v end
+  repeat
+    local status, body = admin.handle("GET", args)
+    assert.equal(200, status, body.error)
+    pages = pages + 1
+    for _, b in ipairs(body.breakers) do all[#all + 1] = b end
+    args.after = body.next
+  until not body.next
+  return all, pages
 end
 
 -- The interpreter running this spec (busted's --lua), for a script in a process of its

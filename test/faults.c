@@ -106,6 +106,96 @@ static int die_opening(const char *where, const char *name) {
   return die_in_child(where, open_name, NULL);
 }
 
+/* ---- max_concurrent: a process killed at every point of taking, giving and taking back
+ * a permit leaves the limit whole once a survivor took back what it held (at most every
+ * 0.2 s, when the limit is reached), and never more than K permits out */
+
+enum { PK = 3 };
+
+static fz_breaker *g_pb;
+
+static fz_breaker *limited(const char *name) {
+  fz_config c;
+  memset(&c, 0, sizeof c);
+  c.window = 60, c.open_for = 10, c.max_open_for = 10, c.probe_timeout = 10;
+  c.backoff = 1, c.fails = 5, c.min_calls = 10, c.probes = 1, c.max_concurrent = PK;
+  int st;
+  return fz_registry_open(name, strlen(name), &c, &st);
+}
+
+/* Permits the caller can take within 2 s (dead owners' come back at most every 0.2 s). */
+static int take_up_to(fz_breaker *b, int want) {
+  int n = 0;
+  for (int i = 0; i < 200 && n < want; i++) {
+    if (fz_permit_take(b, 1)) n++;
+    else sleep_s(0.01);
+  }
+  return n;
+}
+
+static void take_then_die(fz_breaker *b) {
+  void (*hook)(const char *) = fz_fault_hook;
+  fz_fault_hook = NULL;
+  fz_permit_take(b, 1);  /* one held, then dies taking the second */
+  fz_fault_hook = hook;
+  fz_permit_take(b, 1);
+}
+
+static void give_then_die(fz_breaker *b) {
+  void (*hook)(const char *) = fz_fault_hook;
+  fz_fault_hook = NULL;
+  fz_permit_take(b, 1), fz_permit_take(b, 1);  /* two held, then dies giving one back */
+  fz_fault_hook = hook;
+  fz_permit_give(b);
+}
+
+/* A child that holds 2 permits and exits; then, the rest taken by the parent, another
+ * child that reaches the limit takes the first one's back and dies at the point. */
+static void hold_two(fz_breaker *b) {
+  void (*hook)(const char *) = fz_fault_hook;
+  fz_fault_hook = NULL;
+  fz_permit_take(b, 1), fz_permit_take(b, 1);
+  fz_fault_hook = hook;
+}
+static void take_when_full(fz_breaker *b) { fz_permit_take(b, 1); }
+
+/* After a death: the parent can take exactly what it does not hold, then no more. */
+static void limit_whole(fz_breaker *b, int held, const char *where) {
+  int got = take_up_to(b, PK - held);
+  is_int(got, PK - held, "%s: the limit is whole again (the parent took the %d it did not hold)", where,
+         PK - held);
+  is_int(fz_permit_take(b, 1), 0, "%s: and not one more than %d", where, PK);
+  for (int i = 0; i < PK; i++) fz_permit_give(b);
+  fz_stats s;
+  fz_stats_peek(b, &s);
+  is_int((int)s.running, 0, "%s: all given back, running 0", where);
+}
+
+static void permit_faults(void) {
+  static const char *const takes[] = { "permit-intent", "permit-taken" };
+  static const char *const gives[] = { "permit-giving", "permit-given" };
+  static const char *const backs[] = { "reclaim-claimed", "reclaim-intent", "reclaim-swapped" };
+  for (int i = 0; i < 2; i++) {
+    g_pb = limited(takes[i]);
+    ok(die_in_child(takes[i], take_then_die, g_pb), "permits: a process holding 1 died at %s of another", takes[i]);
+    limit_whole(g_pb, 0, takes[i]);
+  }
+  for (int i = 0; i < 2; i++) {
+    g_pb = limited(gives[i]);
+    ok(die_in_child(gives[i], give_then_die, g_pb), "permits: a process holding 2 died at %s of one", gives[i]);
+    limit_whole(g_pb, 0, gives[i]);
+  }
+  for (int i = 0; i < 3; i++) {
+    g_pb = limited(backs[i]);
+    ok(!die_in_child("nowhere", hold_two, g_pb), "permits: a process exited holding 2");
+    ok(fz_permit_take(g_pb, 1), "the parent takes the third");
+    sleep_s(0.25);  /* the next full take looks for dead owners */
+    ok(die_in_child(backs[i], take_when_full, g_pb), "permits: a process died at %s, taking back the first one's",
+       backs[i]);
+    limit_whole(g_pb, 1, backs[i]);
+  }
+}
+
 static void registry_faults(void) {
   int before = consistent_names(), st;
   ok(before > 0, "registry: consistent before");
@@ -216,6 +306,7 @@ int main(void) {
   sleep_s(0.15);
   is_int(state(b), FZ_OPEN, "after probe_timeout the slot is free again: open");
   ok(recovers(b, 0.15), "and after open_for a new probe closes it");
+  permit_faults();
   registry_faults();
   return done_testing();
 }

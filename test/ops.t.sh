@@ -51,6 +51,9 @@ chmod -R a+rX "$T"
 "$ROOT/tools/readme-block" watch > "$T/watch.block" || bail "README has no watch block"
 "$ROOT/tools/readme-block" admin-curl > "$T/curl.block" || bail "README has no admin-curl block"
 "$ROOT/tools/readme-block" reject > "$T/reject.block" || bail "README has no reject block"
+# the token README's admin listener is configured with (a POST needs it)
+TOKEN=$(sed -n 's/.*admin{ token = "\([^"]*\)" }.*/\1/p' "$T/admin.block")
+[ -n "$TOKEN" ] || bail "README's admin-listener block has no fuse.admin{ token = \"...\" }"
 
 # put FILE in place of the lines between "# -- begin NAME" and "# -- end NAME"
 splice() { # splice NAME FILE < conf > conf
@@ -79,7 +82,7 @@ req() {
   read -r CODE WPID RA <<< "$out"
   BODY=$(cat "$T/body" 2>/dev/null)
 }
-admin() { req "$ADMIN" /fuse "$@"; }
+admin() { req "$ADMIN" /fuse -H "Authorization: Bearer $TOKEN" "$@"; }
 fake() { curl -s -m 5 "http://127.0.0.1:$UP$1" > /dev/null; }
 # json EXPR: evaluates the Lua expression EXPR over `j`, BODY decoded as JSON
 json() {
@@ -167,6 +170,22 @@ check "no request with an error changed a breaker" \
 
 # ---------------------------------------------------------------- timed force-open
 fake '/__control?mode=ok&reset=hits'
+# README's admin curls above made two transitions of twostep (closed -> forced_open, then
+# forced_open -> closed), which each worker's watch logs at its next poll. The watch
+# checks below read the log from LOGSTART: set it only once every worker has logged the
+# second one (a watch delivers in order, so the first came before), or a late poll of
+# those transitions is read as a double delivery of the one made below.
+logged_by() { # FROM PATTERN: the pids that logged "fuse: breaker twostep: PATTERN" after line FROM
+  tail -n "+$(($1 + 1))" "$P/logs/error.log" | grep -F "fuse: breaker twostep: $2" |
+    sed -n 's/.*\[warn\] \([0-9]*\)#.*/\1/p' | sort -n
+}
+for _ in $(seq 400); do
+  [ "$(logged_by 0 "forced_open -> closed" | sort -u | wc -l)" -ge 4 ] && break
+  sleep 0.05
+done
+check "watch: all 4 workers heard README's curls (closed -> forced_open -> closed), once each" \
+  [ "$(logged_by 0 "closed -> forced_open" | tr '\n' ' ')/$(logged_by 0 "forced_open -> closed" | tr '\n' ' ')" \
+    = "$WORKERS/$WORKERS" ]
 LOGSTART=$(wc -l < "$P/logs/error.log")   # watch checks read the log from here
 SECS=6   # long enough to reach all 4 workers on a loaded machine
 t0=$(now)
@@ -203,9 +222,7 @@ check "after the probe succeeded, twostep is closed" [ "$(json 'find("twostep").
 
 # ---------------------------------------------------------------- watch in every worker
 # README's watch block logs "fuse: breaker NAME: FROM -> TO" at [warn] in each worker.
-watched() { # the pids that logged this transition, one line each
-  tail -n "+$((LOGSTART + 1))" "$P/logs/error.log" | grep -F "fuse: breaker twostep: $1" | sed -n 's/.*\[warn\] \([0-9]*\)#.*/\1/p' | sort -n
-}
+watched() { logged_by "$LOGSTART" "$1"; } # the pids that logged this transition, one line each
 for _ in $(seq 100); do
   [ "$(watched "forced_open -> open" | sort -u | wc -l)" -ge 4 ] && break
   sleep 0.1
@@ -234,11 +251,11 @@ prom() { # prom PATH: GET from Prometheus' HTTP API into BODY
 }
 for _ in $(seq 150); do
   prom /api/v1/rules
-  case $BODY in *FuseCircuitFlapping*) break ;; esac
+  case $BODY in *FuseBreakerFull*) break ;; esac
   sleep 0.1
 done
-check "Prometheus is up with fuse-alerts.yml loaded (FuseCircuitOpen, FuseCircuitFlapping)" \
-  [ "$(json '#j.data.groups[1].rules')" = 2 ]
+check "Prometheus is up with fuse-alerts.yml loaded (FuseCircuitOpen, FuseCircuitFlapping, FuseBreakerFull)" \
+  [ "$(json '#j.data.groups[1].rules')" = 3 ]
 # trip twostep: 3 failures (open_for 30 s)
 fake '/__control?mode=fail&reset=hits'
 for _ in 1 2 3; do req "$PORT" /twostep; sleep 0.05; done

@@ -91,6 +91,64 @@ case $recipe in
   *) ok "make deps: no apt-get install without --no-install-recommends" ;;
 esac
 
+# a package removed but not purged ("config-files") is missing, as is one never installed
+mkdir -p "$T/bin"
+cat > "$T/bin/dpkg-query" <<'EOF'
+#!/bin/sh
+# a stand-in: prints ${db:Status-Status} for the last argument
+case $3 in
+  ok-pkg) printf installed ;;
+  removed-pkg) printf config-files ;;
+  half-pkg) printf half-configured ;;
+  *) echo "dpkg-query: no packages found matching $3" >&2; exit 1 ;;
+esac
+EOF
+chmod +x "$T/bin/dpkg-query"
+got=$(PATH="$T/bin:$PATH" sh "$ROOT/tools/debs-missing" ok-pkg removed-pkg half-pkg gone-pkg | tr '\n' ' ')
+check "make deps (tools/debs-missing): removed-not-purged, half-configured and absent packages are missing" \
+  [ "$got" = "removed-pkg half-pkg gone-pkg " ]
+[ "$got" = "removed-pkg half-pkg gone-pkg " ] || diag "missing: $got"
+case $recipe in
+  *debs-missing*) ok "make deps asks tools/debs-missing, before and after installing" ;;
+  *) nok "make deps asks tools/debs-missing, before and after installing"; diag "$recipe" ;;
+esac
+
+# ---------------------------------------------------------------- the summary is last
+printf 'TAP version 13\nok 1 - a\n1..1\n' > "$L/good.tap"; echo 0 > "$L/good.rc"
+printf 'TAP version 13\nnot ok 1 - b\n1..1\n' > "$L/bad.tap"; echo 1 > "$L/bad.rc"
+rm -f "$L/nginx.tap" "$L/nginx.rc" "$L/specs.tap" "$L/specs.rc" "$L/core.tap" "$L/core.rc"
+out=$(env -u CI -u MAKEFLAGS -u MAKELEVEL make --no-print-directory -C "$ROOT" summary LOGDIR="$L" 2>&1); rc=$?
+tail2=$(printf '%s\n' "$out" | tail -n 2 | tr '\n' '|')
+case $rc/$tail2 in
+  [1-9]*/"1 passed, 1 failed|make: *** [Makefile:"*": summary] Error 1|")
+    ok "a failed run ends with 'N passed, N failed', then make's one line, as README says" ;;
+  *) nok "a failed run ends with 'N passed, N failed', then make's one line, as README says"; diag "exit $rc" "$out" ;;
+esac
+recipe_test=$(env -u MAKEFLAGS -u MAKELEVEL make -n -s -C "$ROOT" test 2>/dev/null | tail -n 1)
+check "make test's last step is tools/tapsum (no recursive make after it)" \
+  [ "$recipe_test" = "sh tools/tapsum build/test-logs" ]
+[ "$recipe_test" = "sh tools/tapsum build/test-logs" ] || diag "last step: $recipe_test"
+
+# ---------------------------------------------------------------- the test ports
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+inrange=1
+for _ in $(seq 20); do
+  p=$(FUSE_TEST_PORTS=25000-25019 pick_ports 4) || { inrange=0; break; }
+  [ "$p" -ge 25000 ] && [ $((p + 3)) -le 25019 ] || { inrange=0; diag "picked $p"; }
+done
+check "FUSE_TEST_PORTS=25000-25019: every port picked (4 in a row) is inside it" [ $inrange = 1 ]
+FUSE_TEST_PORTS=100-50 pick_ports 1 > /dev/null 2> "$T/ports.err"; rc=$?
+check "FUSE_TEST_PORTS that is not LOW-HIGH: an error that says so" \
+  [ "$rc" != 0 ] && grep -q "FUSE_TEST_PORTS must be LOW-HIGH" "$T/ports.err"
+check "README documents FUSE_TEST_PORTS=LOW-HIGH and the default range 10000-29999" \
+  [ "$(grep -c 'FUSE_TEST_PORTS=LOW-HIGH' "$ROOT/README.md")/$(grep -c '10000-29999' "$ROOT/README.md")" = 1/1 ]
+
+# ---------------------------------------------------------------- README's OpenResty block
+k=$("$ROOT/tools/readme-block" openresty-conf | grep -c '/path/to/fuse')
+check "README's OpenResty block holds /path/to/fuse on exactly the two lines its text names" \
+  [ "$k" = 2 ] && grep -q 'on the two `lua_package_\*` lines' "$ROOT/README.md"
+
 # ---------------------------------------------------------------- files the Makefile names
 absent=""
 for f in $(grep -oE '\b(notes|docs|tools|test|spec|examples|bench|csrc|lua)/[A-Za-z0-9_./-]+\.[a-z]+' \

@@ -18,7 +18,7 @@ run() { # run DESCRIPTION COMMAND...
   else failed=$((failed + 1)); echo "not ok $n - $d"; printf '%s\n' "$out" | sed 's/^/# /'; fi
 }
 run "promtool check rules fuse-alerts.yml" promtool check rules fuse-alerts.yml
-run "promtool test rules fuse-alerts.test.yml (FuseCircuitOpen, FuseCircuitFlapping)" \
+run "promtool test rules fuse-alerts.test.yml (FuseCircuitOpen, FuseCircuitFlapping, FuseBreakerFull)" \
   promtool test rules fuse-alerts.test.yml
 echo "1..$n"
 [ "$failed" -eq 0 ]

@@ -330,9 +330,12 @@ static void test_tickets_and_config(void) {
   bad = defaults(), bad.jitter = 0.9999999999, bad.failure_rate = 1e-10, bad.slow = 1e-10;
   bad.slow_rate = 1e-12;
   is_int(fz_config_check(&bad), FZ_OK, "values inside the facade's bounds accepted (one table)");
-  ok(fz_config_bound(-1) == NULL && fz_config_bound(13) == NULL &&
+  ok(fz_config_bound(-1) == NULL && fz_config_bound(14) == NULL &&
      strcmp(fz_config_bound(0)->name, "window") == 0 &&
-     strcmp(fz_config_bound(12)->name, "probes") == 0, "13 bounds, in fz_config order");
+     strcmp(fz_config_bound(12)->name, "probes") == 0 &&
+     strcmp(fz_config_bound(13)->name, "max_concurrent") == 0, "14 bounds, in fz_config order");
+  bad = defaults(), bad.max_concurrent = FZ_MAX_CONCURRENT + 1;
+  is_int(fz_config_check(&bad), FZ_EINVAL, "max_concurrent above 1,000,000 refused");
   fz_config other = defaults();
   other.fails = 9, other.window = 3;
   is_int((int)fz_config_diff(&c, &other), FZ_CFG_FAILS | FZ_CFG_WINDOW, "diff names fails and window");

@@ -103,10 +103,12 @@ all_workers
 
 ADMIN=$((PORT + 2))
 say "an operator forces 'twostep' open for 3 s, through the admin endpoint"
-echo "   (its own listener, 127.0.0.1:$ADMIN, allow 127.0.0.1; deny all):"
-echo "   curl -d 'name=twostep&action=force_open&seconds=3' http://127.0.0.1:$ADMIN/fuse"
+# the token of nginx.conf's admin listener: a POST without it is refused
+TOKEN=$(sed -n 's/.*admin{ token = "\([^"]*\)" }.*/\1/p' "$P/nginx.conf")
+echo "   (its own listener, 127.0.0.1:$ADMIN, allow 127.0.0.1; deny all; a POST needs its token):"
+echo "   curl -H 'Authorization: Bearer $TOKEN' -d 'name=twostep&action=force_open&seconds=3' http://127.0.0.1:$ADMIN/fuse"
 t0=$(date +%s.%N)
-curl -s -m 5 -d 'name=twostep&action=force_open&seconds=3' "http://127.0.0.1:$ADMIN/fuse" |
+curl -s -m 5 -H "Authorization: Bearer $TOKEN" -d 'name=twostep&action=force_open&seconds=3' "http://127.0.0.1:$ADMIN/fuse" |
   grep -o '"\(name\|state\|retry_after\)":[^,}]*' | tr '\n' ' ' | sed 's/^/   -> /'
 echo
 for _ in $(seq 12); do
@@ -133,6 +135,8 @@ printf '%s\n' "$BODY" | grep 'name="upstream"' | head -n 12 | sed 's/^/   /'
 
 say "stopping nginx (pid $MASTER)"
 
-# ---- fuse.upstream: a breaker per upstream peer (README "Upstream peers")
+# ---- fuse.upstream: a breaker per upstream peer (README "Upstream peers"), then
+# max_concurrent: a bulkhead across the workers (README "Isolation")
 cleanup_nginx "$MASTER"
 bash "$ROOT/examples/nginx/upstream-demo.sh"
+bash "$ROOT/examples/nginx/isolation-demo.sh"

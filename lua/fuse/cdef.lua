@@ -1,7 +1,7 @@
 -- generated from csrc/fz.h by make cdef: do not edit
 -- (edit the FZ_CDEF region of csrc/fz.h, then run `make cdef`)
 return {
-  abi = 3,
+  abi = 4,
   cdef = [=[
 enum {
   FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4,
@@ -12,7 +12,7 @@ enum { FZ_SUCCESS = 0, FZ_FAILURE = 1, FZ_IGNORE = 2 };
 
 enum {
   FZ_MAX_PROBES = 16, FZ_MAX_COUNT_WINDOW = 1024, FZ_MAX_FAILS = 1000000,
-  FZ_MAX_MIN_CALLS = 1000000, FZ_NAME_MAX = 127
+  FZ_MAX_MIN_CALLS = 1000000, FZ_NAME_MAX = 127, FZ_MAX_CONCURRENT = 1000000
 };
 
 enum {
@@ -26,7 +26,8 @@ enum {
   FZ_CFG_WINDOW = 1, FZ_CFG_OPEN_FOR = 2, FZ_CFG_MAX_OPEN_FOR = 4, FZ_CFG_SLOW = 8,
   FZ_CFG_PROBE_TIMEOUT = 16, FZ_CFG_FAILURE_RATE = 32, FZ_CFG_SLOW_RATE = 64,
   FZ_CFG_BACKOFF = 128, FZ_CFG_JITTER = 256, FZ_CFG_FAILS = 512,
-  FZ_CFG_COUNT_WINDOW = 1024, FZ_CFG_MIN_CALLS = 2048, FZ_CFG_PROBES = 4096
+  FZ_CFG_COUNT_WINDOW = 1024, FZ_CFG_MIN_CALLS = 2048, FZ_CFG_PROBES = 4096,
+  FZ_CFG_MAX_CONCURRENT = 8192
 };
 
 /* The numeric options of a breaker, already validated by the Lua facade.
@@ -45,6 +46,8 @@ typedef struct fz_config {
   uint32_t count_window;  /* the window is the last N calls, or 0 for a time window */
   uint32_t min_calls;     /* calls the window must hold before a rate rule trips */
   uint32_t probes;        /* 1..FZ_MAX_PROBES */
+  uint32_t max_concurrent; /* permits: calls at once (fz_permit_take), or 0 for no limit */
+  uint32_t spare;         /* 0 (fz_config stays whole 64-bit words) */
 } fz_config;
 
 /* A snapshot of one breaker. Window counts cover the current window only. */
@@ -55,6 +58,9 @@ typedef struct fz_stats {
   double retry_after;                           /* seconds until probes, 0 if not open */
   uint64_t successes_total, failures_total, slow_total, rejections_total, opens_total;
   uint64_t generation;
+  uint64_t full_total;    /* calls rejected for max_concurrent (counted in rejections_total too) */
+  uint32_t running;       /* permits held now */
+  uint32_t spare;
 } fz_stats;
 
 /* The bounds of one numeric option of fz_config (see fz_config_bound). */
@@ -114,6 +120,8 @@ int fz_force_open_id(fz_breaker *b, uint32_t id);
 int fz_disable_id(fz_breaker *b, uint32_t id);
 int fz_force_open_for_id(fz_breaker *b, uint32_t id, double seconds);
 int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed);
+int fz_permit_take(fz_breaker *b, int count_full);
+void fz_permit_give(fz_breaker *b);
 
 fz_breaker *fz_registry_open(const char *name, size_t len, const fz_config *c, int *status);
 fz_breaker *fz_registry_find(const char *name, size_t len);

@@ -45,7 +45,7 @@ local function to_config(cfg)
   c.window, c.open_for, c.max_open_for, c.slow = cfg.window, cfg.open_for, cfg.max_open_for, cfg.slow
   c.probe_timeout, c.failure_rate, c.slow_rate = cfg.probe_timeout, cfg.failure_rate, cfg.slow_rate
   c.backoff, c.jitter, c.fails, c.count_window = cfg.backoff, cfg.jitter, cfg.fails, cfg.count_window
-  c.min_calls, c.probes = cfg.min_calls, cfg.probes
+  c.min_calls, c.probes, c.max_concurrent = cfg.min_calls, cfg.probes, cfg.max_concurrent
   return c
 end
 
@@ -53,7 +53,8 @@ local function from_config(c)
   return { window = c.window, open_for = c.open_for, max_open_for = c.max_open_for, slow = c.slow,
     probe_timeout = c.probe_timeout, failure_rate = c.failure_rate, slow_rate = c.slow_rate,
     backoff = c.backoff, jitter = c.jitter, fails = tonumber(c.fails),
-    count_window = tonumber(c.count_window), min_calls = tonumber(c.min_calls), probes = tonumber(c.probes) }
+    count_window = tonumber(c.count_window), min_calls = tonumber(c.min_calls), probes = tonumber(c.probes),
+    max_concurrent = tonumber(c.max_concurrent) }
 end
 
 function _M.strerror(code) return ffi.string(C.fz_strerror(code)) end
@@ -113,6 +114,7 @@ local function fill(t)
   t.successes_total, t.failures_total = tonumber(s.successes_total), tonumber(s.failures_total)
   t.slow_total, t.rejections_total = tonumber(s.slow_total), tonumber(s.rejections_total)
   t.opens_total = tonumber(s.opens_total)
+  t.running, t.full_total = s.running, tonumber(s.full_total)
 end
 
 -- Fills `t` with the numbers of fz_stats; returns the transition code.

@@ -19,7 +19,7 @@ local _M = {}
 local NAMES = {
   "name", "fallback", "fails", "window", "count_window", "failure_rate", "min_calls",
   "slow", "slow_rate", "open_for", "backoff", "max_open_for", "jitter", "probes",
-  "probe_timeout", "is_failure", "on_state_change",
+  "probe_timeout", "is_failure", "on_state_change", "max_concurrent", "max_wait",
 }
 _M.NAMES = NAMES
 _M.INIT_NAMES = { "shared", "capacity", "idle" }
@@ -28,15 +28,18 @@ _M.INIT_NAMES = { "shared", "capacity", "idle" }
 local CFG_FIELDS = {
   "fails", "window", "count_window", "failure_rate", "min_calls", "slow", "slow_rate",
   "open_for", "backoff", "max_open_for", "jitter", "probes", "probe_timeout",
+  "max_concurrent",
 }
 _M.CFG_FIELDS = CFG_FIELDS
 
 -- Fields where 0 means "this rule is off" (diff prints "off" for them).
 local OFF_WHEN_ZERO = {
   fails = true, count_window = true, failure_rate = true, slow = true, slow_rate = true,
+  max_concurrent = true,
 }
 
 local NAME_MAX = 127                 -- FZ_NAME_MAX
+local MAX_WAIT = 3600                -- seconds: max_wait's upper bound
 local MAX_CAPACITY = 1000000
 
 -- The core's option bounds (fz_config_bound in csrc/fz.h), read through the backend
@@ -85,20 +88,83 @@ local function fmt_num(v)
 end
 _M.format_number = fmt_num
 
+-- The length of the valid UTF-8 sequence (RFC 3629: no overlong forms, no surrogates,
+-- nothing above U+10FFFF) that starts at byte i of s, or nil.
+local function utf8_at(s, i)
+  local c = byte(s, i)
+  if c < 0x80 then return 1 end
+  local n
+  local lo, hi = 0x80, 0xBF
+  if c >= 0xC2 and c <= 0xDF then n = 2
+  elseif c >= 0xE0 and c <= 0xEF then
+    n = 3
+    if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+  elseif c >= 0xF0 and c <= 0xF4 then
+    n = 4
+    if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+  else return nil end
+  local c2 = byte(s, i + 1)
+  if not c2 or c2 < lo or c2 > hi then return nil end
+  for k = 2, n - 1 do
+    local ck = byte(s, i + k)
+    if not ck or ck < 0x80 or ck > 0xBF then return nil end
+  end
+  return n
+end
+
+-- s with each byte that is not part of a UTF-8 character written \xHH (the rest as is).
+local function hex_invalid(s)
+  if not s:find("[\128-\255]") then return s end
+  local out, i, n = {}, 1, #s
+  while i <= n do
+    local len = utf8_at(s, i)
+    if len then
+      out[#out + 1] = s:sub(i, i + len - 1)
+      i = i + len
+    else
+      out[#out + 1] = fmt("\\x%02X", byte(s, i))
+      i = i + 1
+    end
+  end
+  return concat(out)
+end
+
+-- Any byte string as valid UTF-8 that reads back to one string only: s itself when it
+-- is UTF-8 without a backslash, as names nearly always are; otherwise s with each
+-- backslash doubled and each byte that is not part of a UTF-8 character written \xHH.
+-- How breaker names appear where UTF-8 is required: fuse.metrics()' `name` label, the
+-- admin endpoint's JSON.
+local function utf8_text(s)
+  if not s:find("[\\\128-\255]") then return s end
+  return hex_invalid((s:gsub("\\", "\\\\")))
+end
+_M.utf8_text = utf8_text
+
 local ESCAPES = { ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t", ["\\"] = "\\\\" }
 
--- A string between quote marks q, control bytes escaped, cut after 60 bytes.
+-- A string between quote marks q, as Lua would read it back (control bytes escaped,
+-- bytes that are not UTF-8 as \xHH, so that the message is valid UTF-8), cut after 60
+-- bytes (at the start of a character).
 local function quote(s, q)
   local cut = #s > 60
-  if cut then s = s:sub(1, 60) end
+  if cut then
+    local j = 60
+    for _ = 1, 3 do  -- not inside a character: back to its first byte (UTF-8 has 4 at most)
+      local c = byte(s, j + 1)
+      if c < 0x80 or c > 0xBF then break end
+      j = j - 1
+    end
+    s = s:sub(1, j)
+  end
   s = s:gsub("[%c\\" .. q .. "]", function(c)
     return ESCAPES[c] or (c == q and "\\" .. q) or fmt("\\%03d", byte(c))
   end)
-  return q .. s .. (cut and "..." or "") .. q
+  return q .. hex_invalid(s) .. (cut and "..." or "") .. q
 end
 
--- A value as it appears after "got": "x" for strings, numbers and booleans as Lua
--- writes them, the type name for the rest (a table's address helps nobody).
+-- A value as it appears after "got" in every message of fuse's: "x" for strings,
+-- numbers and booleans the same under every Lua (fmt_num: "5", "nan", "inf"), the type
+-- name for the rest (a table's address helps nobody).
 local function show(v)
   local t = type(v)
   if t == "string" then return quote(v, '"') end
@@ -158,7 +224,21 @@ local function check_function(name, v)
   return nil
 end
 
+-- max_wait: seconds to wait for a permit, under OpenResty only (it yields with ngx.sleep).
+local function check_max_wait(v)
+  if type(v) ~= "number" then return bad("max_wait", "a number of seconds", v) end
+  if v ~= v or v == huge or v == -huge then return bad("max_wait", "a finite number", v) end
+  if v < 0 or v > MAX_WAIT then return bad("max_wait", "a number from 0 to " .. MAX_WAIT, v) end
+  local ngx = rawget(_G, "ngx")
+  if v > 0 and not (type(ngx) == "table" and type(ngx.sleep) == "function") then
+    return fmt("fuse: option 'max_wait' needs OpenResty (it waits with ngx.sleep, yielding), got %s "
+      .. "outside it; without it a call past max_concurrent is rejected at once", show(v))
+  end
+  return nil
+end
+
 local function check_one(name, v)
+  if name == "max_wait" then return check_max_wait(v) end
   if numbers()[name] then return check_number(name, v) end
   if name == "name" then return check_name(v) end
   if name == "is_failure" or name == "on_state_change" then
@@ -262,6 +342,9 @@ local function resolve(o, cfg)
     return "fuse: option 'slow_rate' needs option 'slow' (the seconds that make a " ..
       "call slow)"
   end
+  if o.max_wait ~= nil and o.max_concurrent == nil then
+    return "fuse: option 'max_wait' has no effect without 'max_concurrent'"
+  end
   if o.min_calls ~= nil and not rate_rule then
     return "fuse: option 'min_calls' has no effect without 'failure_rate' or " ..
       "'slow_rate'"
@@ -309,6 +392,7 @@ local function resolve(o, cfg)
   cfg.count_window = cw
   cfg.min_calls = min_calls
   cfg.probes = o.probes or 1
+  cfg.max_concurrent = o.max_concurrent or 0
   return nil
 end
 
@@ -334,6 +418,7 @@ local function validate(opts)
     fallback = opts.fallback,
     is_failure = opts.is_failure,
     on_state_change = opts.on_state_change,
+    max_wait = opts.max_wait,
     cfg = cfg,
   }
 end
@@ -392,6 +477,40 @@ end
 -- check_init(opts [, level]) -> { shared = bool, capacity = n }, or raises as check.
 function _M.check_init(opts, level)
   local r, msg = validate_init(opts)
+  if not r then error(msg, level or 2) end
+  return r
+end
+
+---------------------------------------------------------------------------------------
+-- check_admin
+
+_M.ADMIN_NAMES = { "token" }
+local ADMIN_KNOWN = set_of(_M.ADMIN_NAMES)
+local TOKEN_MIN = 16
+
+local function validate_admin(opts)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then
+    return nil, 'fuse: fuse.admin needs a table such as { token = "..." } or nothing, got ' .. show(opts)
+  end
+  local msg = check_keys(opts, ADMIN_KNOWN, _M.ADMIN_NAMES)
+  if msg then return nil, msg end
+  local token = opts.token
+  -- what an Authorization header carries as is: printable ASCII, no space
+  if token ~= nil and (type(token) ~= "string" or #token < TOKEN_MIN or not token:find("^[!-~]+$")) then
+    -- a secret, even a bad one, is not written into the error log
+    local got = type(token) ~= "string" and show(token) or fmt("a string of %d bytes%s", #token,
+      token:find("^[!-~]*$") and "" or " with a space or a byte outside printable ASCII")
+    return nil, fmt("fuse: option 'token' must be a string of %d or more printable ASCII characters "
+      .. "without spaces (openssl rand -hex 16 makes one), got %s", TOKEN_MIN, got)
+  end
+  return { token = token }
+end
+
+-- check_admin(opts [, level]) -> { token = string or nil } for fuse.admin(opts), or raises
+-- as check.
+function _M.check_admin(opts, level)
+  local r, msg = validate_admin(opts)
   if not r then error(msg, level or 2) end
   return r
 end

@@ -35,10 +35,7 @@ local PANIC = "upstream_panic:"
 
 local function raise(msg, level) error("fuse.upstream: " .. msg, level + 1) end
 
-local function show(v)
-  if type(v) == "string" then return fmt("%q", v) end
-  return tostring(v)
-end
+local show = require("fuse.options").show  -- how every message of fuse's shows a value
 
 local function is_int(v, lo, hi)
   return type(v) == "number" and v == floor(v) and v >= lo and v <= hi
@@ -59,7 +56,7 @@ end
 -- or nil and why.
 local function parse_addr(addr)
   local why = "must be \"IP:port\" or \"[IPv6]:port\" with a port from 1 to 65535, got "
-  if type(addr) ~= "string" then return nil, why .. type(addr) end
+  if type(addr) ~= "string" then return nil, why .. show(addr) end
   local host, port = addr:match("^%[([%x:.]+)%]:(%d+)$")
   if not (host and host:find(":", 1, true)) then
     host, port = addr:match("^([%d.]+):(%d+)$")
@@ -73,7 +70,7 @@ end
 -- The peer list as { { addr, host, port, weight }, ... }; raises at `level`.
 local function check_peers(pool_name, list, level)
   if type(list) ~= "table" or #list == 0 then
-    raise("peers must be a non-empty list, got " .. (type(list) == "table" and "an empty table" or type(list)),
+    raise("peers must be a non-empty list, got " .. (type(list) == "table" and "an empty table" or show(list)),
       level + 1)
   end
   local out, seen = {}, {}
@@ -105,7 +102,7 @@ end
 -- Splits opts into the pool's options and the breakers' options; raises at `level`.
 local function check_opts(opts, level)
   if opts == nil then opts = {} end
-  if type(opts) ~= "table" then raise("options must be a table, got " .. type(opts), level + 1) end
+  if type(opts) ~= "table" then raise("options must be a table, got " .. show(opts), level + 1) end
   local o, bopts = {}, {}
   for k, v in pairs(opts) do
     if POOL_KEYS[k] then o[k] = v
@@ -125,7 +122,7 @@ local function check_opts(opts, level)
   local fs = o.fail_statuses
   if fs == nil then fs = DEFAULT_FAIL end
   if type(fs) ~= "table" then
-    raise("option 'fail_statuses' must be a list of HTTP statuses, got " .. type(fs), level + 1)
+    raise("option 'fail_statuses' must be a list of HTTP statuses, got " .. show(fs), level + 1)
   end
   local set = {}
   for k, s in pairs(fs) do

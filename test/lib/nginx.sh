@@ -105,10 +105,28 @@ port_free() {
     grep -q "$(printf ':%04X ' "$1")" && ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# test_ports: the range the tests listen in, "LOW-HIGH" from FUSE_TEST_PORTS (default
+# 10000-29999: below Linux's ephemeral range 32768-60999, where an outgoing connection of
+# the test itself could take a port between the check and nginx's bind). Prints "LOW HIGH".
+test_ports() {
+  local r=${FUSE_TEST_PORTS:-10000-29999} lo hi
+  lo=${r%%-*} hi=${r#*-}
+  case $lo$hi in ''|*[!0-9]*) lo= ;; esac
+  if [ -z "$lo" ] || [ "$r" = "$lo" ] || [ "$lo" -lt 1024 ] || [ "$hi" -gt 65535 ] || [ "$lo" -gt "$hi" ]; then
+    echo "FUSE_TEST_PORTS must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535, got '$r'" >&2
+    return 1
+  fi
+  echo "$lo $hi"
+}
+
+# pick_ports N: N free consecutive loopback ports in the test range (test_ports).
 pick_ports() {
-  local p i
+  local p i lo hi
+  read -r lo hi < <(test_ports) || return 1
+  [ -n "$lo" ] || return 1
+  [ $((hi - lo + 1)) -ge "$1" ] || { echo "FUSE_TEST_PORTS $lo-$hi holds fewer than $1 ports" >&2; return 1; }
   for _ in $(seq 100); do
-    p=$((10000 + RANDOM % 20000))
+    p=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo + 2 - $1)))
     for ((i = 0; i < $1; i++)); do port_free $((p + i)) || continue 2; done
     echo "$p"
     return 0
@@ -163,4 +181,18 @@ workers() {
   [ -n "$m" ] || return 0
   if command -v ps >/dev/null; then ps -o pid= --ppid "$m" | tr -d ' '
   else grep -l "^PPid:[[:space:]]*$m\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3; fi
+}
+
+# reloaded SECS OLD...: after a HUP, waits (up to SECS) until no worker of OLD is alive
+# and the master has workers again, so that every later request reaches a new worker.
+# An old worker answers requests until it exits: the first new answer proves nothing.
+reloaded() {
+  local secs=$1
+  shift
+  wait_for "$secs" _reloaded_now "$@"
+}
+_reloaded_now() {
+  local p
+  for p in "$@"; do alive "$p" && return 1; done
+  [ -n "$(workers)" ]
 }

@@ -1,0 +1,252 @@
+-- max_concurrent (DESIGN.md, "Isolation"): at most N guarded calls of a breaker at once;
+-- a call past the limit is rejected (reason "full") without calling fn and without
+-- moving the circuit; permits are given back however the call ends. Run once per backend.
+local fuse = require "fuse"
+local support = require "spec.support"
+local BACKEND = support.BACKEND
+
+-- Whether a coroutine may yield across pcall (not PUC Lua 5.1: there a guarded function,
+-- run under pcall, cannot yield, so calls are held open by nesting instead).
+local PCALL_YIELDS = (function()
+  local co = coroutine.create(function() return pcall(coroutine.yield) end)
+  coroutine.resume(co)
+  return coroutine.status(co) == "suspended"
+end)()
+
+local unique = support.unique_names("s18")
+
+local function err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  assert.is_false(ok)
+  return e
+end
+
+describe("isolation #" .. BACKEND, function()
+  support.it_runs_on_backend()
+
+  describe("options", function()
+    it("max_concurrent is an integer from 1 to 1,000,000, named in every message", function()
+      for _, v in ipairs({ 0, -1, 1.5, "3", 1000001, 0 / 0, math.huge }) do
+        local e = err_of(fuse.wrap, print, { max_concurrent = v })
+        assert.matches("option 'max_concurrent'", e, 1, true)
+      end
+      assert.matches("an integer from 1 to 1000000, got 1000001",
+        err_of(fuse.new, { max_concurrent = 1000001 }), 1, true)
+      assert.is_truthy(fuse.new({ max_concurrent = 1 }))
+      assert.is_truthy(fuse.new({ max_concurrent = 1000000 }))
+    end)
+
+    it("max_wait needs OpenResty and max_concurrent", function()
+      assert.matches("fuse: option 'max_wait' needs OpenResty",
+        err_of(fuse.new, { max_concurrent = 2, max_wait = 0.2 }), 1, true)
+      assert.equal("fuse: option 'max_wait' has no effect without 'max_concurrent'",
+        err_of(fuse.new, { max_wait = 0 }))
+      assert.matches("option 'max_wait' must be a number from 0 to 3600, got -1",
+        err_of(fuse.new, { max_concurrent = 2, max_wait = -1 }), 1, true)
+      assert.matches("option 'max_wait' must be a number of seconds, got \"1\"",
+        err_of(fuse.new, { max_concurrent = 2, max_wait = "1" }), 1, true)
+      assert.is_truthy(fuse.new({ max_concurrent = 2, max_wait = 0 }))  -- 0: no wait, anywhere
+    end)
+
+    it("a name shared with another max_concurrent is a mismatch that names it", function()
+      local name = unique("iso")
+      fuse.new({ name = name, max_concurrent = 2 })
+      assert.matches("max_concurrent (2 vs 3)", err_of(fuse.new, { name = name, max_concurrent = 3 }), 1, true)
+      assert.matches("max_concurrent (2 vs off)", err_of(fuse.new, { name = name }), 1, true)
+      assert.equal(2, fuse.new({ name = name, max_concurrent = 2 }).cfg.max_concurrent)
+    end)
+  end)
+
+  describe("calls", function()
+    it("a call past the limit is rejected without calling fn: reason full, fields, text", function()
+      local name = unique("iso")
+      local b = fuse.new({ name = name, max_concurrent = 1 })
+      local inner_ran, r1, r2 = false, nil, nil
+      assert.equal("outer", b:call(function()
+        r1, r2 = b:call(function() inner_ran = true end)  -- a second call while the first runs
+        return "outer"
+      end))
+      assert.is_false(inner_ran)
+      assert.is_nil(r1)
+      assert.is_true(fuse.is_rejection(r2))
+      assert.equal("full", r2.reason)
+      assert.equal(name, r2.name)
+      assert.equal("closed", r2.state)
+      assert.equal(0, r2.retry_after)
+      assert.equal("fuse: breaker '" .. name .. "' is full (1 calls running)", tostring(r2))
+      local s = b:stats()
+      assert.equal(0, s.running)
+      assert.equal(1, s.full_total)
+      assert.equal(1, s.rejections_total)
+      assert.equal("closed", s.state)
+      assert.equal(0, s.failures)
+    end)
+
+    it("anonymous breakers say so; circuit rejections have reason open", function()
+      local b = fuse.new({ max_concurrent = 3, fails = 1 })
+      local _, rej = b:call(function() return b:call(function() end) end)
+      assert.is_nil(rej)  -- 2 of 3: runs
+      local depth = 0
+      local function nest()
+        depth = depth + 1
+        return b:call(nest)
+      end
+      local r1, r2 = b:call(nest)
+      assert.is_nil(r1)
+      assert.equal(3, depth)  -- the fourth call was rejected
+      assert.equal("fuse: breaker 'anonymous' is full (3 calls running)", tostring(r2))
+      b:call(error, "boom")
+      local _, open = b:call(print)
+      assert.equal("open", open.reason)
+      assert.equal("fuse: circuit 'anonymous' is open", tostring(open))
+      assert.equal(0, b:stats().running)  -- the rejected call gave its permit back
+    end)
+
+    it("the fallback gets the rejection and the call's arguments", function()
+      local b = fuse.new({ max_concurrent = 1 })
+      local got
+      local f = b:wrap(function(x) return x end, function(err, a, c)
+        got = { err = err, a = a, c = c }
+        return "fb"
+      end)
+      local g = b:wrap(function() return f("x", "y") end)
+      assert.equal("fb", g())
+      assert.equal("full", got.err.reason)
+      assert.equal("x", got.a)
+      assert.equal("y", got.c)
+      assert.equal("x", f("x"))  -- the limit is whole again
+    end)
+
+    it("a full rejection does not move the circuit, whatever the count", function()
+      local b = fuse.new({ max_concurrent = 1, fails = 1 })
+      for _ = 1, 20 do b:call(function() b:call(print) end) end
+      local s = b:stats()
+      assert.equal("closed", s.state)
+      assert.equal(20, s.full_total)
+      assert.equal(0, s.failures_total)
+      assert.equal(20, s.successes_total)
+    end)
+
+    it("raising, failing and misjudged calls give their permit back", function()
+      local b = fuse.new({ max_concurrent = 1, fails = 1000 })
+      for _ = 1, 10 do
+        assert.is_false((pcall(b.call, b, error, "boom")))
+        local r, e = b:call(function() return nil, "down" end)
+        assert.is_nil(r)
+        assert.equal("down", e)
+      end
+      assert.equal(0, b:stats().running)
+      assert.equal(20, b:stats().failures_total)
+      local bad = fuse.wrap(print, { max_concurrent = 1, is_failure = function() error("judge") end })
+      assert.is_false((pcall(bad)))
+      local _, bb = fuse.wrap(print, { max_concurrent = 1 })
+      assert.equal(0, bb:stats().running)
+      assert.is_false((pcall(bad)))  -- again: the first gave its permit back
+    end)
+
+    it("open, forced_open and half_open without a slot give the permit back", function()
+      local b = fuse.new({ max_concurrent = 1, fails = 1 })
+      b:force_open()
+      for _ = 1, 5 do b:call(print) end
+      assert.equal(0, b:stats().running)
+      b:reset()
+      assert.is_true(b:call(function() return true end))
+    end)
+
+    it("coroutines hold their permits across yields", function()
+      if not PCALL_YIELDS then
+        pending("PUC Lua 5.1 cannot yield across pcall")
+        return
+      end
+      local name = unique("iso")
+      local ran = 0
+      local f = fuse.wrap(function()
+        ran = ran + 1
+        coroutine.yield("inside")
+        return "done"
+      end, { name = name, max_concurrent = 2 })
+      local b = fuse.get(name)
+      local cos = {}
+      for i = 1, 3 do
+        cos[i] = coroutine.create(f)
+        assert.is_true((coroutine.resume(cos[i])))
+      end
+      assert.equal("dead", coroutine.status(cos[3]))  -- rejected at once
+      assert.equal(2, ran)
+      assert.equal(2, b:stats().running)
+      assert.equal(1, b:stats().full_total)
+      local ok, v = coroutine.resume(cos[1])
+      assert.is_true(ok)
+      assert.equal("done", v)
+      assert.equal(1, b:stats().running)
+      local co = coroutine.create(f)
+      assert.is_true((coroutine.resume(co)))
+      assert.equal("suspended", coroutine.status(co))  -- a permit was free again
+      coroutine.resume(cos[2])
+      coroutine.resume(co)
+      assert.equal(0, b:stats().running)
+    end)
+  end)
+
+  describe("allow and report", function()
+    it("a ticket holds its permit until report, whatever the outcome", function()
+      local b = fuse.new({ name = unique("iso"), max_concurrent = 2 })
+      local t1, t2 = b:allow(), b:allow()
+      assert.is_number(t1)
+      assert.is_number(t2)
+      local none, rej = b:allow()
+      assert.is_nil(none)
+      assert.equal("full", rej.reason)
+      assert.equal(2, b:stats().running)
+      b:report(t1, false)
+      assert.equal(1, b:stats().running)
+      b:report(t2, nil)
+      assert.equal(0, b:stats().running)
+      assert.has_error(function() b:report(t2, true) end)  -- twice: refused, nothing given back
+      assert.equal(0, b:stats().running)
+      local t3, t4 = b:allow(), b:allow()
+      assert.is_number(t3)
+      assert.is_number(t4)
+      b:report(t3, true)
+      b:report(t4, true)
+      assert.equal(1, b:stats().full_total)
+    end)
+
+    it("a ticket the circuit rejects holds no permit", function()
+      local b = fuse.new({ max_concurrent = 1, fails = 1 })
+      b:force_open()
+      local t, rej = b:allow()
+      assert.is_nil(t)
+      assert.equal("open", rej.reason)
+      assert.equal(0, b:stats().running)
+    end)
+  end)
+
+  describe("observing", function()
+    it("stats, metrics and the admin JSON show running and full_total", function()
+      local name = unique("iso")
+      local b = fuse.new({ name = name, max_concurrent = 1 })
+      local text
+      b:call(function()
+        text = fuse.metrics()
+        return b:call(print)
+      end)
+      assert.matches('fuse_running{name="' .. name .. '"} 1\n', text, 1, true)
+      assert.matches("# TYPE fuse_running gauge", text, 1, true)
+      local after = fuse.metrics()
+      assert.matches('fuse_running{name="' .. name .. '"} 0\n', after, 1, true)
+      assert.matches('fuse_full_total{name="' .. name .. '"} 1\n', after, 1, true)
+      assert.matches("# TYPE fuse_full_total counter", after, 1, true)
+      assert.matches('fuse_rejections_total{name="' .. name .. '"} 1\n', after, 1, true)
+      local j = require("fuse.admin").breaker_json(b)
+      assert.equal(0, j.running)
+      assert.equal(1, j.full_total)
+    end)
+
+    it("breakers without the option show running 0 and full_total 0", function()
+      local s = fuse.new({}):stats()
+      assert.equal(0, s.running)
+      assert.equal(0, s.full_total)
+    end)
+  end)
+end)

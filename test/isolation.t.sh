@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# test/isolation.t.sh -- max_concurrent in a real nginx, 4 workers, a shared registry
+# (prints TAP): one limit for every worker, held against a fake upstream that counts the
+# requests it holds at once; max_wait; calls that end their request (ngx.exit); a worker
+# killed with kill -9 while its calls hang; nginx -s reload under load.
+#
+# The fake upstream is a second server of the same nginx: each request adds one to a
+# shared counter, notes the level it reached (a key per level, so no race between
+# workers can hide one), sleeps (ngx.sleep: the worker keeps serving) and takes the one
+# back. Guarded locations reach it through ngx.location.capture + proxy_pass. Stops nginx
+# by its pid; a watchdog stops it after 150 s. KEEP=1 keeps the temp prefix. Last,
+# README's "Isolation" config (the blocks isolation-init and isolation-location), run as
+# printed but for the port of the service it stands in front of.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
+LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}
+SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
+
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"
+
+echo "TAP version 13"
+command -v "$NGINX" >/dev/null || skip_all "nginx not installed"
+nginx_has_lua || skip_all "the nginx Lua module is not installed"
+command -v curl >/dev/null || skip_all "curl not installed"
+[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
+
+T=$(mktemp -d /tmp/fuse-isolation-test.XXXXXX) || bail "mktemp failed"
+P=$T/prefix
+MASTER=
+CLIENTS=
+trap '[ -n "$CLIENTS" ] && kill $CLIENTS 2>/dev/null; cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT
+watchdog 150
+
+mkdir -p "$P/logs" "$P/temp"
+copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
+
+# Every guarded location: /g/NAME?t=SECONDS[&exit=1] calls the upstream through breaker
+# NAME (max_concurrent = 5), which holds the request t seconds; a call past the limit
+# is answered 503 by fuse.reject. /up/NAME?t=S is the upstream; /level/NAME the highest
+# number of requests it held at once; /stats/NAME the breaker's running and full_total.
+write_conf() {
+  PORT2=$((PORT + 1))
+  cat > "$P/nginx.conf" <<EOF
+$(nginx_load_modules)
+worker_processes 4;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_lua_paths "$T")
+    lua_shared_dict up 1m;
+    init_by_lua_block {
+        local fuse = require "fuse"
+        fuse.init{ shared = true, capacity = 64 }
+        local app = {}
+        for _, name in ipairs { "limited", "exiting", "hang", "reload" } do
+            app[name] = fuse.new{ name = name, fails = 1000, max_concurrent = 5 }
+        end
+        app.waiting = fuse.new{ name = "waiting", fails = 1000, max_concurrent = 5, max_wait = 5 }
+        package.loaded.iso_app = app
+    }
+    log_by_lua_block { require("fuse").log() }
+
+    server {
+        listen 127.0.0.1:$PORT;
+        location ~ ^/g/(\w+)$ {
+            set \$b \$1;
+            content_by_lua_block {
+                local fuse = require "fuse"
+                local b = require("iso_app")[ngx.var.b]
+                local status, rej = b:call(function()
+                    local r = ngx.location.capture("/proxy/" .. ngx.var.b, { args = { t = ngx.var.arg_t } })
+                    if ngx.var.arg_exit then ngx.status = r.status; ngx.say("exited"); return ngx.exit(r.status) end
+                    return r.status
+                end)
+                if rej then return fuse.reject(rej) end
+                ngx.say("upstream ", status, " worker ", ngx.worker.pid())
+            }
+        }
+        location ~ ^/proxy/(\w+)$ {
+            internal;
+            proxy_read_timeout 60s;
+            proxy_pass http://127.0.0.1:$PORT2/up/\$1?\$args;
+        }
+        location ~ ^/stats/(\w+)$ {
+            set \$b \$1;
+            content_by_lua_block {
+                local s = require("iso_app")[ngx.var.b]:stats()
+                ngx.say(s.running, " ", s.full_total)
+            }
+        }
+    }
+    server {
+        listen 127.0.0.1:$PORT2;
+        location ~ ^/up/(\w+)$ {
+            set \$b \$1;
+            content_by_lua_block {
+                local d, b = ngx.shared.up, ngx.var.b
+                local level = d:incr(b, 1, 0)
+                d:incr(b .. ":" .. level, 1, 0)
+                ngx.sleep(tonumber(ngx.var.arg_t) or 0.1)
+                d:incr(b, -1)
+                ngx.say("ok")
+            }
+        }
+        location ~ ^/level/(\w+)$ {
+            set \$b \$1;
+            content_by_lua_block {
+                local d, top = ngx.shared.up, 0
+                for level = 1, 100 do if d:get(ngx.var.b .. ":" .. level) then top = level end end
+                ngx.say(top)
+            }
+        }
+    }
+}
+EOF
+  chmod -R a+rX "$T"
+}
+
+start_rendered 2 write_conf "$P" || bail "nginx did not start: $NGINX_START_ERR"
+MASTER=$(cat "$P/logs/nginx.pid" 2>/dev/null)
+
+get() { curl -s -m "${2:-10}" -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT$1"; }
+level() { curl -s -m 5 "http://127.0.0.1:$PORT2/level/$1"; }
+stats() { curl -s -m 5 "http://127.0.0.1:$PORT/stats/$1"; }
+up() { [ "$(get /stats/limited 2)" = 200 ]; }
+four_workers() { [ "$(workers | wc -l)" -eq 4 ]; }
+# burst N PATH: N clients at once; prints their status codes, sorted and counted
+burst() {
+  local i dir=$T/burst
+  rm -rf "$dir" && mkdir -p "$dir"
+  for ((i = 0; i < $1; i++)); do get "$2" 30 > "$dir/$i" & done
+  wait
+  for ((i = 0; i < $1; i++)); do cat "$dir/$i"; echo; done | sort | uniq -c | awk '{ printf "%s:%s ", $2, $1 }'
+}
+
+wait_for 10 up || bail "nginx does not answer"
+check "nginx started, master $MASTER with 4 workers" wait_for 10 four_workers
+
+# ---------------------------------------------------------------- 40 clients, limit 5
+codes=$(burst 40 "/g/limited?t=3")
+diag "40 clients at once against max_concurrent = 5 (upstream holds each 3 s): $codes"
+lvl=$(level limited)
+check "the upstream never held more than 5 at once (highest: $lvl)" [ "$lvl" -le 5 ]
+check "it held 5 at once: every worker's calls count against one limit" [ "$lvl" -eq 5 ]
+ok200=$(echo "$codes" | grep -o '200:[0-9]*' | cut -d: -f2)
+rej=$(echo "$codes" | grep -o '503:[0-9]*' | cut -d: -f2)
+check "5 got through, the other 35 were rejected with 503 by fuse.reject ($codes)" [ "$codes" = "200:5 503:35 " ]
+s=$(stats limited)
+check "running 0 once they ended, full_total counts the rejections ($s)" [ "$s" = "0 ${rej:-0}" ]
+
+# ---------------------------------------------------------------- max_wait
+codes=$(burst 10 "/g/waiting?t=0.3")
+check "max_wait = 5: all of 10 clients get through a limit of 5 ($codes)" [ "$codes" = "200:10 " ]
+lvl=$(level waiting)
+check "and the upstream never held more than 5 ($lvl)" [ "$lvl" -le 5 ]
+check "none counted as full ($(stats waiting))" [ "$(stats waiting)" = "0 0" ]
+
+# ---------------------------------------------------------------- ngx.exit inside the guard
+codes=
+for _ in 1 2 3 4; do codes="$codes$(burst 5 "/g/exiting?t=0.05&exit=1")"; done
+check "20 requests (4 times 5 at once) end in ngx.exit inside the guard ($codes)" \
+  [ "$codes" = "200:5 200:5 200:5 200:5 " ]
+running_is() { [ "$(stats "$1" | cut -d' ' -f1)" = "$2" ]; }
+check "fuse.log() gave their permits back: running 0" wait_for 5 running_is exiting 0
+codes=$(burst 5 "/g/exiting?t=0.3")
+check "the limit is whole: 5 at once all get through ($codes)" [ "$codes" = "200:5 " ]
+
+# ---------------------------------------------------------------- kill -9 with calls hanging
+pids_before=$(workers | sort)
+for _ in 1 2 3 4 5; do curl -s -m 40 -o /dev/null "http://127.0.0.1:$PORT/g/hang?t=30" & CLIENTS="$CLIENTS $!"; done
+running5() { running_is hang 5; }
+check "5 calls hang in the upstream, holding every permit" wait_for 10 running5
+running5 || diag "stats: $(stats hang)"
+check "a sixth is rejected (503)" [ "$(get "/g/hang?t=0.1")" = 503 ]
+# every worker is killed: whichever of them hold the 5 permits (nginx spreads the
+# connections), none gives them back
+kill -9 $pids_before
+killed_at=$(date +%s.%N)
+respawned() { [ "$(workers | wc -l)" -eq 4 ] && [ -z "$(comm -12 <(workers | sort) <(echo "$pids_before"))" ]; }
+check "every worker killed with kill -9 while the calls hang; the master starts 4 new ones" wait_for 10 respawned
+whole() { [ "$(burst 5 "/g/hang?t=0.2")" = "200:5 " ]; }
+check "the limit is whole again: 5 at once get through" wait_for 5 whole
+whole_at=$(date +%s.%N)
+diag "$(awk -v a="$killed_at" -v b="$whole_at" 'BEGIN { printf "whole %.2f s after the kill -9 (respawn included)", b - a }')"
+check "running 0 ($(stats hang))" running_is hang 0
+kill $CLIENTS 2>/dev/null
+CLIENTS=
+
+# ---------------------------------------------------------------- nginx -s reload under load
+load_until=$(($(date +%s) + 4))
+mkdir -p "$T/reload"
+for c in $(seq 30); do
+  ( while [ "$(date +%s)" -lt "$load_until" ]; do get "/g/reload?t=0.2" 10; echo; done > "$T/reload/$c" ) &
+  CLIENTS="$CLIENTS $!"
+done
+sleep 1
+reload() { "$NGINX" -p "$P/" -c nginx.conf -s reload 2> "$T/reload.err"; }
+check "nginx -s reload under load" reload
+wait $CLIENTS 2>/dev/null
+CLIENTS=
+cat "$T"/reload/* > "$T/reload.codes"
+lvl=$(level reload)
+check "across the reload the upstream never held more than 5 ($lvl)" [ "$lvl" -le 5 ]
+ok200=$(grep -c '^200$' "$T/reload.codes")
+bad=$(grep -vcE '^(200|503|)$' "$T/reload.codes")
+check "calls went on through the reload ($ok200 answered 200, $bad neither 200 nor 503)" [ "$ok200" -ge 20 -a "$bad" -eq 0 ]
+[ "$bad" -eq 0 ] || diag "$(sort "$T/reload.codes" | uniq -c)"
+check "running 0 after it ($(stats reload))" wait_for 10 running_is reload 0
+codes=$(burst 5 "/g/reload?t=0.3")
+check "the limit is whole after the reload ($codes)" [ "$codes" = "200:5 " ]
+
+errs=$(grep -E '\[(alert|crit|emerg)\]' "$P/logs/error.log" | grep -v 'exited on signal 9')
+check "no [alert], [crit] or [emerg] in the error log but the killed workers'" [ -z "$errs" ]
+[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+
+# ---------------------------------------------------------------- README's config, as printed
+# README "Isolation": the blocks isolation-init and isolation-location, in an http block
+# and a server of their own, in front of a users service (port 8081 in README) that takes
+# 2 s a request and counts what it holds.
+stop_master "$MASTER"
+MASTER=
+R=$T/readme
+mkdir -p "$R/logs"
+"$ROOT/tools/readme-block" isolation-init > "$T/init.block" || bail "README has no isolation-init block"
+"$ROOT/tools/readme-block" isolation-location > "$T/location.block" || bail "README has no isolation-location block"
+write_readme_conf() {
+  UP=$((PORT + 1))
+  cat > "$R/nginx.conf" <<EOF
+$(nginx_load_modules)
+worker_processes 4;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_lua_paths "$T")
+    lua_shared_dict up 1m;
+$(cat "$T/init.block")
+    server {
+        listen 127.0.0.1:$PORT;
+$(sed "s/127\.0\.0\.1:8081/127.0.0.1:$UP/" "$T/location.block")
+    }
+    server {
+        listen 127.0.0.1:$UP;
+        location /users/ {
+            content_by_lua_block {
+                local d = ngx.shared.up
+                local level = d:incr("users", 1, 0)
+                d:incr("users:" .. level, 1, 0)
+                ngx.sleep(2)
+                d:incr("users", -1)
+                ngx.say("user")
+            }
+        }
+        location ~ ^/level/(\w+)$ {
+            set \$b \$1;
+            content_by_lua_block {
+                local d, top = ngx.shared.up, 0
+                for level = 1, 100 do if d:get(ngx.var.b .. ":" .. level) then top = level end end
+                ngx.say(top)
+            }
+        }
+    }
+}
+EOF
+  chmod -R a+rX "$T"
+}
+start_rendered 2 write_readme_conf "$R" || bail "README's isolation config did not start: $NGINX_START_ERR"
+MASTER=$(cat "$R/logs/nginx.pid" 2>/dev/null)
+PORT2=$UP
+readme_up() { [ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT2/level/users")" = 200 ]; }
+wait_for 10 readme_up || bail "README's isolation config does not answer"
+codes=$(burst 30 "/users/42")
+check "README's isolation config: of 30 clients at once 20 get through, 10 are answered 503 after max_wait ($codes)" \
+  [ "$codes" = "200:20 503:10 " ]
+lvl=$(level users)
+check "and the users service never held more than 20 ($lvl)" [ "$lvl" -eq 20 ]
+body=$(curl -s -m 10 "http://127.0.0.1:$PORT/users/1")
+check "a call answers the service's body ($body)" [ "$body" = "user" ]
+errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$R/logs/error.log")
+check "no [error], [alert], [crit] or [emerg] in its error log" [ -z "$errs" ]
+[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+
+echo "1..$n"
+[ "$failed" -eq 0 ]

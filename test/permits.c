@@ -1,0 +1,249 @@
+/*
+ * permits.c -- max_concurrent: never more than K calls inside, counted by the test
+ * itself, with threads hammering one breaker (also under TSan and ASan); permits given
+ * back on other threads; an exited thread's lane; a process that dies holding permits
+ * has them taken back by a survivor when the limit is reached (fork, shared registry);
+ * more threads than lanes.
+ */
+#include "../csrc/fz.h"
+#include "tap.h"
+#include "harness.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { K = 5, NTHREADS = 8 };
+
+static fz_config config(uint32_t limit) {
+  fz_config c;
+  memset(&c, 0, sizeof c);
+  c.window = 10, c.open_for = 10, c.max_open_for = 10, c.probe_timeout = 10;
+  c.backoff = 1, c.fails = 5, c.min_calls = 10, c.probes = 1, c.max_concurrent = limit;
+  return c;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* ---- threads hammer one breaker: the test counts who is inside */
+
+static fz_breaker *g_b;
+static int g_inside, g_max_inside, g_over;  /* atomics */
+static long g_iters;
+static long g_taken[NTHREADS], g_full[NTHREADS];
+
+static void *hammer(void *arg) {
+  intptr_t me = (intptr_t)arg;
+  for (long i = 0; i < g_iters; i++) {
+    if (!fz_permit_take(g_b, 1)) {
+      g_full[me]++;
+      continue;
+    }
+    g_taken[me]++;
+    int in = __atomic_add_fetch(&g_inside, 1, __ATOMIC_SEQ_CST);
+    if (in > K) __atomic_add_fetch(&g_over, 1, __ATOMIC_SEQ_CST);
+    int m = __atomic_load_n(&g_max_inside, __ATOMIC_RELAXED);
+    while (in > m && !__atomic_compare_exchange_n(&g_max_inside, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    for (volatile int spin = 0; spin < (int)(i % 7) * 10; spin++) {}
+    __atomic_sub_fetch(&g_inside, 1, __ATOMIC_SEQ_CST);
+    fz_permit_give(g_b);
+  }
+  return NULL;
+}
+
+static void threads_test(void) {
+  fz_config c = config(K);
+  int err;
+  g_b = fz_breaker_new(&c, &err);
+  ok(g_b != NULL, "an anonymous breaker with max_concurrent %d", K);
+  const char *env = getenv("STRESS_ITERS");
+  g_iters = env ? atol(env) : 200000;
+  pthread_t th[NTHREADS];
+  threads_start(th, NTHREADS, hammer, 0);
+  threads_join(th, NTHREADS);
+  long taken = 0, full = 0;
+  for (int i = 0; i < NTHREADS; i++) taken += g_taken[i], full += g_full[i];
+  is_int(g_over, 0, "%d threads, %ld tries each: never more than %d inside (the test's own count)",
+         NTHREADS, g_iters, K);
+  ok(g_max_inside <= K, "at most %d inside at once (seen %d)", K, g_max_inside);
+  /* (how many overlapped depends on the scheduler: under a sanitizer on a busy machine
+   * the threads may not overlap at all, so the number is shown, not required) */
+  diag("%s", g_max_inside > 1 ? "the threads overlapped" : "no overlap seen");
+  fz_stats s = peek(g_b);
+  is_int((int)s.running, 0, "every permit given back: running 0");
+  ok(s.full_total == (uint64_t)full, "full_total %llu = the rejections the threads saw (%ld)",
+     (unsigned long long)s.full_total, full);
+  ok(s.rejections_total == s.full_total, "rejections_total counts them");
+  is_int(state(g_b), FZ_CLOSED, "full rejections do not move the circuit");
+  diag("taken %ld, full %ld", taken, full);
+  for (int i = 0; i < K; i++) fz_permit_take(g_b, 1);
+  is_int(fz_permit_take(g_b, 1), 0, "the limit is whole: K taken, the next is refused");
+  for (int i = 0; i < K; i++) fz_permit_give(g_b);
+  is_int((int)peek(g_b).running, 0, "and back to 0");
+  fz_breaker_free(g_b);
+}
+
+/* ---- a permit taken on one thread is given back on another */
+
+static void *give_one(void *arg) {
+  fz_permit_give(arg);
+  return NULL;
+}
+
+static void *take_one(void *arg) {
+  fz_permit_take(arg, 1);
+  return NULL;
+}
+
+static void cross_thread_test(void) {
+  fz_config c = config(2);
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  ok(fz_permit_take(b, 1) && fz_permit_take(b, 1), "two taken on this thread");
+  is_int(fz_permit_take(b, 1), 0, "a third is refused");
+  in_thread(give_one, b);
+  is_int((int)peek(b).running, 1, "one given back on another thread: running 1");
+  ok(fz_permit_take(b, 1), "so one can be taken again");
+  fz_permit_give(b), fz_permit_give(b);
+  is_int((int)peek(b).running, 0, "running 0");
+  /* threads that take and exit: their lanes, holding permits, stay counted (the
+   * process lives: someone may give them back), and the lanes are reused */
+  for (int i = 0; i < 60; i++) {
+    in_thread(take_one, b);
+    in_thread(give_one, b);
+  }
+  is_int((int)peek(b).running, 0, "60 threads took and 60 gave back, each then exiting: running 0");
+  ok(fz_permit_take(b, 1) && fz_permit_take(b, 1) && !fz_permit_take(b, 1), "and the limit is whole");
+  fz_permit_give(b), fz_permit_give(b);
+  fz_breaker_free(b);
+  fz_config none = config(0);
+  fz_breaker *u = fz_breaker_new(&none, NULL);
+  ok(fz_permit_take(u, 1) == 1, "a breaker made without max_concurrent: take always succeeds");
+  fz_permit_give(u);
+  is_int((int)peek(u).running, 0, "and counts nothing");
+  fz_breaker_free(u);
+}
+
+/* ---- processes: one dies holding permits, a survivor takes them back */
+
+static fz_breaker *shared_breaker(const char *name, uint32_t limit) {
+  fz_config c = config(limit);
+  int st;
+  return fz_registry_open(name, strlen(name), &c, &st);
+}
+
+/* Takes as many permits as it can, within 2 s (the take-back of a dead process's
+ * permits happens at most every 0.2 s); returns how many. */
+static int take_all(fz_breaker *b, int want) {
+  int n = 0;
+  double until = now_s() + 2;
+  while (n < want && now_s() < until) {
+    if (fz_permit_take(b, 1)) n++;
+    else {
+      struct timespec ts = { 0, 10000000 };
+      nanosleep(&ts, NULL);
+    }
+  }
+  return n;
+}
+
+static void processes_test(void) {
+  fz_breaker *b = shared_breaker("permits-procs", K);
+  ok(b != NULL, "a shared breaker with max_concurrent %d", K);
+  int pipefd[2];
+  if (pipe(pipefd) != 0) abort();
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (int i = 0; i < 3; i++) fz_permit_take(b, 1);
+    if (write(pipefd[1], "x", 1) != 1) _exit(1);
+    pause();  /* killed holding 3 */
+    _exit(0);
+  }
+  char x;
+  ok(read(pipefd[0], &x, 1) == 1, "a child took 3 permits");
+  is_int((int)peek(b).running, 3, "running 3 across processes");
+  ok(fz_permit_take(b, 1) && fz_permit_take(b, 1), "the parent takes the other 2");
+  is_int(fz_permit_take(b, 1), 0, "the limit is reached: refused");
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  double t0 = now_s();
+  int got = take_all(b, 3);
+  is_int(got, 3, "the child killed with 3 permits: the parent takes 3 more");
+  diag("taken back %.3f s after the kill", now_s() - t0);
+  is_int(fz_permit_take(b, 1), 0, "and no more than K in all");
+  for (int i = 0; i < K; i++) fz_permit_give(b);
+  is_int((int)peek(b).running, 0, "running 0");
+  close(pipefd[0]), close(pipefd[1]);
+}
+
+/* ---- a reload that changes the capacity copies the registry: the permits go along */
+
+static void reload_test(void) {
+  fz_breaker *b = shared_breaker("permits-reload", K);
+  ok(fz_permit_take(b, 1) && fz_permit_take(b, 1), "two permits held before the copy");
+  is_int(fz_registry_init(128, 1, 0), FZ_OK, "a reload with another capacity: a new registry, a copy of the breakers");
+  fz_breaker *nb = fz_registry_find("permits-reload", strlen("permits-reload"));
+  ok(nb != NULL && nb != b, "the breaker is in the new registry");
+  is_int((int)peek(nb).running, 2, "its permit word, made again from the lanes: running 2");
+  is_int(take_all(nb, K), K - 2, "so 3 more can be taken there, not 5");
+  for (int i = 0; i < K; i++) fz_permit_give(nb);
+  is_int((int)peek(nb).running, 0, "given back in the new registry (this thread's lane was copied): running 0");
+  fz_permit_give(b), fz_permit_give(b);
+  is_int((int)peek(b).running, 0, "and the old registry's breaker balances too");
+}
+
+/* ---- more threads than lanes */
+
+static int g_parked_go;
+static int g_got[64];
+
+static void *take_and_park(void *arg) {
+  intptr_t i = (intptr_t)arg;
+  __atomic_store_n(&g_got[i], fz_permit_take(g_b, 1), __ATOMIC_SEQ_CST);
+  while (!__atomic_load_n(&g_parked_go, __ATOMIC_ACQUIRE)) {
+    struct timespec ts = { 0, 1000000 };
+    nanosleep(&ts, NULL);
+  }
+  if (__atomic_load_n(&g_got[i], __ATOMIC_SEQ_CST)) fz_permit_give(g_b);
+  return NULL;
+}
+
+static void lanes_test(void) {
+  fz_config c = config(1000);
+  g_b = fz_breaker_new(&c, NULL);
+  pthread_t th[50];
+  for (intptr_t i = 0; i < 50; i++) thread_start(&th[i], take_and_park, (void *)i);
+  int waited = 0;
+  while (waited++ < 5000) {
+    int n = 0;
+    for (int i = 0; i < 50; i++) n += __atomic_load_n(&g_got[i], __ATOMIC_SEQ_CST);
+    if ((int)peek(g_b).running == n && n >= 40) break;
+    struct timespec ts = { 0, 1000000 };
+    nanosleep(&ts, NULL);
+  }
+  int n = 0;
+  for (int i = 0; i < 50; i++) n += __atomic_load_n(&g_got[i], __ATOMIC_SEQ_CST);
+  is_int(n, 40, "50 threads holding permits at once: 40 (the lanes of a breaker) get one");
+  __atomic_store_n(&g_parked_go, 1, __ATOMIC_RELEASE);
+  threads_join(th, 50);
+  is_int((int)peek(g_b).running, 0, "all given back");
+  fz_breaker_free(g_b);
+}
+
+int main(void) {
+  threads_test();
+  cross_thread_test();
+  if (!ok(fz_registry_init_shared(64) == FZ_OK, "a shared registry")) return done_testing();
+  processes_test();
+  reload_test();
+  lanes_test();
+  return done_testing();
+}
