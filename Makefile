@@ -71,7 +71,7 @@ TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 # $(call need,FILE): stop with a clear message when FILE does not exist.
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
-.PHONY: all deps cdef check-cdef test check suites summary stress-test asan tsan bench bench-nginx bench-nginx-registry \
+.PHONY: all deps cdef check-cdef test check suites summary stress-test asan tsan bench bench-side bench-nginx bench-nginx-registry \
         bench-nginx-jit demo demo-nginx lint rock dist clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
@@ -92,6 +92,8 @@ help:
 	@echo "                tree, which luarocks installs offline (test/dist.t.sh tries it)"
 	@echo "make bench | bench-nginx | bench-nginx-registry | demo | demo-nginx | lint | rock | clean"
 	@echo "make bench-nginx-jit  the guarded call's cost in an nginx worker, fresh and after traffic"
+	@echo "make bench-side BASE=REV  the hot path against revision REV (built from git), in one run;"
+	@echo "                make bench BASE=REV runs it after the other benches"
 
 # ---- the shared object -------------------------------------------------------------
 
@@ -319,6 +321,7 @@ build/bench_registry_c: bench/registry_c.c build/libfzcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
 
+# `make bench BASE=<rev>` also runs the hot path side by side with <rev> (bench-side).
 bench: all
 	$(call need,bench/bench.lua)
 	$(LUA_ENV) $(LUAJIT) bench/bench.lua
@@ -327,6 +330,26 @@ bench: all
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
 	$(MAKE) --no-print-directory build/bench_registry_c && build/bench_registry_c
+	@if [ -n "$(BASE)" ]; then $(MAKE) --no-print-directory bench-side BASE="$(BASE)"; fi
+
+# The hot path of this tree against revision BASE (e.g. BASE=81992f8, fuse 0.1.0) in one
+# run: BASE is exported from git into build/base/<commit>/ and built there (never
+# committed), then bench/side.lua alternates bench.lua's loops between the two trees and
+# counts instructions per call with callgrind. SIDE_ROUNDS: rounds per tree (6);
+# SIDE_FLAGS: more options of bench/side.lua (--quick, --no-callgrind).
+SIDE_ROUNDS ?= 6
+SIDE_FLAGS  ?=
+bench-side: all
+	@test -n "$(BASE)" || { echo "make bench-side: say which revision, e.g. make bench-side BASE=81992f8" >&2; exit 2; }
+	@rev=$$(git rev-parse --verify --quiet "$(BASE)^{commit}") || \
+	  { echo "make bench-side: '$(BASE)' is not a commit of this repository" >&2; exit 2; }; \
+	dir=build/base/$$rev; \
+	if [ ! -f $$dir/build/fuse/core.so ]; then \
+	  rm -rf $$dir && mkdir -p $$dir && git archive $$rev | tar -x -C $$dir && \
+	  $(MAKE) --no-print-directory -C $$dir all >$$dir.log 2>&1 || \
+	  { echo "make bench-side: building $(BASE) failed, see $$dir.log" >&2; rm -rf $$dir; exit 1; }; \
+	fi; \
+	$(LUAJIT) bench/side.lua --base $$dir --label "$(BASE) ($$rev)" --rounds $(SIDE_ROUNDS) $(SIDE_FLAGS)
 
 # fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min),
 # then max_concurrent's bulkhead: a healthy location beside a slow one, with and without

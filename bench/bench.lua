@@ -4,6 +4,11 @@
 --   ... luajit bench/bench.lua --json      the same numbers as JSON (for bench/README.md)
 --   ... luajit bench/bench.lua --quick     fewer, shorter rounds (a smoke run; noisy)
 --   ... luajit bench/bench.lua --only PAT  only the cases whose name matches the Lua pattern
+--                                          (repeatable: a case matching any of them runs)
+--   ... luajit bench/bench.lua --rounds R  R timed rounds per case instead of 9
+--   ... luajit bench/bench.lua --cpu       time the rounds with the thread's CPU clock
+--                                          (CLOCK_THREAD_CPUTIME_ID): on a loaded machine
+--                                          the time the process waited for a CPU is left out
 --
 -- Method: each case is its own loop function (so it gets its own JIT trace), warmed up,
 -- then timed over ROUNDS rounds of N iterations with CLOCK_MONOTONIC; N is picked per case
@@ -21,21 +26,32 @@ local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 package.path = here .. "/?.lua;" .. package.path
 local purelua = require "purelua"
 
-local JSON, QUICK, ONLY = false, false, nil
+local JSON, QUICK, ONLY, NROUNDS, CPU = false, false, nil, nil, false
 do
+  local function usage()
+    io.stderr:write("usage: luajit bench/bench.lua [--json] [--quick] [--only PATTERN]... [--rounds R] [--cpu]\n")
+    os.exit(2)
+  end
   local i = 1
   while arg and arg[i] do
     local a = arg[i]
     if a == "--json" then JSON = true
     elseif a == "--quick" then QUICK = true
-    elseif a == "--only" then i = i + 1; ONLY = arg[i]
-    else io.stderr:write("usage: luajit bench/bench.lua [--json] [--quick] [--only PATTERN]\n"); os.exit(2)
+    elseif a == "--cpu" then CPU = true
+    elseif a == "--only" and arg[i + 1] then
+      i = i + 1
+      ONLY = ONLY or {}
+      ONLY[#ONLY + 1] = arg[i]
+    elseif a == "--rounds" and tonumber(arg[i + 1]) and tonumber(arg[i + 1]) >= 1 then
+      i = i + 1
+      NROUNDS = math.floor(tonumber(arg[i]))
+    else usage()
     end
     i = i + 1
   end
 end
 
-local ROUNDS = QUICK and 3 or 9
+local ROUNDS = NROUNDS or QUICK and 3 or 9
 local TARGET = QUICK and 0.02 or 0.1     -- seconds per round
 local MAX_N, MIN_N = 1e7, 1e4
 
@@ -49,6 +65,15 @@ local ts = ffi.new("bench_timespec")
 local function now()
   C.bench_clock_gettime(CLOCK_MONOTONIC, ts)
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+-- The clock the rounds are timed with: CLOCK_MONOTONIC, or with --cpu the thread's CPU time.
+local CLOCK_THREAD_CPUTIME_ID = 3
+local timer = now
+if CPU then
+  timer = function()
+    C.bench_clock_gettime(CLOCK_THREAD_CPUTIME_ID, ts)
+    return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+  end
 end
 -- The clock fuse's core reads, handed to the pure-Lua breaker. Each user gets its own
 -- copy (its own prototype), so no case links into a trace another case left behind.
@@ -331,17 +356,17 @@ local function run(c)
   sink = sink + loop(1000)
   sink = sink + loop(1000)
   sink = sink + loop(1000)
-  local t0 = now()
+  local t0 = timer()
   local s = loop(MIN_N)
-  local est = (now() - t0) / MIN_N
+  local est = (timer() - t0) / MIN_N
   jit.attach(watch)       -- detach before timing
   sink = sink + s
   local n = round_n(TARGET / math.max(est, 1e-10))
   local ns = {}
   for r = 1, ROUNDS do
-    t0 = now()
+    t0 = timer()
     s = loop(n)
-    local dt = now() - t0
+    local dt = timer() - t0
     if s ~= expected(n) then
       error(("%s: round %d summed %.17g, expected %.17g"):format(c.name, r, s, expected(n)))
     end
@@ -358,8 +383,9 @@ end
 local results = {}
 local by_name = {}
 for _, c in ipairs(cases) do
-  local needed = c.name == "bare call" or c.name == "pcall"
-  if not ONLY or needed or c.name:find(ONLY) then
+  local wanted = not ONLY or c.name == "bare call" or c.name == "pcall"
+  for _, pat in ipairs(ONLY or {}) do wanted = wanted or c.name:find(pat) ~= nil end
+  if wanted then
     results[#results + 1] = run(c)
     by_name[c.name] = c
     collectgarbage()
@@ -381,8 +407,8 @@ if JSON then
   out[#out + 1] = ('  "command": "%s",'):format(esc("luajit bench/bench.lua " .. table.concat(arg, " ")))
   out[#out + 1] = ('  "luajit": "%s", "arch": "%s", "os": "%s",'):format(esc(jit.version), jit.arch, jit.os)
   out[#out + 1] = ('  "fuse": "%s", "backend": "%s",'):format(esc(tostring(fuse.VERSION)), esc(tostring(fuse._backend)))
-  out[#out + 1] = ('  "rounds": %d, "sink": %.17g, "loadavg_start": "%s", "loadavg_end": "%s",')
-    :format(ROUNDS, sink, load_start, load_end)
+  out[#out + 1] = ('  "rounds": %d, "clock": "%s", "sink": %.17g, "loadavg_start": "%s", "loadavg_end": "%s",')
+    :format(ROUNDS, CPU and "thread CPU time" or "monotonic", sink, load_start, load_end)
   out[#out + 1] = '  "cases": ['
   for i, c in ipairs(results) do
     local ab = {}
@@ -396,9 +422,9 @@ if JSON then
   out[#out + 1] = "}"
   print(table.concat(out, "\n"))
 else
-  print(("fuse %s (%s backend), %s %s/%s, %s UTC; %d rounds per case, median and min"):format(
+  print(("fuse %s (%s backend), %s %s/%s, %s UTC; %d rounds per case, median and min%s"):format(
     tostring(fuse.VERSION), tostring(fuse._backend), jit.version, jit.os, jit.arch,
-    os.date("!%Y-%m-%d %H:%M"), ROUNDS))
+    os.date("!%Y-%m-%d %H:%M"), ROUNDS, CPU and " (thread CPU time)" or ""))
   print(("1-minute load average: %s at the start, %s at the end (%s: other work on the machine)"):format(
     load_start, load_end, "above ~0.2"))
   local fmt = "%-38s %10s %9s %9s %9s %14s %9s"

@@ -1,30 +1,39 @@
 #!/usr/bin/env bash
 # bench/nginx_upstream.sh -- fuse.upstream against nginx's own balancer, side by side in
-# one run (`make bench-nginx`). Bounded: about 2 minutes.
+# one run (`make bench-nginx`). Bounded: about 4 minutes.
 #
-# One nginx serves three fake peers A B C (examples/nginx/peers.conf). A second nginx
-# (2 workers) fronts them twice, with the same peers, timeouts and proxy_next_upstream:
-#   fuse   balancer_by_lua: fuse.upstream, fails = 3, window = 10, open_for = 5, probes = 1
-#   nginx  upstream { zone; server ... max_fails=3 fail_timeout=5s; }  (passive checks)
-#   backoff  fuse.upstream as above plus backoff = 2, max_open_for = 20 (part 1 only)
-#   rr     upstream { server ...; }  plain round robin (the throughput baseline, part 2)
+# One nginx serves the fake peers (examples/nginx/peers.conf, 9 ports: a set of three
+# per side, so that the sides run at once and share the machine's load). A second nginx
+# (2 workers) fronts them, same timeouts and proxy_next_upstream everywhere:
+#   fuse     balancer_by_lua: fuse.upstream, fails = 3, open_for = 5, probes = 1,
+#            backoff = 2 (open 5, then 10 s; max_open_for 10)
+#   nginx    upstream { zone; server ... max_fails=3 fail_timeout=5s; }
+#   fuse5    fuse.upstream without backoff (open 5 s every time), for reference
+# A third nginx (1 worker) is the load generator: a timer that sends RATE requests/s
+# (Connection: close) at one front port and counts the statuses, so the load is the
+# same on every side whatever a side's latency (wrk would send more to the faster one).
 #
-# 1. Failure script, under wrk load (16 connections), the same for fuse and nginx:
-#    3 s healthy, then B answers 500 for 12 s, then B heals; 10 s more. Reported: the
-#    requests that reached B while it was sick, the errors clients saw (non-2xx and socket
-#    errors), and the time from the heal until B answered a request again.
-# 2. Throughput with every peer healthy: fuse vs plain round robin over three static
-#    peers (return 200, in the front nginx), keepalive on both: ROUNDS pairs of 2 s wrk
-#    rounds (16 connections) in alternating order; the median of each side and the
-#    median of the pairs' ratios (the machine's load drifts; a pair shares it).
+# 1. Outage: 5 s healthy, then B answers 500 for OUTAGE (60) s, then heals; at 50
+#    requests/s. Reported per side: requests that reached the sick B, client errors
+#    (non-200), seconds from the heal until B answered a request again.
+# 2. Two sick peers of three (B and C answer 500 for 20 s, tries 2 on every side:
+#    proxy_next_upstream_tries 2 for nginx): client errors.
+# 3. Throughput with every peer healthy (three static peers, return 200, keepalive):
+#    ROUNDS rounds of 2 s wrk (16 connections) of each of fuse.upstream, nginx's plain
+#    round robin, the floor of any Lua balancer (balancer_by_lua calling
+#    set_current_peer, an empty log_by_lua) and that floor plus what a balancer that
+#    reports needs (a table in ngx.ctx, one $upstream_status read), in rotating order;
+#    the medians, the median per-round ratios, and the front's CPU time per request.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
 NGINX=$(nginx_bin)
-ROUNDS=${ROUNDS:-7}
-# FAILURES=0 skips part 1
+ROUNDS=${ROUNDS:-9}
+OUTAGE=${OUTAGE:-60}
+RATE=${RATE:-50}
+# FAILURES=0 skips parts 1 and 2
 die() { echo "bench-nginx: $*" >&2; exit 1; }
 [ -x "$NGINX" ] || die "nginx is not installed"
 command -v wrk >/dev/null || die "wrk is not installed"
@@ -37,17 +46,32 @@ PIDS=()
 trap 'cleanup_nginx "${PIDS[@]}"' EXIT
 trap 'exit 1' INT TERM HUP
 
-mkdir -p "$P/logs-peers" "$P/logs-front" "$P/temp"
+mkdir -p "$P/logs-peers" "$P/logs-front" "$P/logs-load" "$P/temp"
 copy_fuse "$T"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
-BASE=$(pick_ports 15) || die "no 15 free ports in a row"
-FUSE=$BASE NGX=$((BASE + 1)) CTL=$((BASE + 2)) A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5))
-RR=$((BASE + 7)) FS=$((BASE + 8)) RS=$((BASE + 9)) S1=$((BASE + 10)) S2=$((BASE + 11)) S3=$((BASE + 12)) LS=$((BASE + 13)) FB=$((BASE + 14))
-sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" \
-  -e "s/127\.0\.0\.1:18092/127.0.0.1:$B/g" -e "s/127\.0\.0\.1:18093/127.0.0.1:$C/g" \
-  -e "s/127\.0\.0\.1:18094/127.0.0.1:$((BASE + 6))/g" \
-  "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
+BASE=$(pick_ports 24) || die "no 24 free ports in a row"
+CTL=$BASE LOAD=$((BASE + 1))
+A1=$((BASE + 2)) B1=$((BASE + 3)) C1=$((BASE + 4))      # fuse (backoff)
+A2=$((BASE + 5)) B2=$((BASE + 6)) C2=$((BASE + 7))      # nginx
+A3=$((BASE + 8)) B3=$((BASE + 9)) C3=$((BASE + 10))     # fuse5
+F1=$((BASE + 11)) F2=$((BASE + 12)) F3=$((BASE + 13))   # fronts of part 1 and 2
+FS=$((BASE + 14)) RS=$((BASE + 15)) LS=$((BASE + 16)) XS=$((BASE + 20))   # fronts of part 3
+S1=$((BASE + 17)) S2=$((BASE + 18)) S3=$((BASE + 19))   # static peers
+sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/" \
+  -e "s/listen 127\.0\.0\.1:18091;/listen 127.0.0.1:$A1; listen 127.0.0.1:$A2; listen 127.0.0.1:$A3;/" \
+  -e "s/listen 127\.0\.0\.1:18092;/listen 127.0.0.1:$B1; listen 127.0.0.1:$B2; listen 127.0.0.1:$B3;/" \
+  -e "s/listen 127\.0\.0\.1:18093;/listen 127.0.0.1:$C1; listen 127.0.0.1:$C2; listen 127.0.0.1:$C3;/" \
+  -e "/127\.0\.0\.1:18094/d" "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
 
+pool_lines() { # pool_lines NAME A B C OPTIONS
+  echo "        package.loaded[\"$1\"] = up.new(\"$1\", { \"127.0.0.1:$2\", \"127.0.0.1:$3\", \"127.0.0.1:$4\" }, $5)"
+}
+fuse_server() { # fuse_server PORT POOL
+  cat <<EOF
+    upstream up_$2 { server 0.0.0.1; balancer_by_lua_block { require("$2"):balance() } keepalive 32; }
+    server { listen 127.0.0.1:$1; location / { proxy_pass http://up_$2; log_by_lua_block { require("$2"):log() } } }
+EOF
+}
 cat > "$P/front.conf" <<EOF
 $(nginx_load_modules)
 worker_processes 2;
@@ -60,84 +84,41 @@ http {
     proxy_temp_path temp/proxy;
     lua_package_path "\$prefix/../../lua/?.lua;;";
     lua_package_cpath "\$prefix/../../build/?.so;;";
+    lua_shared_dict fuse_upstream 1m;
     init_by_lua_block {
         require("fuse").init{ shared = true, capacity = 64 }
-        package.loaded.pool = require("fuse.upstream").new("bench", {
-            "127.0.0.1:$A", "127.0.0.1:$B", "127.0.0.1:$C",
-        }, { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5 })
-        package.loaded.pool2 = require("fuse.upstream").new("backoff", {
-            "127.0.0.1:$A", "127.0.0.1:$B", "127.0.0.1:$C",
-        }, { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5,
-             backoff = 2, max_open_for = 20 })
-        package.loaded.static = require("fuse.upstream").new("static", {
-            "127.0.0.1:$S1", "127.0.0.1:$S2", "127.0.0.1:$S3",
-        }, { fails = 3, window = 10, open_for = 5 })
-    }
-    upstream fuse_pool {
-        server 0.0.0.1;
-        balancer_by_lua_block { require("pool"):balance() }
-        keepalive 32;
-    }
-    upstream fuse_backoff {
-        server 0.0.0.1;
-        balancer_by_lua_block { require("pool2"):balance() }
-        keepalive 32;
-    }
-    server {
-        listen 127.0.0.1:$FB;
-        location / { proxy_pass http://fuse_backoff; log_by_lua_block { require("pool2"):log() } }
-    }
-    upstream nginx_pool {
-        zone nginx_pool 64k;
-        server 127.0.0.1:$A max_fails=3 fail_timeout=5s;
-        server 127.0.0.1:$B max_fails=3 fail_timeout=5s;
-        server 127.0.0.1:$C max_fails=3 fail_timeout=5s;
-        keepalive 32;
-    }
-    upstream rr_pool {
-        server 127.0.0.1:$A;
-        server 127.0.0.1:$B;
-        server 127.0.0.1:$C;
-        keepalive 32;
+        local up = require "fuse.upstream"
+$(pool_lines fuse "$A1" "$B1" "$C1" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = 10, tries = 2 }")
+$(pool_lines fuse5 "$A3" "$B3" "$C3" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, tries = 2 }")
+$(pool_lines static "$S1" "$S2" "$S3" "{ fails = 3, window = 10, open_for = 5 }")
     }
     proxy_http_version 1.1;
     proxy_set_header Connection "";
     proxy_next_upstream error timeout http_500 http_502 http_503 http_504;
+    proxy_next_upstream_tries 2;
     proxy_connect_timeout 1s;
     proxy_read_timeout 1s;
-    server {
-        listen 127.0.0.1:$FUSE;
-        location / { proxy_pass http://fuse_pool; log_by_lua_block { require("pool"):log() } }
-    }
-    server {
-        listen 127.0.0.1:$NGX;
-        location / { proxy_pass http://nginx_pool; }
-    }
-    server {
-        listen 127.0.0.1:$RR;
-        location / { proxy_pass http://rr_pool; }
-    }
-    # part 2: three static peers (cheap, so that the balancers' own cost shows)
-    upstream fuse_static {
-        server 0.0.0.1;
-        balancer_by_lua_block { require("static"):balance() }
+$(fuse_server "$F1" fuse)
+$(fuse_server "$F3" fuse5)
+    upstream nginx_pool {
+        zone nginx_pool 64k;
+        server 127.0.0.1:$A2 max_fails=3 fail_timeout=5s;
+        server 127.0.0.1:$B2 max_fails=3 fail_timeout=5s;
+        server 127.0.0.1:$C2 max_fails=3 fail_timeout=5s;
         keepalive 32;
     }
+    server { listen 127.0.0.1:$F2; location / { proxy_pass http://nginx_pool; } }
+    # part 3
+$(fuse_server "$FS" static)
     upstream rr_static {
         server 127.0.0.1:$S1;
         server 127.0.0.1:$S2;
         server 127.0.0.1:$S3;
         keepalive 32;
     }
-    server {
-        listen 127.0.0.1:$FS;
-        location / { proxy_pass http://fuse_static; log_by_lua_block { require("static"):log() } }
-    }
-    server {
-        listen 127.0.0.1:$RS;
-        location / { proxy_pass http://rr_static; }
-    }
-    # the floor of any Lua balancer: balancer_by_lua with a bare round robin, no log phase
+    server { listen 127.0.0.1:$RS; location / { proxy_pass http://rr_static; } }
+    # the floor of any Lua balancer: the same two Lua phases, doing nothing but
+    # set_current_peer (a rotating peer: the same spread as round robin)
     upstream lua_static {
         server 0.0.0.1;
         balancer_by_lua_block {
@@ -147,10 +128,21 @@ http {
         }
         keepalive 32;
     }
-    server {
-        listen 127.0.0.1:$LS;
-        location / { proxy_pass http://lua_static; }
+    server { listen 127.0.0.1:$LS; location / { proxy_pass http://lua_static; log_by_lua_block { } } }
+    # the floor plus what any balancer that reports needs: per-request state in ngx.ctx
+    # (a table set in the balancer, read in the log phase) and one \$upstream_status read
+    upstream ctx_static {
+        server 0.0.0.1;
+        balancer_by_lua_block {
+            local i = (package.loaded.lua_rr or 0) % 3 + 1
+            package.loaded.lua_rr = i
+            ngx.ctx.try = { n = 1, peer = i }
+            require("ngx.balancer").set_current_peer("127.0.0.1", ($S1 - 1) + i)
+        }
+        keepalive 32;
     }
+    server { listen 127.0.0.1:$XS; location / { proxy_pass http://ctx_static;
+        log_by_lua_block { local t, s = ngx.ctx.try, ngx.var.upstream_status } } }
     server {
         listen 127.0.0.1:$S1;
         listen 127.0.0.1:$S2;
@@ -160,93 +152,187 @@ http {
     }
 }
 EOF
+cat > "$P/load.conf" <<'EOF'
+LOAD_MODULES
+worker_processes 1;
+pid logs-load/nginx.pid;
+error_log logs-load/error.log crit;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    lua_shared_dict load 1m;
+    server {
+        listen 127.0.0.1:LOADPORT;
+        # /run?port=P&rate=R&seconds=S&tag=T: starts sending; /count?tag=T: "done code:n ..."
+        location = /run {
+            content_by_lua_block {
+                local port, rate = tonumber(ngx.var.arg_port), tonumber(ngx.var.arg_rate)
+                local seconds, tag = tonumber(ngx.var.arg_seconds), ngx.var.arg_tag
+                local d = ngx.shared.load
+                local function one(premature)
+                    if premature then return end
+                    local s = ngx.socket.tcp()
+                    s:settimeout(10000)
+                    local code = "connect"
+                    if s:connect("127.0.0.1", port) then
+                        s:send("GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+                        local line = s:receive("*l")
+                        code = line and line:match("^HTTP/1%.%d (%d+)") or "read"
+                        s:close()
+                    end
+                    d:incr(tag .. " " .. code, 1, 0)
+                    d:incr(tag .. " done", 1, 0)
+                end
+                ngx.timer.at(0, function(premature)
+                    if premature then return end
+                    local t0 = ngx.now()
+                    for i = 1, math.floor(rate * seconds) do
+                        ngx.timer.at(0, one)
+                        ngx.update_time()
+                        local wait = t0 + i / rate - ngx.now()
+                        if wait > 0 then ngx.sleep(wait) end
+                    end
+                end)
+                ngx.say("started")
+            }
+        }
+        location = /count {
+            content_by_lua_block {
+                local tag, out = ngx.var.arg_tag, {}
+                for _, k in ipairs(ngx.shared.load:get_keys(0)) do
+                    local t, what = k:match("^(%S+) (%S+)$")
+                    if t == tag then out[#out + 1] = what .. ":" .. ngx.shared.load:get(k) end
+                end
+                table.sort(out)
+                ngx.say(table.concat(out, " "))
+            }
+        }
+    }
+}
+EOF
+sed -i -e "s/LOADPORT/$LOAD/" -e "/LOAD_MODULES/{
+r /dev/stdin
+d
+}" "$P/load.conf" <<< "$(nginx_load_modules)"
 chmod -R a+rX "$T"
 "$NGINX" -p "$P/" -c peers.conf || die "the peers did not start"
 PIDS+=("$(cat "$P/logs-peers/nginx.pid")")
 "$NGINX" -p "$P/" -c front.conf || die "the front did not start"
 PIDS+=("$(cat "$P/logs-front/nginx.pid")")
-for _ in $(seq 50); do curl -s -m 1 -o /dev/null "http://127.0.0.1:$FUSE/" && break; sleep 0.1; done
+"$NGINX" -p "$P/" -c load.conf || die "the load generator did not start"
+PIDS+=("$(cat "$P/logs-load/nginx.pid")")
+up() { curl -s -m 1 -o /dev/null "http://127.0.0.1:$F1/" && curl -s -m 1 -o /dev/null "http://127.0.0.1:$LOAD/count?tag=x"; }
+wait_for 10 up || die "the fronts do not answer"
 
 mode() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1&$2" > /dev/null; }
 hits() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1" | sed -n 's/^hits=\([0-9]*\).*/\1/p'; }
-now() { date +%s.%N; }
-non2xx() { # wrk output -> non-2xx + socket errors
-  awk '/Non-2xx/ { n += $5 } /Socket errors/ { gsub(",", ""); n += $4 + $6 + $8 + $10 } END { print n + 0 }' "$1"
-}
+load() { curl -s -m 5 "http://127.0.0.1:$LOAD/run?port=$1&rate=$RATE&seconds=$2&tag=$3" > /dev/null; }
+counts() { curl -s -m 5 "http://127.0.0.1:$LOAD/count?tag=$1"; }
+errors_of() { tr ' ' '\n' <<< "$1" | awk -F: '$1 != "done" && $1 != "200" { n += $2 } END { print n + 0 }'; }
+done_of() { tr ' ' '\n' <<< "$1" | awk -F: '$1 == "done" { print $2 }'; }
+us() { echo "${EPOCHREALTIME/./}"; }
 
-echo "bench-nginx: $(date -u +%Y-%m-%dT%H:%MZ), nginx $("$NGINX" -v 2>&1 | cut -d/ -f2), $(nproc) CPUs"
+echo "bench-nginx: $(date -u +%Y-%m-%dT%H:%MZ), nginx $("$NGINX" -v 2>&1 | cut -d/ -f2), $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg)"
 echo
-echo "1. failure script (16 connections, 25 s: 3 s healthy, B answers 500 for 12 s, then heals)"
-printf '%-8s %12s %14s %14s %16s\n' side requests "reached sick B" "client errors" "B back after (s)"
-failure_script() { # failure_script NAME PORT
-  local name=$1 port=$2 t_heal back="" h sick total errs
-  for p in $A $B $C; do mode "$p" 'mode=ok&reset=1'; done
-  wrk -t 2 -c 16 -d 25s "http://127.0.0.1:$port/" > "$T/wrk-$name.out" 2>&1 &
-  local wp=$!
-  sleep 3
-  mode "$B" 'mode=fail&reset=1'
-  sleep 12
-  sick=$(hits "$B")
-  mode "$B" 'mode=ok&reset=1'
-  t_heal=$(now)
-  for _ in $(seq 240); do          # B answers again: poll its hits every 50 ms (12 s max)
-    h=$(hits "$B")
-    if [ "${h:-0}" -gt 0 ]; then back=$(echo "$(now) - $t_heal" | bc); break; fi
-    sleep 0.05
+SIDES="fuse:$F1:$A1:$B1:$C1 nginx:$F2:$A2:$B2:$C2 fuse5:$F3:$A3:$B3:$C3"
+for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
+
+if [ "${FAILURES:-1}" = 1 ]; then   # FAILURES=0: part 3 only
+echo "1. outage: $RATE requests/s to each side at once; 5 s healthy, B answers 500 for $OUTAGE s, then heals"
+total=$((5 + OUTAGE + 40))
+for s in $SIDES; do IFS=: read -r name front _ <<< "$s"; load "$front" "$total" "out-$name"; done
+sleep 5
+for s in $SIDES; do IFS=: read -r _ _ _ b _ <<< "$s"; mode "$b" 'mode=fail&reset=1'; done
+sleep "$OUTAGE"
+declare -A SICK BACK
+t_heal=$(us)
+for s in $SIDES; do IFS=: read -r name _ _ b _ <<< "$s"; SICK[$name]=$(hits "$b"); mode "$b" 'mode=ok&reset=1'; done
+while :; do   # B of each side answers again: poll its hits every 50 ms (40 s max)
+  left=0
+  for s in $SIDES; do
+    IFS=: read -r name _ _ b _ <<< "$s"
+    [ -n "${BACK[$name]:-}" ] && continue
+    if [ "$(hits "$b")" -gt 0 ]; then BACK[$name]=$(( ($(us) - t_heal) / 1000 )); else left=1; fi
   done
-  wait "$wp"
-  total=$(awk '/requests in/ { print $1 }' "$T/wrk-$name.out")
-  errs=$(non2xx "$T/wrk-$name.out")
-  printf '%-8s %12s %14s %14s %16s\n' "$name" "$total" "$sick" "$errs" "${back:->12}"
-}
-if [ "${FAILURES:-1}" = 1 ]; then
-  failure_script fuse "$FUSE"
-  sleep 6                                  # let every breaker and nginx's peer state settle
-  failure_script nginx "$NGX"
-  sleep 6
-  failure_script backoff "$FB"   # fuse with backoff = 2 (open 5, 10, 20 s): nginx has no such rule
-fi
+  [ $left = 0 ] && break
+  [ $(( $(us) - t_heal )) -gt 40000000 ] && break
+  sleep 0.05
+done
+for s in $SIDES; do IFS=: read -r name _ <<< "$s"; wait_for 60 sh -c "[ \"\$(curl -s 'http://127.0.0.1:$LOAD/count?tag=out-$name' | tr ' ' '\n' | sed -n 's/^done://p')\" = $((RATE * total)) ]"; done
+printf '   %-7s %10s %16s %14s %18s\n' side requests "reached sick B" "client errors" "B back after (s)"
+for s in $SIDES; do
+  IFS=: read -r name _ <<< "$s"
+  c=$(counts "out-$name")
+  b=${BACK[$name]:-}
+  printf '   %-7s %10s %16s %14s %18s\n' "$name" "$(done_of "$c")" "${SICK[$name]}" "$(errors_of "$c")" \
+    "$([ -n "$b" ] && printf '%d.%03d' $((b / 1000)) $((b % 1000)) || echo '>40')"
+done
+echo "   (fuse: backoff = 2, max_open_for = 10; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff)"
 
 echo
-echo "2. throughput, every peer healthy: $ROUNDS pairs of 2 s wrk rounds (16 connections), in"
-echo "   alternating order, against three static peers (return 200) with keepalive"
-wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$FS/" > /dev/null 2>&1   # warm-up (JIT, keepalive)
-wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$RS/" > /dev/null 2>&1
-FRONT_WORKERS=$(ps -o pid= --ppid "${PIDS[1]}" | tr -d ' ' | tr '\n' ' ')
+echo "2. two sick peers of three: B and C answer 500 for 20 s at $RATE requests/s, tries 2 on every side"
+for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
+sleep 6   # every breaker closed again (open periods over), nginx's fail_timeout past
+for s in $SIDES; do IFS=: read -r _ _ _ b c <<< "$s"; mode "$b" 'mode=fail&reset=1'; mode "$c" 'mode=fail&reset=1'; done
+for s in $SIDES; do IFS=: read -r name front _ <<< "$s"; load "$front" 20 "two-$name"; done
+for s in $SIDES; do IFS=: read -r name _ <<< "$s"; wait_for 60 sh -c "[ \"\$(curl -s 'http://127.0.0.1:$LOAD/count?tag=two-$name' | tr ' ' '\n' | sed -n 's/^done://p')\" = $((RATE * 20)) ]"; done
+printf '   %-7s %10s %14s %14s\n' side requests "client errors" "reached B + C"
+for s in $SIDES; do
+  IFS=: read -r name _ _ b c <<< "$s"
+  co=$(counts "two-$name")
+  printf '   %-7s %10s %14s %14s\n' "$name" "$(done_of "$co")" "$(errors_of "$co")" "$(( $(hits "$b") + $(hits "$c") ))"
+done
+for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
+
+fi
+echo
+echo "3. throughput, every peer healthy: $ROUNDS rounds of 2 s wrk (16 connections) per balancer,"
+echo "   in rotating order, three static peers (return 200), keepalive"
+for port in $FS $RS $LS $XS; do wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$port/" > /dev/null 2>&1; done  # warm-up
+FRONT_WORKERS=$(workers "${PIDS[1]}" | tr '\n' ' ')
 ticks() { # CPU time (user + system, clock ticks) of the front nginx's workers
   local t=0 w
   for w in $FRONT_WORKERS; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$w/stat"))); done
   echo "$t"
 }
 HZ=$(getconf CLK_TCK)
-# rps PORT: requests/s of one round; sets US, the front's CPU microseconds per request
-rps() {
-  local t0 t1 out
+rps() { # rps PORT: "requests/s CPU-us/request" of one round
+  local t0 t1 out n r
   t0=$(ticks)
   out=$(wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$1/" 2>&1)
   t1=$(ticks)
-  local n r
   n=$(awk '/requests in/ { print $1 }' <<< "$out") r=$(awk '/Requests\/sec/ { print $2 }' <<< "$out")
-  US=$(echo "($t1 - $t0) * 1000000 / $HZ / $n" | bc -l)
-  echo "$r $US"
+  echo "$r $(echo "($t1 - $t0) * 1000000 / $HZ / $n" | bc -l)"
 }
-f_all="" r_all="" q_all="" fu_all="" ru_all=""
-for i in $(seq "$ROUNDS"); do
-  if [ $((i % 2)) = 1 ]; then read -r f fu <<< "$(rps "$FS")"; read -r r ru <<< "$(rps "$RS")"
-  else read -r r ru <<< "$(rps "$RS")"; read -r f fu <<< "$(rps "$FS")"; fi
-  q=$(echo "$f / $r" | bc -l)
-  f_all="$f_all $f" r_all="$r_all $r" q_all="$q_all $q" fu_all="$fu_all $fu" ru_all="$ru_all $ru"
-  printf '   pair %d: fuse.upstream %7.0f req/s %5.1f us CPU/req   round robin %7.0f req/s %5.1f us CPU/req   ratio %.3f\n' \
-    "$i" "$f" "$fu" "$r" "$ru" "$q"
-done
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-fm=$(echo "$f_all" | median) rm=$(echo "$r_all" | median) qm=$(echo "$q_all" | median)
-fum=$(echo "$fu_all" | median) rum=$(echo "$ru_all" | median)
-lu_all=""
-for i in $(seq 3); do read -r _ lu <<< "$(rps "$LS")"; lu_all="$lu_all $lu"; done
-lum=$(echo "$lu_all" | median)
-printf '   medians: fuse.upstream %.0f req/s, round robin %.0f req/s; median ratio of the pairs %.3f (target >= 0.95)\n' \
-  "$fm" "$rm" "$qm"
-printf '   front nginx CPU per request (median): fuse.upstream %.1f us, round robin %.1f us (+%.1f us);\n' \
-  "$fum" "$rum" "$(echo "$fum - $rum" | bc -l)"
-printf '   a bare Lua round robin in balancer_by_lua (3 rounds, the floor of any Lua balancer): %.1f us\n' "$lum"
+f_all="" r_all="" l_all="" qr_all="" ql_all="" fu_all="" ru_all="" lu_all="" x_all="" xu_all="" qx_all=""
+for i in $(seq "$ROUNDS"); do
+  case $((i % 3)) in
+    1) order="f r l x" ;; 2) order="r l x f" ;; 0) order="l x f r" ;;
+  esac
+  for side in $order; do
+    case $side in
+      f) read -r f fu <<< "$(rps "$FS")" ;;
+      r) read -r r ru <<< "$(rps "$RS")" ;;
+      l) read -r l lu <<< "$(rps "$LS")" ;;
+      x) read -r x xu <<< "$(rps "$XS")" ;;
+    esac
+  done
+  qr=$(echo "$f / $r" | bc -l) ql=$(echo "$f / $l" | bc -l) qx=$(echo "$f / $x" | bc -l)
+  x_all="$x_all $x" xu_all="$xu_all $xu" qx_all="$qx_all $qx"
+  f_all="$f_all $f" r_all="$r_all $r" l_all="$l_all $l" qr_all="$qr_all $qr" ql_all="$ql_all $ql"
+  fu_all="$fu_all $fu" ru_all="$ru_all $ru" lu_all="$lu_all $lu"
+  printf '   round %d: fuse %6.0f req/s %4.1f us | rr %6.0f %4.1f us | floor %6.0f %4.1f us | floor+ctx %6.0f %4.1f us | fuse/rr %.3f /floor %.3f /floor+ctx %.3f\n' \
+    "$i" "$f" "$fu" "$r" "$ru" "$l" "$lu" "$x" "$xu" "$qr" "$ql" "$qx"
+done
+fm=$(echo "$f_all" | median) rm=$(echo "$r_all" | median) lm=$(echo "$l_all" | median)
+qr=$(echo "$qr_all" | median) ql=$(echo "$ql_all" | median) qx=$(echo "$qx_all" | median)
+xm=$(echo "$x_all" | median) xum=$(echo "$xu_all" | median)
+fum=$(echo "$fu_all" | median) rum=$(echo "$ru_all" | median) lum=$(echo "$lu_all" | median)
+lr=$(echo "$l_all $r_all" | awk -v l="$lm" -v r="$rm" '{ print l / r }')
+printf '   medians: fuse.upstream %.0f req/s, round robin %.0f, Lua floor %.0f (floor/rr %.3f: the Lua phases alone cost %.1f%%)\n' \
+  "$fm" "$rm" "$lm" "$lr" "$(echo "(1 - $lr) * 100" | bc -l)"
+printf '   median ratios of the rounds: fuse/rr %.3f (target >= 0.95), fuse/floor %.3f (target >= 0.98), fuse/floor+ctx %.3f\n' "$qr" "$ql" "$qx"
+printf '   front CPU per request (medians): fuse.upstream %.1f us, round robin %.1f us, Lua floor %.1f us, floor+ctx %.1f us (%.0f req/s)\n' \
+  "$fum" "$rum" "$lum" "$xum" "$xm"
+echo "   load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -926,18 +926,53 @@ static inline int reject_open(fz_breaker *b, uint64_t sw) {
   if (si == UINT32_MAX || e > at_load_acq(&b->cur_epoch)) return 0;  /* enter_slow counts it */
   uint64_t *w = &b->stripes[si].rej[e % NBUCKETS];
   uint64_t v = at_load_acq(w);
-  /* the state word again, after every word the add is computed from: unchanged, they
-   * are this breaker's (see "Incarnations"); then the add is a swap from what was read */
-  if (tag_of(v) != (uint32_t)e || cnt_of(v) >= UINT32_C(0x80000000) || at_load_acq(&b->sw) != sw) return 0;
+  /* v - (e << 32): the count when the word is tagged e, else 2^32 or more (one compare
+   * for the tag and the count); then the state word again, after every word the add is
+   * computed from: unchanged, they are this breaker's (see "Incarnations"); then the add
+   * is a swap from what was read */
+  if (v - ((uint64_t)(uint32_t)e << 32) >= UINT64_C(0x80000000) || at_load_acq(&b->sw) != sw) return 0;
   return at_cas_acqrel(w, &v, v + 1);
 }
 
-/* fz_enter's body, inlined into fz_allow too (an exported function may be interposed,
- * so the compiler calls it through the PLT instead). */
-static inline double enter_sw(fz_breaker *b, uint64_t sw, uint32_t id) {
-  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
+/* A forced_open without an end (b:force_open()): the rejection counts in the bucket of
+ * the last clock read, as in enter_slow, with no clock read, by reject_open's protocol.
+ * A timed one (enter_slow lifts it when its time is up), or a word not ready for the
+ * add, goes to enter_slow, which counts it. */
+static inline int reject_forced(fz_breaker *b, uint64_t sw) {
+  if (forced_end(b, sw)) return 0;
+  uint64_t e = at_load_acq(&b->cur_epoch);
+  uint32_t si = t_stripe;
+  if (si == UINT32_MAX) return 0;
+  uint64_t *w = &b->stripes[si].rej[e % NBUCKETS];
+  uint64_t v = at_load_acq(w);
+  /* the tag and count in one compare, then the state word again, as in reject_open */
+  if (v - ((uint64_t)(uint32_t)e << 32) >= UINT64_C(0x80000000) || at_load_acq(&b->sw) != sw) return 0;
+  return at_cas_acqrel(w, &v, v + 1);
+}
+
+/* fz_enter when the circuit is forced_open, and when it is in any state but closed and
+ * forced_open: the common rejections first, the rest in enter_slow. Out of line, so
+ * that the closed path needs no stack frame (and apart, so that each has a small one). */
+static __attribute__((noinline)) double enter_forced(fz_breaker *b, uint64_t sw, uint32_t id) {
+  if (reject_forced(b, sw)) return rejection(FZ_FORCED_OPEN, 0);
+  return enter_slow(b, sw, id);
+}
+
+static __attribute__((noinline)) double enter_other(fz_breaker *b, uint64_t sw, uint32_t id) {
   if (sw_state(sw) == FZ_OPEN && reject_open(b, sw)) return rejection(FZ_OPEN, 0);
   return enter_slow(b, sw, id);
+}
+
+/* fz_enter's body but the closed case, inlined into fz_allow_id and fz_enter_id (an
+ * exported function may be interposed, so the compiler calls it through the PLT). */
+static inline double enter_not_closed(fz_breaker *b, uint64_t sw, uint32_t id) {
+  if (sw_state(sw) == FZ_FORCED_OPEN) return enter_forced(b, sw, id);
+  return enter_other(b, sw, id);
+}
+
+static inline double enter_sw(fz_breaker *b, uint64_t sw, uint32_t id) {
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
+  return enter_not_closed(b, sw, id);
 }
 
 /* fz_enter's slow path has no identity from a handle: it takes the one the breaker has
@@ -991,17 +1026,34 @@ typedef struct ledger {
 
 static ledger *g_ledgers[LANES];     /* concurrent: each set once */
 static uint32_t g_lane_owned[LANES]; /* concurrent: 1 while a thread owns the lane */
-static TLS ledger *t_ledger;          /* the thread's ledger, or NULL */
-static TLS uint32_t t_lane = LANES;   /* its lane, or LANES for none */
-static TLS uint32_t t_last, t_cursor; /* the entry issued last; where the search goes on */
-static TLS uint32_t t_uses;           /* tickets this lane issued */
+/* The thread's side of its lane, in one TLS block: the hot path finds all of it from
+ * one thread-pointer offset. en and bits say where the entry issued last is, as the
+ * hot path wants it (see lane_point). */
+typedef struct lane_tls {
+  entry *en;                /* the entry issued last, or NULL while the thread has no lane */
+  uint64_t bits;            /* its tickets' entry, lane and tracked bits (TK_WHERE), or 0 */
+  ledger *l;                /* the thread's ledger, or NULL */
+  uint32_t lane;            /* its lane, or LANES for none */
+  uint32_t last, cursor;    /* the entry issued last; where the search goes on */
+  uint32_t uses;            /* tickets this lane issued */
+} lane_tls;
+static TLS lane_tls t_ln = { NULL, 0, NULL, LANES, 0, 0, 0 };
+
+#define TK_WHERE UINT64_C(0x3fffff80)  /* a tracked ticket's entry, lane and tracked bits */
+
+/* en and bits from l, lane and last (whenever one of them changes). */
+static void lane_point(lane_tls *me) {
+  me->en = me->l ? &me->l->e[me->last] : NULL;
+  me->bits = me->l ? (uint64_t)me->last << 18 | (uint64_t)me->lane << 8 | TK_TRACKED : 0;
+}
 static pthread_key_t g_lane_key;
 static pthread_once_t g_lane_once = PTHREAD_ONCE_INIT;
 
 static void lane_release(void *p) {
   ledger *l = p;
-  l->uses = t_uses;
-  t_ledger = NULL, t_lane = LANES;
+  l->uses = t_ln.uses;
+  t_ln.l = NULL, t_ln.lane = LANES;
+  lane_point(&t_ln);
   /* release: the next owner sees this one's cursor and entries */
   __atomic_store_n(&g_lane_owned[l->lane], 0, __ATOMIC_RELEASE);
 }
@@ -1023,8 +1075,9 @@ static __attribute__((noinline)) ledger *lane_claim(void) {
       __atomic_store_n(&g_ledgers[i], l, __ATOMIC_RELEASE);
     }
     pthread_setspecific(g_lane_key, l);
-    t_lane = i, t_uses = l->uses;
-    return t_ledger = l;
+    t_ln.lane = i, t_ln.uses = l->uses, t_ln.l = l;
+    lane_point(&t_ln);
+    return l;
   }
   return NULL;  /* LANES threads hold a lane: tickets go untracked */
 }
@@ -1032,36 +1085,57 @@ static __attribute__((noinline)) ledger *lane_claim(void) {
 /* Whether ledger entry word cur is free: never used, or its ticket reported. */
 static int entry_free(uint64_t cur) { return !cur || (cur & REPORTED); }
 
-/* The entry of ledger l after t_cursor that is free, or NULL among 8 outstanding in a
- * row; t_last becomes its index. */
+/* The entry of ledger l after the cursor that is free, or NULL among 8 outstanding in a
+ * row; it becomes the entry issued last. */
 static __attribute__((noinline)) entry *entry_search(ledger *l, uint64_t *cur) {
   for (int k = 0; k < 8; k++) {
-    uint32_t i = t_cursor = (t_cursor + 1) & (LEDGER - 1);
+    uint32_t i = t_ln.cursor = (t_ln.cursor + 1) & (LEDGER - 1);
     *cur = at_load_acq(&l->e[i].tk);  /* acquire: as in track */
     if (entry_free(*cur)) {
-      t_last = i;
+      t_ln.last = i;
+      lane_point(&t_ln);
       return &l->e[i];
     }
   }
   return NULL;
 }
 
-/* Records the admitted ticket u of fz_enter; returns the tracked ticket that stands for it. */
-static inline __attribute__((always_inline)) double track(fz_breaker *b, uint64_t u) {
-  ledger *l = t_ledger;
-  if (__builtin_expect(!l, 0) && !(l = lane_claim())) return (double)(int64_t)u;
-  entry *en = &l->e[t_last];
-  /* acquire: pairs with the swap of another thread's report, which read who and inner */
-  uint64_t cur = at_load_acq(&en->tk);
-  if (__builtin_expect(!entry_free(cur), 0) && !(en = entry_search(l, &cur))) return (double)(int64_t)u;
-  /* the use count from a counter of the thread, not from cur: a ticket does not wait for
-   * the report of the one before it to be stored and read back */
-  uint64_t use = ++t_uses & USE_MASK;
-  uint64_t tk = use << 30 | (uint64_t)t_last << 18 | (uint64_t)t_lane << 8 | TK_TRACKED | (u & 0x7f);
+/* Writes the tracked ticket that stands for u (whose low 7 bits are low) into the
+ * thread's entry issued last, en, which is free. */
+static inline __attribute__((always_inline)) double track_at(fz_breaker *b, uint64_t u, uint64_t low,
+                                                             lane_tls *me, entry *en) {
+  /* the use count from a counter of the thread, not from the entry: a ticket does not
+   * wait for the report of the one before it to be stored and read back */
+  uint64_t use = ++me->uses & USE_MASK;
+  uint64_t tk = use << 30 | me->bits | low;
   at_store_rlx(&en->who, (uint64_t)(uintptr_t)b);
   at_store_rlx(&en->inner, u);
   at_store_rel(&en->tk, tk);  /* release: a reporter that acquires tk sees who and inner */
   return (double)(int64_t)tk;
+}
+
+/* track when the thread has no ledger yet, or the entry it issued last is still out. */
+static __attribute__((noinline)) double track_slow(fz_breaker *b, uint64_t u) {
+  lane_tls *me = &t_ln;
+  if (!me->l && !lane_claim()) return (double)(int64_t)u;
+  entry *en = me->en;
+  uint64_t cur = at_load_acq(&en->tk);  /* acquire: as in track */
+  if (!entry_free(cur) && !(en = entry_search(me->l, &cur))) return (double)(int64_t)u;
+  return track_at(b, u, u & 0x7f, me, en);
+}
+
+/* Records the admitted ticket u of fz_enter, whose low 7 bits are low; returns the
+ * tracked ticket that stands for it (u itself when the thread has no lane, or 8 of its
+ * tickets in a row are out). The common case, allow then report, finds the entry it
+ * issued last back; the rest is in track_slow, so this stays a leaf. */
+static inline __attribute__((always_inline)) double track(fz_breaker *b, uint64_t u, uint64_t low) {
+  lane_tls *me = &t_ln;
+  entry *en = me->en;
+  if (__builtin_expect(!en, 0)) return track_slow(b, u);
+  /* acquire: pairs with the swap of another thread's report, which read who and inner */
+  uint64_t cur = at_load_acq(&en->tk);
+  if (__builtin_expect(!entry_free(cur), 0)) return track_slow(b, u);
+  return track_at(b, u, low, me, en);
 }
 
 /* Why untrack refused tracked ticket t whose entry holds cur (see untrack). */
@@ -1076,38 +1150,51 @@ static __attribute__((noinline)) int refusal(fz_breaker *b, uint64_t t, const en
 /* The ticket of fz_enter that tracked ticket t stands for, in *u, marking t reported.
  * Returns 0, FZ_ETICKET (not issued by b's fz_allow) or FZ_EREPORTED. */
 static inline __attribute__((always_inline)) int untrack(fz_breaker *b, uint64_t t, uint64_t *u) {
-  uint32_t lane = (uint32_t)(t >> 8 & (LANES - 1));
-  ledger *l = t_ledger;
-  int own = lane == t_lane;
-  if (!own && !(l = __atomic_load_n(&g_ledgers[lane], __ATOMIC_ACQUIRE))) return FZ_ETICKET;
-  entry *en = &l->e[(t >> 18) & (LEDGER - 1)];
+  lane_tls *me = &t_ln;
+  entry *en = me->en;
+  int own = 1;
+  if (__builtin_expect((t & TK_WHERE) != me->bits, 0)) {  /* not the entry this thread issued last */
+    uint32_t lane = (uint32_t)(t >> 8 & (LANES - 1));
+    ledger *l = me->l;
+    own = lane == me->lane;
+    if (!own && !(l = __atomic_load_n(&g_ledgers[lane], __ATOMIC_ACQUIRE))) return FZ_ETICKET;
+    en = &l->e[(t >> 18) & (LEDGER - 1)];
+  }
   uint64_t cur = at_load_acq(&en->tk);  /* acquire: pairs with the release in track */
-  if (cur != t || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) return refusal(b, t, en, cur);
+  if (cur != t || at_load_rlx(&en->who) != (uint64_t)(uintptr_t)b) {
+    int rc = refusal(b, t, en, cur);
+    if (!rc) __builtin_unreachable();  /* never 0: fz_done returns it, a tail call */
+    return rc;
+  }
   *u = at_load_rlx(&en->inner);
   if (own) at_store_rlx(&en->tk, t | REPORTED);  /* the owner: no other writer of a live entry */
   else if (!at_cas_acqrel(&en->tk, &cur, t | REPORTED)) return FZ_EREPORTED;
   return 0;
 }
 
-static __attribute__((noinline)) double allow_slow(fz_breaker *b) {
-  double u = enter(b);
-  return u > 0 ? track(b, (uint64_t)(int64_t)u) : u;
+/* fz_allow of state word sw when the circuit is not closed (id: the handle's identity,
+ * or for fz_allow the one the breaker has, read after sw, as in enter_slow_any). */
+static __attribute__((noinline)) double allow_slow(fz_breaker *b, uint64_t sw, uint32_t id) {
+  double u = enter_sw(b, sw, id);
+  return u > 0 ? track(b, (uint64_t)(int64_t)u, (uint64_t)(int64_t)u & 0x7f) : u;
 }
 
-/* fz_allow through a handle that remembers the breaker's identity (as fz_enter_id). */
+/* fz_allow through a handle that remembers the breaker's identity (as fz_enter_id).
+ * Closed: the ticket's bits go to the ledger as they are (no double in between). */
 double fz_allow_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in fz_enter_id */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1))
+    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0), KIND_NORMAL << 1);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);
-  double u = enter_sw(b, sw, id);
-  return u > 0 ? track(b, (uint64_t)(int64_t)u) : u;
+  return allow_slow(b, sw, id);
 }
 
 double fz_allow(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in enter */
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1))
-    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0));
-  return allow_slow(b);
+    return track(b, ticket_bits(b, sw_gen(sw), 0, KIND_NORMAL, 0), KIND_NORMAL << 1);
+  return allow_slow(b, sw, (uint32_t)at_load_acq(&b->id));
 }
 
 /* fz_enter through a handle that remembers the breaker's identity. The identity is read
@@ -1117,8 +1204,9 @@ double fz_allow(fz_breaker *b) {
 double fz_enter_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
+  if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);  /* its identity goes next */
-  return enter_sw(b, sw, id);
+  return enter_not_closed(b, sw, id);
 }
 
 /* ---------------------------------------------------------------- outcomes */
@@ -1282,8 +1370,10 @@ static inline int done_fast(fz_breaker *b, uint64_t t) {
   /* one compare: key, generation, and state closed (sw << 5 puts the generation at bit 8
    * and the state at bits 5-7, which are 0 in a kind-1 ticket) */
   if ((t & ~UINT64_C(0x1f)) != (at_load_rlx(&b->key) | ((sw << 5) & (GEN_MASK << 8 | 0xe0)))) return 0;
-  uint32_t n = cnt_of(v);
-  if (tag_of(v) != (uint32_t)e || n < 64 || (n & 63) == 63 || n >= UINT32_C(0x80000000)) return 0;
+  /* v - (e << 32): the count when the word is tagged e, otherwise 2^32 or more (so one
+   * compare checks the tag and 64 <= count < 2^31 at once) */
+  uint64_t n = v - ((uint64_t)(uint32_t)e << 32);
+  if (n - 64 >= UINT64_C(0x80000000) - 64 || (n & 63) == 63) return 0;
   FAULT("done-fast");  /* tests only (-DFZ_FAULTS): nothing in other builds */
   return at_cas_acqrel(w, &v, v + 1);  /* from what was read: else done_slow counts it */
 }

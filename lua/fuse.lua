@@ -40,6 +40,7 @@ local OPEN_TO_HALF = 64 + OPEN * 8 + HALF_OPEN
 local HALF_TO_OPEN = 64 + HALF_OPEN * 8 + OPEN
 local FORCED_TO_OPEN = 64 + 3 * 8 + OPEN
 local PLAIN_OPEN_REJECTION = -(1 + OPEN * 4)
+local PLAIN_FORCED_REJECTION = -(1 + 3 * 4)  -- forced_open, no transition made
 local STALE = -(1 + 7 * 4)  -- fz_enter_id: the handle's breaker was removed or evicted
 local PASS_TICKET = 3 * 2   -- a ticket fz_done counts nowhere (kind 3, generation 0)
 local E_MISMATCH, E_FULL, E_TICKET, E_REPORTED, E_STALE = -4, -3, -7, -9, -10
@@ -103,6 +104,10 @@ local function now()
   if fake then sync() end
   return (core.fz_clock_now())
 end
+
+-- fuse.now(): seconds as the breakers read them (monotonic; the fuse.clock function when
+-- one is installed). fuse.upstream times its slow-start ramps with it.
+function _M.now() return now() end
 
 ---------------------------------------------------------------------------- protected calls
 
@@ -461,7 +466,7 @@ end
 local function make_run(br, fallback, is_failure, listener, direct)
   local h, id, name = br._h, br._id, br.name
   local protect = direct and pcall or protected
-  local rej_open = rej_of(br, OPEN)
+  local rej_open, rej_forced = rej_of(br, OPEN), rej_of(br, 3)
   local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
   local fb_fn = type(fallback) == "function"
@@ -543,8 +548,12 @@ local function make_run(br, fallback, is_failure, listener, direct)
       local t = core.fz_enter_id(h, id)
       if t < 0 then
         if limit then core.fz_permit_give(ph) end
-        if t == STALE then return rerun(fn, ...) end
-        return fallback(t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t), ...)
+        local rej
+        if t == PLAIN_OPEN_REJECTION then rej = rej_open
+        elseif t == PLAIN_FORCED_REJECTION then rej = rej_forced
+        elseif t == STALE then return rerun(fn, ...)
+        else rej = rejected(br, listener, t) end
+        return fallback(rej, ...)
       end
       if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
       local t0 = slow and now() or 0
@@ -571,8 +580,12 @@ local function make_run(br, fallback, is_failure, listener, direct)
     local t = core.fz_enter_id(h, id)
     if t < 0 then
       if limit then core.fz_permit_give(ph) end
-      if t == STALE then return rerun(fn, ...) end
-      local rej = t == PLAIN_OPEN_REJECTION and rej_open or rejected(br, listener, t)
+      -- the plain rejections first (no transition to fire): one compare each in a trace
+      local rej
+      if t == PLAIN_OPEN_REJECTION then rej = rej_open
+      elseif t == PLAIN_FORCED_REJECTION then rej = rej_forced
+      elseif t == STALE then return rerun(fn, ...)
+      else rej = rejected(br, listener, t) end
       if has_fallback then return fallback end
       return nil, rej
     end
@@ -871,17 +884,19 @@ function Breaker:allow()
     ph = self._h
   end
   local t = core.fz_allow_id(self._h, self._id)
-  while t == STALE do  -- again when another worker removed the name right after the re-find
-    local h, id = refind(self, self._id)
-    if not h then  -- full registry: unguarded, counted nowhere
-      if limit then core.fz_permit_give(ph) end
-      return PASS_TICKET
+  if t < 0 then  -- (one compare in a trace for an admitted call)
+    while t == STALE do  -- again when another worker removed the name right after the re-find
+      local h, id = refind(self, self._id)
+      if not h then  -- full registry: unguarded, counted nowhere
+        if limit then core.fz_permit_give(ph) end
+        return PASS_TICKET
+      end
+      t = core.fz_allow_id(h, id)
     end
-    t = core.fz_allow_id(h, id)
-  end
-  if t < 0 then
-    if limit then core.fz_permit_give(ph) end
-    return nil, rejected(self, self.on_state_change, t)
+    if t < 0 then
+      if limit then core.fz_permit_give(ph) end
+      return nil, rejected(self, self.on_state_change, t)
+    end
   end
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
   if limit then
@@ -908,22 +923,31 @@ function Breaker:report(ticket, ok, seconds)
   if seconds ~= nil and not (type(seconds) == "number" and seconds >= 0 and seconds < huge) then
     error("fuse: report's seconds must be a finite number >= 0, got " .. show(seconds), 2)
   end
-  if ticket == PASS_TICKET then return end  -- allow's answer when the registry was full: counts nowhere
-  if fake then sync() end
+  if fake then
+    if ticket == PASS_TICKET then return end  -- (as below: the clock is not read for it)
+    sync()
+  end
   local code = core.fz_done(self._h, ticket, outcome, seconds or -1)
-  if code == E_STALE or (code == E_TICKET and self._was) then
-    code = late(self, ticket, outcome, seconds or -1, code)
+  if code ~= 0 then  -- (0, the common case, is one compare in a trace)
+    -- allow's answer when the registry was full counts nowhere: the core refuses it
+    -- (E_TICKET: its key is 0, no breaker's), and it is no error
+    if ticket == PASS_TICKET then return end
+    if code == E_STALE or (code == E_TICKET and self._was) then
+      code = late(self, ticket, outcome, seconds or -1, code)
+    end
+    if code == E_REPORTED or code == E_TICKET then
+      -- a ticket is an integer below 2^53: all its digits (show's 14 significant digits
+      -- print one that ends in 0 as 3.7472087572493e+14)
+      local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or show(ticket)
+      if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
+      error("fuse: report: " .. shown .. " is not a ticket this breaker's allow issued"
+        .. " (another breaker's, or made up)", 2)
+    end
+    give_held(self, ticket)
+    fire(self.on_state_change, self.name, code)
+    return
   end
-  if code ~= E_REPORTED and code ~= E_TICKET then give_held(self, ticket) end
-  if code == E_REPORTED or code == E_TICKET then
-    -- a ticket is an integer below 2^53: all its digits (show's 14 significant digits
-    -- print one that ends in 0 as 3.7472087572493e+14)
-    local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or show(ticket)
-    if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
-    error("fuse: report: " .. shown .. " is not a ticket this breaker's allow issued"
-      .. " (another breaker's, or made up)", 2)
-  end
-  fire(self.on_state_change, self.name, code)
+  give_held(self, ticket)  -- (max_concurrent: the permit of an allowed ticket back)
 end
 
 function Breaker:state()
@@ -1192,7 +1216,10 @@ function _M.metrics()
   out[#out + 1] = ("# HELP fuse_registry_evictions_total Idle breakers evicted to make room.\n"
     .. "# TYPE fuse_registry_evictions_total counter\nfuse_registry_evictions_total %.17g\n")
     :format(B.evictions_total())
-  return concat(out) .. _M._counter_metrics()
+  -- fuse.upstream's counters (panic picks, failure classes), when a pool was made
+  local up = package.loaded["fuse.upstream"]
+  local extra = type(up) == "table" and type(up.metrics) == "function" and up.metrics() or ""
+  return concat(out) .. _M._counter_metrics() .. extra
 end
 
 ---------------------------------------------------------------------------- shared counters

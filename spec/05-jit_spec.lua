@@ -171,6 +171,40 @@ describe("fuse #ffi", function()
     assert_compiled(ev)
   end)
 
+  -- forced_open rejections take a path of their own (in the core and in the wrapper)
+  it("rejections in the forced_open state stay compiled (no fallback)", function()
+    local f, b = fuse.wrap(add, { fails = 5 })
+    b:force_open()
+    local rejected
+    local ev = traced(function(n)
+      rejected = 0
+      for i = 1, n do
+        local r, rej = f(i, 1)
+        if r == nil and fuse.is_rejection(rej) and rej.state == "forced_open" then rejected = rejected + 1 end
+      end
+    end)
+    assert.equal(N, rejected)
+    assert.equal(N + W, b:stats().rejections_total)
+    assert.equal("forced_open", b:state())
+    assert_compiled(ev)
+  end)
+
+  it("rejections in the forced_open state stay compiled (with a fallback)", function()
+    local f, b = fuse.wrap(add, { fails = 5, fallback = function(rej, x)
+      return rej.state == "forced_open" and x or -1e9
+    end })
+    b:force_open()
+    local sum
+    local ev = traced(function(n)
+      sum = 0
+      for i = 1, n do sum = sum + f(i, 1) end
+    end)
+    assert.equal(N * (N + 1) / 2, sum)
+    assert.equal(N + W, b:stats().rejections_total)
+    assert.equal(0, b:stats().successes_total)
+    assert_compiled(ev)
+  end)
+
   it("allow/report stays compiled", function()
     local b = fuse.new { fails = 5 }
     local ev = traced(function(n)

@@ -94,22 +94,172 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal(2, pool:panics())
   end)
 
-  it("a retry skips peers the request tried; tried peers that are open use up max_ejected", function()
-    local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" })
+  it("max_ejected exactly: k open <= floor(max_ejected * n) all skipped, else exactly that many", function()
+    local A = { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3", "10.0.0.1:4" }
+    local pool = upstream.new(unique("p"), A, { max_ejected = 0.5 })   -- a = 2
+    local function tally(n)
+      local seen = {}
+      for _ = 1, n do
+        local peer, ticket = pool:pick()
+        local d = peer.addr:match("(%d+)$")
+        seen[d] = (seen[d] or 0) + 1
+        if ticket then peer.b:report(ticket, true) end
+      end
+      return seen
+    end
+    open_peer(pool, A[2])
+    open_peer(pool, A[3])
+    local s = tally(40)                       -- k = 2 <= a: both skipped, no panic
+    assert.same({ ["1"] = 20, ["4"] = 20 }, s)
+    assert.equal(0, pool:panics())
+    open_peer(pool, A[4])                     -- k = 3 > a: exactly 2 skipped (2 and 3, list order), 4 panics
+    s = tally(40)
+    assert.same({ ["1"] = 20, ["4"] = 20 }, s)
+    assert.equal(20, pool:panics())
+  end)
+
+  it("3 peers, 2 open, tries = 2: every request reaches the healthy peer within its tries", function()
+    local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" },
+      { fails = 3, tries = 2, max_ejected = 0.5 })
+    -- B and C fail every try until they open, as a client would drive them
+    local errors, hits = 0, {}
+    local function request()
+      local tried = {}
+      for _ = 1, pool:tries() do
+        local peer, ticket = pool:pick(tried)
+        tried[peer] = true
+        local d = peer.addr:match("(%d+)$")
+        hits[d] = (hits[d] or 0) + 1
+        local ok = d == "1"
+        if ticket then peer.b:report(ticket, ok) end
+        if ok then return true end
+      end
+      return false
+    end
+    for _ = 1, 20 do request() end            -- B and C open
+    assert.equal("open", pool:peers()[2].state)
+    assert.equal("open", pool:peers()[3].state)
+    hits = {}
+    for _ = 1, 100 do if not request() then errors = errors + 1 end end
+    assert.equal(0, errors)
+    assert.equal(100, hits["1"])
+    assert.is_nil(hits["2"])                  -- skipped (first open peer in list order)
+    assert.truthy(hits["3"] and hits["3"] > 0) -- the panic pick, retried on A
+  end)
+
+  it("a retry prefers a closed peer to a panic pick", function()
+    local P = { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3", "10.0.0.1:4" }
+    local pool = upstream.new(unique("p"), P, { max_ejected = 0.25 })   -- a = 1
+    open_peer(pool, P[2])                     -- skipped
+    open_peer(pool, P[3])                     -- picked in panic on first tries
+    local first, retries = {}, {}
+    for _ = 1, 40 do
+      local p, t = pool:pick()
+      first[p.addr] = (first[p.addr] or 0) + 1
+      if t then p.b:report(t, true) end
+      local r, rt = pool:pick({ [pool._peers[1]] = true })   -- a retry after a try on peer 1
+      retries[r.addr] = (retries[r.addr] or 0) + 1
+      if rt then r.b:report(rt, true) end
+    end
+    assert.truthy(first[P[3]] and first[P[3]] > 0)   -- first tries: exactly a = 1 skipped
+    assert.is_nil(first[P[2]])
+    assert.same({ [P[4]] = 40 }, retries)
+  end)
+
+  it("a retry goes to a peer the request has not tried while one is admitted, else to a tried one", function()
+    local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }, { max_ejected = 1 })
     local tried = {}
-    local p1, t1 = pool:pick(tried)
-    tried[p1] = true
-    p1.b:report(t1, true)
-    local p2, t2 = pool:pick(tried)
-    assert.are_not.equal(p1, p2)
-    p2.b:report(t2, true)
-    tried[p2] = true
-    -- every peer open: the two tried ones count as ejected, so the last one is a panic pick
-    for _, a in ipairs({ "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }) do open_peer(pool, a) end
-    local p3, t3 = pool:pick(tried)
-    assert.truthy(p3)
-    assert.is_nil(t3)
-    assert.is_nil(tried[p3])
+    for _ = 1, 3 do
+      local p, t = pool:pick(tried)
+      assert.is_nil(tried[p])
+      tried[p] = true
+      p.b:report(t, true)
+    end
+    open_peer(pool, "10.0.0.1:2")
+    open_peer(pool, "10.0.0.1:3")
+    local p = pool:pick({ [pool._peers[1]] = true })   -- untried ones are open: back to the tried one
+    assert.equal("10.0.0.1:1", p.addr)
+    open_peer(pool, "10.0.0.1:1")
+    local none, retry_after = pool:pick()
+    assert.is_nil(none)
+    assert.truthy(retry_after > 0)
+  end)
+
+  it("enforce = false: breakers trip, but every peer is still picked (a dry run, counted)", function()
+    local name = unique("p")
+    local pool = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { fails = 2, enforce = false })
+    open_peer(pool, "10.0.0.1:1")
+    assert.equal("open", pool:peers()[1].state)
+    assert.equal("1 2 1 2", order(pool, 4))
+    assert.equal(0, pool:panics())
+    assert.truthy(fuse.metrics():find('fuse_upstream_dry_run_picks_total{pool="' .. name .. '"} 2', 1, true))
+  end)
+
+  it("slow_start: a peer whose breaker closes after being open ramps from 10% to 100%", function()
+    local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2" },
+      { fails = 1, open_for = 5, slow_start = 10, max_ejected = 1 })
+    open_peer(pool, "10.0.0.1:2")
+    clock:advance(5)
+    local probe
+    repeat
+      local peer, ticket = pool:pick()
+      if peer.addr == "10.0.0.1:2" then probe = true end
+      peer.b:report(ticket, true)                 -- the probe succeeds: closed, the ramp starts
+    until probe
+    assert.equal("closed", pool:peers()[2].state)
+    local function share(n)
+      local b = 0
+      for _ = 1, n do
+        local peer, ticket = pool:pick()
+        if peer.addr == "10.0.0.1:2" then b = b + 1 end
+        peer.b:report(ticket, true)
+      end
+      return b / n
+    end
+    assert.near(0.1 / 1.1, share(110), 0.02)      -- weight 0.1 against 1
+    clock:advance(5)                              -- half way: 0.1 + 0.9 * 0.5 = 0.55
+    assert.near(0.55 / 1.55, share(155), 0.02)
+    clock:advance(5)
+    assert.near(0.5, share(100), 0.02)            -- done: full weight
+  end)
+
+  it("set_peers in one pool reaches every pool of that name (as every nginx worker) at its next pick", function()
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local b = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    assert.is_true(a:set_peers({ "10.0.0.1:3" }))
+    assert.equal("10.0.0.1:3", (b:pick()).addr)
+    assert.same({ { addr = "10.0.0.1:3", weight = 1, state = "closed" } }, b:peers())
+    -- made again with the same config list (a reload): the stored list wins
+    local c = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    assert.equal("10.0.0.1:3", c:peers()[1].addr)
+    -- a config whose list changed: the config wins, for every pool of the name
+    local d = upstream.new(name, { "10.0.0.1:4" })
+    assert.equal("10.0.0.1:4", d:peers()[1].addr)
+    assert.equal("10.0.0.1:4", (a:pick()).addr)
+  end)
+
+  it("any number of pools; close removes their breakers and counters, in every copy", function()
+    local names = {}
+    for i = 1, 300 do
+      names[i] = unique("many")
+      local pool = upstream.new(names[i], { "10.0.0.1:1" }, { max_ejected = 0 })
+      open_peer(pool, "10.0.0.1:1")
+      pool:pick()                                  -- a panic pick
+      assert.equal(1, pool:panics())
+      local copy = upstream.new(names[i], { "10.0.0.1:1" })
+      pool:close()
+      assert.is_nil(fuse.get(names[i] .. "/10.0.0.1:1"))
+      local ok, e = pcall(copy.pick, copy)
+      assert.is_false(ok)
+      assert.truthy(e:find("pool '" .. names[i] .. "' is closed", 1, true), e)
+    end
+    local m = fuse.metrics()
+    assert.falsy(m:find(names[1], 1, true))
+    assert.falsy(m:find(names[300], 1, true))
+    local again = upstream.new(names[1], { "10.0.0.1:1" })   -- a name can be used again
+    assert.equal(0, again:panics())
+    assert.equal("closed", again:peers()[1].state)
   end)
 
   it("set_peers keeps the breaker and state of peers that stay, adds new ones, removes the rest", function()
@@ -166,11 +316,10 @@ describe("fuse.upstream #" .. BACKEND, function()
     it("for peers", function()
       says(err_of("p", {}),
         "fuse.upstream: peers must be a non-empty list, got an empty table")
-      says(err_of("p", "10.9.9.9:1"), 'peers must be a non-empty list, got "10.9.9.9:1"')
-      says(err_of("p", { "a" }),
-        'peer 1: addr must be "IP:port" or "[IPv6]:port" with a port from 1 to 65535, got "a"')
-      assert.truthy(err_of("p", { "10.9.9.9:0" }):find("peer 1: addr must be", 1, true))
-      assert.truthy(err_of("p", { "10.9.9.9:1", "10.9.9.9:1" }):find("peer 2: 10.9.9.9:1 is listed twice", 1, true))
+      assert.truthy(err_of("p", "10.9.9.9:1"):find('peers must be a non-empty list, got "10.9.9.9:1"', 1, true))
+      says(err_of("p", { "a" }), 'peer 1: no port: the form is "IP:port", got "a"')
+      says(err_of("p", { "10.9.9.9:0" }), 'peer 1: port "0" is not a number from 1 to 65535')
+      says(err_of("p", { "10.9.9.9:1", "10.9.9.9:1" }), "peer 2: 10.9.9.9:1 is listed twice (also peer 1)")
       says(err_of("p", { { addr = "10.9.9.9:1", weight = 0 } }),
         "peer 1 (10.9.9.9:1): weight must be an integer from 1 to 1000, got 0")
       assert.truthy(err_of("p", { { addr = "10.9.9.9:1", weight = 1.5 } }):find("got 1.5", 1, true))
@@ -178,10 +327,44 @@ describe("fuse.upstream #" .. BACKEND, function()
         'peer 1: unknown key "wieght"')
       local v6 = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
       says(err_of(("p"):rep(100), { v6 }), "longer than 127 bytes")
-      says(err_of("p", { "example.com:80" }), 'got "example.com:80"')
-      says(err_of("p", { "10.0.0.256:80" }), 'got "10.0.0.256:80"')
-      says(err_of("p", { "[10.0.0.1]:80" }), 'got "[10.0.0.1]:80"')
+      says(err_of("p", { "example.com:80" }), 'peer 1: not an IPv4 address')
+      says(err_of("p", { "example.com:80" }), "ngx.balancer takes addresses, not host names")
+      says(err_of("p", { "10.0.0.256:80" }), 'peer 1: not an IPv4 address: 256 is above 255')
+      says(err_of("p", { "[10.0.0.1]:80" }), 'peer 1: 2 groups in an IPv6 address')
       assert.truthy(upstream.new(unique("p"), { "[::1]:8080" }))
+    end)
+
+    it("for addresses nginx would refuse or read otherwise", function()
+      says(err_of("p", { "[:]:80" }), "peer 1: an empty group (a single ':' at an end, or ':::'), got \"[:]:80\"")
+      says(err_of("p", { "[1.2.3.4:5]:80" }), 'peer 1: bad group "1.2.3.4" (1 to 4 hex digits), got "[1.2.3.4:5]:80"')
+      says(err_of("p", { "[::1::2]:80" }), "peer 1: more than one '::' in an IPv6 address, got \"[::1::2]:80\"")
+      says(err_of("p", { "[fe80::1%eth0]:80" }), "zone ids")
+      says(err_of("p", { "[1:2:3:4:5:6:7:8:9]:80" }), "9 groups in an IPv6 address")
+      says(err_of("p", { "::1:80" }), 'an IPv6 address must be in brackets: "[IPv6]:port"')
+      says(err_of("p", { ":80" }), 'peer 1: no host before the port')
+      says(err_of("p", { "10.0.0.1:80x" }), 'port "80x" is not a number')
+      says(err_of("p", { "10.0.0.1:800000" }), 'port "800000"')
+      says(err_of("p", { "10.0.0.1" }), 'no port')
+    end)
+
+    it("for holes and for one address spelled two ways", function()
+      local A, B = "10.9.9.9:1", "10.9.9.9:2"
+      says(err_of("p", { A, nil, B }), "peer 2 is missing: a hole in the list (entries 1 to 3, 2 is nil)")
+      says(err_of("p", { A, [5] = B }), "peer 2 is missing")
+      says(err_of("p", { A, x = B }), 'peers must be a list: unexpected key "x"')
+      says(err_of("p", { "10.9.9.9:80", "10.9.9.9:080" }),
+        "peer 2: 10.9.9.9:080 is listed twice (peer 1, 10.9.9.9:80, is the same address: 10.9.9.9:80)")
+      says(err_of("p", { "10.9.9.9:80", "10.9.9.09:80" }), "is the same address: 10.9.9.9:80")
+      says(err_of("p", { "[::1]:80", "[0:0::1]:80" }), "is the same address: [::1]:80")
+      says(err_of("p", { "[2001:DB8::1]:80", { addr = "[2001:db8:0:0:0:0:0:1]:80", weight = 2 } }),
+        "is the same address: [2001:db8::1]:80")
+      -- addresses are kept in canonical form (the breaker's name too)
+      local name = unique("p")
+      local pool = upstream.new(name, { "10.9.9.9:080", "[2001:DB8:0:0:1:0:0:1]:80", "[::ffff:1.2.3.4]:8" })
+      assert.same({ "10.9.9.9:80", "[2001:db8::1:0:0:1]:80", "[::ffff:102:304]:8" },
+        { pool:peers()[1].addr, pool:peers()[2].addr, pool:peers()[3].addr })
+      assert.truthy(fuse.get(name .. "/10.9.9.9:80"))
+      assert.equal("[2001:db8::1:0:0:1]", pool._peers[2].host)   -- set_current_peer takes brackets
     end)
 
     it("for pool options", function()
@@ -191,7 +374,7 @@ describe("fuse.upstream #" .. BACKEND, function()
         "option 'max_ejected' must be a number from 0 to 1, got nan")  -- not -nan (glibc)
       says(err_of("p", { { addr = "10.9.9.9:1", weight = "2" } }),
         'weight must be an integer from 1 to 1000, got "2"')  -- a string, not the number 2
-      says(err_of("p", { 42 }), "with a port from 1 to 65535, got 42")
+      says(err_of("p", { 42 }), 'peer 1: must be "IP:port" or "[IPv6]:port", got 42')
       says(err_of("p", { "10.9.9.9:1" }, { tries = 0 }),
         "option 'tries' must be an integer from 1 to 100, got 0")
       says(err_of("p", { "10.9.9.9:1" }, { fail_statuses = 500 }),
@@ -200,7 +383,15 @@ describe("fuse.upstream #" .. BACKEND, function()
         "(100 to 599), got 99")
       says(err_of("p", { "10.9.9.9:1" }, { name = "x" }),
         "option 'name' is not allowed")
-      says(err_of("p", { "10.9.9.9:1" }, 5), "options must be a table, got 5")
+      assert.truthy(err_of("p", { "10.9.9.9:1" }, 5):find("options must be a table, got 5", 1, true))
+      says(err_of("p", { "10.9.9.9:1" }, { fail_on = { "connect", "tmeout" } }),
+        "option 'fail_on' must be a list of \"connect\", \"timeout\", \"status\", got \"tmeout\"")
+      says(err_of("p", { "10.9.9.9:1" }, { fail_on = {} }), "option 'fail_on' must be a non-empty list")
+      says(err_of("p", { "10.9.9.9:1" }, { enforce = "no" }), "option 'enforce' must be a boolean, got \"no\"")
+      says(err_of("p", { "10.9.9.9:1" }, { slow_start = -1 }),
+        "option 'slow_start' must be a number of seconds from 0 to 3600, got -1")
+      says(err_of("p", { "10.9.9.9:1" }, { slow_start = 1 / 0 }), "got inf")
+      says(err_of("p", { "10.9.9.9:1" }, { max_ejected = "\n" }), 'got "\\n"')
     end)
 
     it("for breaker options, with fuse's own message", function()
@@ -216,6 +407,10 @@ describe("fuse.upstream #" .. BACKEND, function()
       local ok, e = pcall(function() pool:set_peers({ "10.9.9.9:1", "10.9.9.9:1" }); return 1 end)
       assert.is_false(ok)
       says(e, "13-upstream_spec.lua:" .. line .. ": fuse.upstream: peer 2: 10.9.9.9:1 is listed twice")
+      line = debug.getinfo(1, "l").currentline + 1
+      ok, e = pcall(function() pool:set_peers({ "10.9.9.9:1", nil, "10.9.9.9:2" }); return 1 end)
+      assert.is_false(ok)
+      says(e, "13-upstream_spec.lua:" .. line .. ": fuse.upstream: peer 2 is missing")
       assert.equal(1, #pool:peers())         -- unchanged
     end)
   end)

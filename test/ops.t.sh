@@ -203,8 +203,10 @@ for _ in $(seq 200); do
   esac
   case " $seen " in *" $WPID "*) ;; *) seen="$seen $WPID" ;; esac
 done
+# (a function: `check DESC [ a ] && [ b ]` would check [ a ] alone, the && being the caller's)
+all_rejected() { [ "$(echo "$seen" | wc -w)" -ge 4 ] && [ -z "$bad" ]; }
 check "every worker (4) rejects during the force-open: fuse.reject's 503, Retry-After 1-$SECS, its text" \
-  [ "$(echo "$seen" | wc -w)" -ge 4 ] && [ -z "$bad" ]
+  all_rejected
 [ -z "$bad" ] || diag "unexpected:$bad"
 [ "$(echo "$seen" | wc -w)" -ge 4 ] || diag "workers seen rejecting: $seen"
 first200= lifted_at=
@@ -215,8 +217,8 @@ for _ in $(seq 400); do
   within 30 "$t0" || break
 done
 diag "first 200 at ${first200:-never} s after the force-open of $SECS s"
-check "lifted on time: the first call let through came after $SECS s (and within 30 s)" \
-  [ -n "$first200" ] && awk -v t="${first200:-0}" -v s="$SECS" 'BEGIN { exit !(t >= s) }'
+lifted_on_time() { [ -n "$first200" ] && awk -v t="${first200:-0}" -v s="$SECS" 'BEGIN { exit !(t >= s) }'; }
+check "lifted on time: the first call let through came after $SECS s (and within 30 s)" lifted_on_time
 admin
 check "after the probe succeeded, twostep is closed" [ "$(json 'find("twostep").state')" = closed ]
 

@@ -139,15 +139,26 @@ for _ in $(seq 20); do
 done
 check "FUSE_TEST_PORTS=25000-25019: every port picked (4 in a row) is inside it" [ $inrange = 1 ]
 FUSE_TEST_PORTS=100-50 pick_ports 1 > /dev/null 2> "$T/ports.err"; rc=$?
-check "FUSE_TEST_PORTS that is not LOW-HIGH: an error that says so" \
-  [ "$rc" != 0 ] && grep -q "FUSE_TEST_PORTS must be LOW-HIGH" "$T/ports.err"
+refused() { [ "$rc" != 0 ] && grep -q "FUSE_TEST_PORTS must be LOW-HIGH" "$T/ports.err"; }
+check "FUSE_TEST_PORTS that is not LOW-HIGH: an error that says so" refused
 check "README documents FUSE_TEST_PORTS=LOW-HIGH and the default range 10000-29999" \
   [ "$(grep -c 'FUSE_TEST_PORTS=LOW-HIGH' "$ROOT/README.md")/$(grep -c '10000-29999' "$ROOT/README.md")" = 1/1 ]
 
 # ---------------------------------------------------------------- README's OpenResty block
 k=$("$ROOT/tools/readme-block" openresty-conf | grep -c '/path/to/fuse')
-check "README's OpenResty block holds /path/to/fuse on exactly the two lines its text names" \
-  [ "$k" = 2 ] && grep -q 'on the two `lua_package_\*` lines' "$ROOT/README.md"
+two_lines() { [ "$k" = 2 ] && grep -q 'on the two `lua_package_\*` lines' "$ROOT/README.md"; }
+check "README's OpenResty block holds /path/to/fuse on exactly the two lines its text names" two_lines
+
+# ---------------------------------------------------------------- the suites' own checks
+# `check DESC [ a ] && [ b ]` checks [ a ] alone: the && belongs to the caller, and a
+# false [ b ] would pass unseen. A condition of several commands goes in a function.
+bad=$(cd "$ROOT" && awk '{ line = $0; while (line ~ /\\$/ && (getline nx) > 0) { sub(/\\$/, "", line); line = line nx }
+  if (line !~ /^[ \t]*check "/) next
+  bare = line; gsub(/"([^"\\]|\\.)*"/, "", bare); gsub(/'\''[^'\'']*'\''/, "", bare)   # quoted text is no operator
+  if (bare ~ /&&|\|\|/) print FILENAME ": " substr(line, 1, 100) }' \
+  test/*.t.sh)
+check "no suite's check is followed by && or || (which it would not check)" [ -z "$bad" ]
+[ -z "$bad" ] || diag "$bad"
 
 # ---------------------------------------------------------------- files the Makefile names
 absent=""

@@ -2,14 +2,15 @@
 -- run time (examples/nginx/peers.conf serves them). State lives in the lua_shared_dict
 -- `peers`, so every worker answers alike. Per peer (its listening port):
 --   mode  ok (200) | fail (500) | status (answers `status`) | hang (sleeps `delay` s, then 200)
---         | slowfail (sleeps `delay` s, then 500)
+--         | slowfail (sleeps `delay` s, then 500) | refuse (closes the connection unanswered:
+--         the front sees a reset, a connect-class failure)
 --   hits  requests that reached it; `max` the most it ever served at once.
 local ngx = ngx
 local d = ngx.shared.peers
 
 local _M = {}
 
-local MODES = { ok = true, fail = true, status = true, hang = true, slowfail = true }
+local MODES = { ok = true, fail = true, status = true, hang = true, slowfail = true, refuse = true }
 
 function _M.serve()
   local port = ngx.var.server_port
@@ -19,6 +20,7 @@ function _M.serve()
   d:set("reached:" .. port .. ":" .. now, true)      -- concurrency levels seen
   if mode == "hang" or mode == "slowfail" then ngx.sleep(d:get("delay:" .. port) or 1) end
   d:incr("now:" .. port, -1, 0)
+  if mode == "refuse" then return ngx.exit(444) end
   ngx.header["X-Peer"] = port
   if mode == "fail" or mode == "slowfail" then
     ngx.status = 500
@@ -35,7 +37,7 @@ local function max_reached(port)
 end
 
 -- /control?port=P&mode=M[&delay=S][&status=N][&reset=1]  (reset: hits and max of P to 0)
--- /control?port=P  prints "hits=N max=N mode=M"
+-- /control?port=P  prints "hits=N max=N mode=M now=N" (now: requests it is serving)
 function _M.control()
   local a = ngx.req.get_uri_args()
   local port = a.port
@@ -50,8 +52,8 @@ function _M.control()
     d:set("delay:" .. port, tonumber(a.delay) or 1)
     d:set("status:" .. port, tonumber(a.status) or 200)
   end
-  ngx.say(("hits=%d max=%d mode=%s"):format(d:get("hits:" .. port) or 0, max_reached(port),
-    d:get("mode:" .. port) or "ok"))
+  ngx.say(("hits=%d max=%d mode=%s now=%d"):format(d:get("hits:" .. port) or 0, max_reached(port),
+    d:get("mode:" .. port) or "ok", d:get("now:" .. port) or 0))
 end
 
 return _M

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # examples/nginx/upstream-demo.sh -- fuse.upstream narrated: a peer fails, is skipped,
-# probed and restored. Run by `make demo-nginx` (after demo.sh's single breaker).
+# probed, slow-started and restored; then the peer list changes at run time. Run by `make demo-nginx` (after demo.sh's single breaker).
 # Starts README's "Upstream peers" config (tools/readme-block upstream-nginx, 4 workers)
 # and examples/nginx/peers.conf (three fake peers) in a temp prefix on free loopback
 # ports, and stops both by their pids.
@@ -84,13 +84,29 @@ curl -s -m 10 --no-progress-meter --parallel --parallel-immediate -o /dev/null \
   -w '%{http_code}\n' "http://127.0.0.1:$FRONT/?i=[1-20]" | sort | uniq -c | sed 's/^/   /'
 echo "   -> B saw $(hits "$B") request (probes=1, across all workers); it failed and B re-opened"
 
-say "B heals; after its open period the next probe succeeds and B is back:"
+say "B heals; after its open period the next probe succeeds, B's breaker closes, and"
+echo "   slow_start = 10 ramps B's weight from 10% to 100% (the same in every worker):"
 mode "$B" 'mode=ok&reset=1'
-sleep 5
-round 9
-echo "   -> B served $(hits "$B") of them"
+b_back() { curl -s -o /dev/null -m 5 "http://127.0.0.1:$FRONT/"; [ "$(hits "$B")" -ge 1 ]; }
+wait_for 15 b_back || echo "   (B not probed within 15 s)"
 states
+t0=$SECONDS
+for r in 1 2 3 4 5 6; do
+  mode "$B" 'mode=ok&reset=1'
+  n=0
+  for _ in $(seq 30); do curl -s -m 5 -o /dev/null "http://127.0.0.1:$FRONT/"; n=$((n + 1)); done
+  printf '   %2d s after closing: B served %2d of %d requests (A and C the rest)\n' "$((SECONDS - t0))" "$(hits "$B")" "$n"
+  sleep 1.5
+done
+echo "   -> a third of them at full weight: B is restored"
+
+say "the peer list changes at run time: POST /peers [A, C, E] (any worker; every worker's next pick)"
+curl -s -m 5 -d "[\"127.0.0.1:$A\", \"127.0.0.1:$C\", \"127.0.0.1:$E\"]" "http://127.0.0.1:$FRONT/peers" | sed 's/^/   /'
+for p in $A $B $C $E; do mode "$p" 'mode=ok&reset=1'; done
+round 12
+echo "   -> B served $(hits "$B"), E $(hits "$E"); B's breaker left the registry:"
+curl -s -m 5 "http://127.0.0.1:$FRONT/metrics" | grep -c "backend/127.0.0.1:$B\"" | sed 's/^/   series of B in \/metrics: /'
 
 say "/metrics (excerpt):"
-curl -s -m 5 "http://127.0.0.1:$FRONT/metrics" | grep -E "^fuse_(state|failures_total|opens_total)\{name=\"backend/127.0.0.1:$B\"|^fuse_upstream_panic_total" | sed 's/^/   /'
+curl -s -m 5 "http://127.0.0.1:$FRONT/metrics" | grep -E "^fuse_(state|failures_total|opens_total)\{name=\"backend/127.0.0.1:$A\"|^fuse_upstream_(panic|failures)_total" | sed 's/^/   /'
 say "stopping nginx"

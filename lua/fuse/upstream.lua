@@ -8,73 +8,181 @@
 --   balancer_by_lua_block { pool:balance() }   -- once per try
 --   log_by_lua_block      { pool:log() }       -- reports every try to its peer's breaker
 --
--- Built on fuse's public API (fuse.new, b:allow, b:report, fuse.remove), plus the
--- internal shared counter for the panic picks (fuse._counter, shown by fuse.metrics()).
+-- Built on fuse's public API (fuse.new, b:allow, b:report, b:state, fuse.remove,
+-- fuse.now). What every worker must see alike beyond the breakers (the peer list and its
+-- version, slow-start ramps, the panic and failure-class counters) lives in a
+-- lua_shared_dict the user declares (option `dict`, default "fuse_upstream"): nginx's
+-- slab holds lists of any length and keeps them across `nginx -s reload`. Outside nginx
+-- a table of this Lua state stands in for it. docs/upstream.md says why.
 --
--- Per request, ngx.ctx[pool] holds the tries: { n, [k] = { peer, ticket, failure } }.
--- A try admitted by its breaker holds a ticket until pool:log() reports it. A request
--- whose log phase never runs (a worker that dies, an internal redirect that resets
--- ngx.ctx) does not hold a probe slot for ever: after `probe_timeout` the probe gives its
--- slot back and counts as failed (fuse's own rule).
+-- Per request, ngx.ctx[pool] holds the tries: { n, refused, [k] = { peer, ticket, done } }.
+-- A try admitted by its breaker holds a ticket until it is reported. A request whose log
+-- phase never runs (a worker that dies, an internal redirect that resets ngx.ctx) does
+-- not hold a probe slot for ever: after `probe_timeout` the probe gives its slot back and
+-- counts as failed (fuse's own rule).
 local fuse = require "fuse"
+local options = require "fuse.options"
 
-local error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable =
-  error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable
+local error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next =
+  error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next
 local floor, huge, ceil, max, min = math.floor, math.huge, math.ceil, math.max, math.min
-local fmt = string.format
+local fmt, concat, sort = string.format, table.concat, table.sort
+local show = options.show  -- values in messages as fuse's own option errors show them
 
 local _M = { VERSION = fuse.VERSION }
 
 local Pool = {}
 Pool.__index = Pool
 
-local POOL_KEYS = { max_ejected = true, tries = true, fail_statuses = true }
+local POOL_KEYS = { max_ejected = true, tries = true, fail_statuses = true, fail_on = true,
+  enforce = true, slow_start = true, dict = true }
 local DEFAULT_FAIL = { 500, 502, 503, 504 }
-local MAX_WEIGHT, MAX_TRIES, NAME_MAX = 1000, 100, 127
-local PANIC = "upstream_panic:"
+local CLASSES = { "connect", "timeout", "status" }
+local MAX_WEIGHT, MAX_TRIES, NAME_MAX, MAX_SLOW_START = 1000, 100, 127, 3600
+local RAMP_FLOOR = 0.1  -- slow start begins at 10% of the weight
+local DEFAULT_DICT = "fuse_upstream"
 
 local function raise(msg, level) error("fuse.upstream: " .. msg, level + 1) end
-
-local show = require("fuse.options").show  -- how every message of fuse's shows a value
 
 local function is_int(v, lo, hi)
   return type(v) == "number" and v == floor(v) and v >= lo and v <= hi
 end
 
----------------------------------------------------------------------------- validation
+---------------------------------------------------------------------------- addresses
 
-local function is_ipv4(h)
-  local a, b, c, d = h:match("^(%d+)%.(%d+)%.(%d+)%.(%d+)$")
-  if not a then return false end
-  for _, x in ipairs({ a, b, c, d }) do
-    if #x > 3 or tonumber(x) > 255 then return false end
+-- An IPv4 address in canonical form ("10.0.0.1"), or nil and why.
+local function ipv4(h)
+  local parts, n = {}, 0
+  for x in (h .. "."):gmatch("([^.]*)%.") do
+    n = n + 1
+    if not x:match("^%d+$") or #x > 3 then return nil, "not an IPv4 address (four numbers 0 to 255)" end
+    local v = tonumber(x)
+    if v > 255 then return nil, fmt("not an IPv4 address: %s is above 255", x) end
+    parts[n] = tostring(v)
   end
-  return true
+  if n ~= 4 then return nil, "not an IPv4 address (four numbers 0 to 255)" end
+  return concat(parts, ".")
 end
 
--- "IPv4:port" or "[IPv6]:port" (ngx.balancer takes addresses, not names): host, port;
--- or nil and why.
+-- An IPv6 address (no brackets, no zone) in RFC 5952 form, or nil and why.
+local function ipv6(h)
+  if h == "" then return nil, "empty IPv6 address" end
+  if h:find("%", 1, true) then return nil, "zone ids (%...) are not supported" end
+  local groups = {}
+  local head, tail = h, nil
+  local dc = h:find("::", 1, true)
+  if dc then
+    if h:find("::", dc + 1, true) then return nil, "more than one '::' in an IPv6 address" end
+    head, tail = h:sub(1, dc - 1), h:sub(dc + 2)
+  end
+  local function split(s, out, last)
+    if s == "" then return true end
+    local items = {}
+    for x in (s .. ":"):gmatch("([^:]*):") do items[#items + 1] = x end
+    for i, x in ipairs(items) do
+      if i == #items and last and x:find(".", 1, true) then  -- a trailing IPv4 part
+        local v4 = ipv4(x)
+        if not v4 then return nil, fmt("bad IPv4 part %s", show(x)) end
+        local a, b, c, d = v4:match("^(%d+)%.(%d+)%.(%d+)%.(%d+)$")
+        out[#out + 1] = tonumber(a) * 256 + tonumber(b)
+        out[#out + 1] = tonumber(c) * 256 + tonumber(d)
+      elseif x:match("^%x%x?%x?%x?$") then
+        out[#out + 1] = tonumber(x, 16)
+      else
+        return nil, x == "" and "an empty group (a single ':' at an end, or ':::')"
+          or fmt("bad group %s (1 to 4 hex digits)", show(x))
+      end
+    end
+    return true
+  end
+  local hg, tg = {}, {}
+  local ok, why = split(head, hg, tail == nil)
+  if not ok then return nil, why end
+  if tail then
+    ok, why = split(tail, tg, true)
+    if not ok then return nil, why end
+  end
+  local fill = 8 - #hg - #tg
+  if (tail and fill < 1) or (not tail and fill ~= 0) then
+    return nil, fmt("%d groups in an IPv6 address (8, or fewer with '::')", #hg + #tg)
+  end
+  for _, g in ipairs(hg) do groups[#groups + 1] = g end
+  for _ = 1, tail and fill or 0 do groups[#groups + 1] = 0 end
+  for _, g in ipairs(tg) do groups[#groups + 1] = g end
+  -- RFC 5952: the longest run (of 2 or more) of zero groups becomes "::", the first on a tie
+  local best, best_len, i = nil, 1, 1
+  while i <= 8 do
+    if groups[i] == 0 then
+      local j = i
+      while j < 8 and groups[j + 1] == 0 do j = j + 1 end
+      if j - i + 1 > best_len then best, best_len = i, j - i + 1 end
+      i = j + 1
+    else i = i + 1 end
+  end
+  local out = {}
+  for k = 1, 8 do out[k] = fmt("%x", groups[k]) end
+  if not best then return concat(out, ":") end
+  return concat(out, ":", 1, best - 1) .. "::" .. concat(out, ":", best + best_len, 8)
+end
+
+-- "IPv4:port" or "[IPv6]:port" (ngx.balancer takes addresses, not names): the canonical
+-- "addr", the host as set_current_peer takes it (IPv6 in brackets), the port; or nil and
+-- what is wrong.
 local function parse_addr(addr)
-  local why = "must be \"IP:port\" or \"[IPv6]:port\" with a port from 1 to 65535, got "
-  if type(addr) ~= "string" then return nil, why .. show(addr) end
-  local host, port = addr:match("^%[([%x:.]+)%]:(%d+)$")
-  if not (host and host:find(":", 1, true)) then
-    host, port = addr:match("^([%d.]+):(%d+)$")
-    if host and not is_ipv4(host) then host = nil end
+  if type(addr) ~= "string" then
+    return nil, "must be \"IP:port\" or \"[IPv6]:port\""
+  end
+  local host, port
+  local v6 = false
+  if addr:sub(1, 1) == "[" then
+    host, port = addr:match("^%[(.*)%]:([^:]*)$")
+    if not host then return nil, "an IPv6 address needs the form \"[IPv6]:port\"" end
+    v6 = true
+  else
+    host, port = addr:match("^([^:]*):([^:]*)$")
+    if not host then
+      return nil, addr:find(":", 1, true) and "an IPv6 address must be in brackets: \"[IPv6]:port\""
+        or "no port: the form is \"IP:port\""
+    end
+  end
+  if not port:match("^%d+$") or #port > 5 or tonumber(port) < 1 or tonumber(port) > 65535 then
+    return nil, fmt("port %s is not a number from 1 to 65535", show(port))
+  end
+  local canon, why
+  if v6 then
+    canon, why = ipv6(host)
+    if not canon then return nil, why end
+    canon = "[" .. canon .. "]"
+  else
+    if host == "" then return nil, "no host before the port" end
+    canon, why = ipv4(host)
+    if not canon then
+      return nil, host:find("%a") and (why .. "; ngx.balancer takes addresses, not host names") or why
+    end
   end
   port = tonumber(port)
-  if not host or not port or port < 1 or port > 65535 then return nil, why .. show(addr) end
-  return host, port
+  return canon .. ":" .. port, canon, port
 end
+_M._parse_addr = parse_addr  -- for the specs
 
--- The peer list as { { addr, host, port, weight }, ... }; raises at `level`.
+-- The peer list as { { addr, host, port, weight }, ... }; raises at `level` naming the
+-- entry and what is wrong.
 local function check_peers(pool_name, list, level)
-  if type(list) ~= "table" or #list == 0 then
-    raise("peers must be a non-empty list, got " .. (type(list) == "table" and "an empty table" or show(list)),
-      level + 1)
+  if type(list) ~= "table" then raise("peers must be a non-empty list, got " .. show(list), level + 1) end
+  local top = 0
+  for k in pairs(list) do
+    if not is_int(k, 1, huge) then
+      raise(fmt("peers must be a list: unexpected key %s", show(k)), level + 1)
+    end
+    if k > top then top = k end
   end
+  if top == 0 then raise("peers must be a non-empty list, got an empty table", level + 1) end
   local out, seen = {}, {}
-  for i, p in ipairs(list) do
+  for i = 1, top do
+    local p = list[i]
+    if p == nil then
+      raise(fmt("peer %d is missing: a hole in the list (entries 1 to %d, %d is nil)", i, top, i), level + 1)
+    end
     local addr, weight = p, 1
     if type(p) == "table" then
       addr, weight = p.addr, p.weight == nil and 1 or p.weight
@@ -82,21 +190,47 @@ local function check_peers(pool_name, list, level)
         if k ~= "addr" and k ~= "weight" then raise(fmt("peer %d: unknown key %s", i, show(k)), level + 1) end
       end
     end
-    local host, port = parse_addr(addr)
-    if not host then raise(fmt("peer %d: addr %s", i, port), level + 1) end
+    local canon, host, port = parse_addr(addr)
+    if not canon then raise(fmt("peer %d: %s, got %s", i, host, show(addr)), level + 1) end
     if not is_int(weight, 1, MAX_WEIGHT) then
       raise(fmt("peer %d (%s): weight must be an integer from 1 to %d, got %s", i, addr, MAX_WEIGHT,
         show(weight)), level + 1)
     end
-    if seen[addr] then raise(fmt("peer %d: %s is listed twice", i, addr), level + 1) end
-    if #pool_name + 1 + #addr > NAME_MAX then
-      raise(fmt("peer %d: the breaker name '%s/%s' is longer than %d bytes", i, pool_name, addr, NAME_MAX),
+    if seen[canon] then
+      local first = seen[canon]
+      raise(fmt("peer %d: %s is listed twice (%s)", i, addr, first.addr == addr and "also peer " .. first.i
+        or fmt("peer %d, %s, is the same address: %s", first.i, first.addr, canon)), level + 1)
+    end
+    if #pool_name + 1 + #canon > NAME_MAX then
+      raise(fmt("peer %d: the breaker name '%s/%s' is longer than %d bytes", i, pool_name, canon, NAME_MAX),
         level + 1)
     end
-    seen[addr] = true
-    out[i] = { addr = addr, host = host, port = port, weight = weight }
+    seen[canon] = { i = i, addr = addr }
+    out[i] = { addr = canon, host = host, port = port, weight = weight }
   end
   return out
+end
+
+-- A checked list as the shared dict stores it: "addr weight" lines.
+local function encode(list)
+  local out = {}
+  for i, p in ipairs(list) do out[i] = p.addr .. " " .. p.weight end
+  return concat(out, "\n")
+end
+
+local function decode(s)
+  local out = {}
+  for addr, w in s:gmatch("(%S+) (%d+)") do
+    local canon, host, port = parse_addr(addr)
+    if canon then out[#out + 1] = { addr = canon, host = host, port = port, weight = tonumber(w) } end
+  end
+  return out
+end
+
+---------------------------------------------------------------------------- options
+
+local function bad(name, what, v, level)
+  raise(fmt("option '%s' must be %s, got %s", name, what, show(v)), level + 1)
 end
 
 -- Splits opts into the pool's options and the breakers' options; raises at `level`.
@@ -112,27 +246,101 @@ local function check_opts(opts, level)
   end
   local m = o.max_ejected
   if m == nil then m = 0.5 end
-  if type(m) ~= "number" or not (m >= 0 and m <= 1) then
-    raise("option 'max_ejected' must be a number from 0 to 1, got " .. show(o.max_ejected), level + 1)
-  end
+  if type(m) ~= "number" or not (m >= 0 and m <= 1) then bad("max_ejected", "a number from 0 to 1", m, level + 1) end
   o.max_ejected = m
   if o.tries ~= nil and not is_int(o.tries, 1, MAX_TRIES) then
-    raise(fmt("option 'tries' must be an integer from 1 to %d, got %s", MAX_TRIES, show(o.tries)), level + 1)
+    bad("tries", "an integer from 1 to " .. MAX_TRIES, o.tries, level + 1)
   end
   local fs = o.fail_statuses
   if fs == nil then fs = DEFAULT_FAIL end
-  if type(fs) ~= "table" then
-    raise("option 'fail_statuses' must be a list of HTTP statuses, got " .. show(fs), level + 1)
-  end
+  if type(fs) ~= "table" then bad("fail_statuses", "a list of HTTP statuses", fs, level + 1) end
   local set = {}
   for k, s in pairs(fs) do
     if type(k) ~= "number" or not is_int(s, 100, 599) then
-      raise("option 'fail_statuses' must be a list of HTTP statuses (100 to 599), got " .. show(s), level + 1)
+      bad("fail_statuses", "a list of HTTP statuses (100 to 599)", s, level + 1)
     end
     set[s] = true
   end
   o.fail = set
+  local fo = o.fail_on
+  if fo == nil then fo = CLASSES end
+  if type(fo) ~= "table" or next(fo) == nil then
+    bad("fail_on", 'a non-empty list of "connect", "timeout", "status"', fo, level + 1)
+  end
+  local on = {}
+  for k, c in pairs(fo) do
+    if type(k) ~= "number" or (c ~= "connect" and c ~= "timeout" and c ~= "status") then
+      bad("fail_on", 'a list of "connect", "timeout", "status"', c, level + 1)
+    end
+    on[c] = true
+  end
+  o.on = on
+  if o.enforce == nil then o.enforce = true end
+  if type(o.enforce) ~= "boolean" then bad("enforce", "a boolean", o.enforce, level + 1) end
+  local ss = o.slow_start
+  if ss == nil then ss = 0 end
+  if type(ss) ~= "number" or not (ss >= 0 and ss <= MAX_SLOW_START) then
+    bad("slow_start", "a number of seconds from 0 to " .. MAX_SLOW_START, ss, level + 1)
+  end
+  o.slow_start = ss
+  local d = o.dict
+  if d == nil then d = DEFAULT_DICT end
+  if type(d) ~= "string" or d == "" then bad("dict", "the name of a lua_shared_dict", d, level + 1) end
+  o.dict = d
   return o, bopts
+end
+
+---------------------------------------------------------------------------- the store
+
+-- Outside nginx: one table per Lua state stands in for the shared dict.
+local function local_store()
+  local t = {}
+  return {
+    get = function(_, k) return t[k] end,
+    set = function(_, k, v) t[k] = v; return true end,
+    safe_set = function(_, k, v) t[k] = v; return true end,
+    delete = function(_, k) t[k] = nil end,
+    incr = function(_, k, n, init)
+      local v = (t[k] or init or 0) + n
+      t[k] = v
+      return v
+    end,
+    get_keys = function()
+      local out = {}
+      for k in pairs(t) do out[#out + 1] = k end
+      return out
+    end,
+  }
+end
+
+local LOCAL
+local STORES = {}  -- dict name -> store, for metrics()
+
+local function store_for(name, level)
+  local s = STORES[name]
+  if s then return s end
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.shared then
+    s = ngx.shared[name]
+    if not s then
+      raise(fmt("lua_shared_dict '%s' is not declared: add `lua_shared_dict %s 1m;` to http {} "
+        .. "(it holds the peer lists, slow-start ramps and counters every worker shares; "
+        .. "option 'dict' names another)", name, name), level + 1)
+    end
+  else
+    LOCAL = LOCAL or local_store()
+    s = LOCAL
+  end
+  STORES[name] = s
+  return s
+end
+
+-- Keys: v/P version, l/P stored list, b/P the config list it was set over, x/P closed,
+-- p/P panic picks, d/P dry-run picks of rejected peers, r/P/ADDR slow-start start,
+-- c/P/ADDR/CLASS failures. Pool names hold no '/', addresses neither.
+
+local function count(self, key)
+  self._store:incr(key, 1, 0)
 end
 
 ---------------------------------------------------------------------------- peers
@@ -143,6 +351,18 @@ local function peer_breaker(self, addr)
   local bo = {}
   for k, v in pairs(self._bopts) do bo[k] = v end
   bo.name = self.name .. "/" .. addr
+  if self._slow_start > 0 then
+    local user, store, key, vkey = self._bopts.on_state_change, self._store, self._pfx .. "r/" .. self.name
+      .. "/" .. addr, self._vkey
+    -- the worker that closes the breaker stamps the ramp's start for every worker
+    bo.on_state_change = function(name, from, to)
+      if to == "closed" and from == "half_open" then
+        store:set(key, fuse.now())
+        store:incr(vkey, 1, 0)
+      end
+      if user then return user(name, from, to) end
+    end
+  end
   local ok, b = pcall(fuse.new, bo)
   if not ok then
     error((tostring(b):gsub("^[^\n]-:%d+: ", "")), 0)
@@ -161,11 +381,75 @@ local function build(self, list)
       peer.weight = p.weight
     else
       peer = { addr = p.addr, host = p.host, port = p.port, weight = p.weight, cur = 0,
-               b = peer_breaker(self, p.addr) }
+               b = peer_breaker(self, p.addr),
+               ckey = self._pfx .. "c/" .. self.name .. "/" .. p.addr .. "/",
+               rkey = self._pfx .. "r/" .. self.name .. "/" .. p.addr }
     end
     peers[i], by_addr[p.addr] = peer, peer
   end
   return peers, by_addr
+end
+
+-- Installs a peer array; peers that left are flagged `removed` (requests in flight skip
+-- their reports) and, when `remove`, their breakers and counters go.
+local function install(self, peers, by_addr, remove)
+  for addr, peer in pairs(self._by_addr or {}) do
+    if not by_addr[addr] and not peer.removed then
+      peer.removed = true
+      if remove then
+        fuse.remove(peer.b.name)
+        for _, c in ipairs(CLASSES) do self._store:delete(peer.ckey .. c) end
+        self._store:delete(peer.rkey)
+      end
+    end
+  end
+  self._peers, self._by_addr = peers, by_addr
+end
+
+-- The slow-start ramps, read again from the store after any version change.
+local function read_ramps(self)
+  if self._slow_start <= 0 then return end
+  local last = nil
+  for _, p in ipairs(self._peers) do
+    local r = self._store:get(p.rkey)
+    -- a new ramp starts the peer at the back of the round robin (a weight it gathered
+    -- before it opened would otherwise send it a burst in every worker)
+    if r and r ~= p.ramp then p.cur = 0 end
+    p.ramp = r
+    if p.ramp and (not last or p.ramp > last) then last = p.ramp end
+  end
+  self._ramping = last ~= nil
+  self._ramp_end = last and last + self._slow_start
+end
+
+-- Brings this worker's pool to the store's version: the list set_peers stored (by any
+-- worker), the ramps, the closed mark.
+local function refresh(self, v)
+  local store = self._store
+  self._ver = v
+  if store:get(self._xkey) then
+    self._closed = true
+    return
+  end
+  local s = store:get(self._lkey)
+  if s and s ~= self._list_s then
+    local list = decode(s)
+    if #list > 0 then
+      local ok, peers, by_addr = pcall(build, self, list)
+      if ok then
+        -- every worker removes what left: one that re-made a breaker meanwhile (a pick
+        -- between the writer's store and its removal) takes it away again
+        install(self, peers, by_addr, true)
+        self._list_s = s
+      end
+    end
+  end
+  read_ramps(self)
+end
+
+local function sync(self)
+  local v = self._store:get(self._vkey)
+  if v ~= self._ver then refresh(self, v) end
 end
 
 -- upstream.new(pool_name, peers, opts) -> pool
@@ -175,34 +459,88 @@ function _M.new(name, peers, opts)
   end
   local o, bopts = check_opts(opts, 2)
   local list = check_peers(name, peers, 2)
+  local store = store_for(o.dict, 2)
+  local pfx = ""
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
-    _fail = o.fail, _bopts = bopts, _slow = bopts.slow ~= nil, _ex = {}, _pan = {} }, Pool)
+    _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.slow_start,
+    _bopts = bopts, _slow = bopts.slow ~= nil, _store = store, _pfx = pfx,
+    _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
+    _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
+    _ex = {}, _skip = {}, _pan = {}, _open = {} }, Pool)
+  -- A list set_peers stored over this same config list (since the config took effect:
+  -- kept across reloads) wins; a config whose list changed starts over from it.
+  local cfg = encode(list)
+  local stored = store:get(self._lkey)
+  if stored and not store:get(self._xkey) and store:get(self._bkey) == cfg then
+    local from_store = decode(stored)
+    if #from_store > 0 then list = from_store end
+  else
+    store:delete(self._xkey)
+    local ok, err = store:safe_set(self._lkey, cfg)
+    if not ok then raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2) end
+    store:safe_set(self._bkey, cfg)
+    store:incr(self._vkey, 1, 0)
+  end
+  store:incr(self._pkey, 0, 0)  -- the panic counter shows (at 0) from the start
   local ok, peers_or_err, by_addr = pcall(build, self, list)
   if not ok then error(peers_or_err, 2) end
   self._peers, self._by_addr = peers_or_err, by_addr
-  self._panic = fuse._counter(PANIC .. name)
+  self._list_s = encode(list)
+  self._ver = store:get(self._vkey)
+  read_ramps(self)
   return self
 end
 
--- pool:set_peers(list): replaces the peers of this worker's pool. Peers that stay keep
--- their breaker (and so their state); new ones get a fresh breaker; the breakers of
--- peers that left are removed from the registry (fuse.remove). Requests in flight that
--- tried a removed peer report nothing for it.
+local function check_open(self, level)
+  if self._closed then raise(fmt("pool '%s' is closed", self.name), level + 1) end
+end
+
+-- pool:set_peers(list): replaces the pool's peers, in every worker (their next pick).
+-- Peers that stay keep their breaker (and so their state); new ones get a fresh breaker;
+-- the breakers and counters of peers that left are removed. Requests in flight that
+-- tried a removed peer report nothing for it. Returns true, or nil and why when the
+-- shared dict cannot hold the list.
 function Pool:set_peers(peers)
+  check_open(self, 2)
   local list = check_peers(self.name, peers, 2)
+  sync(self)
+  check_open(self, 2)
   local ok, new, by_addr = pcall(build, self, list)
   if not ok then error(new, 2) end
-  for addr, peer in pairs(self._by_addr) do
-    if not by_addr[addr] then
-      peer.removed = true
-      fuse.remove(peer.b.name)
-    end
+  local s = encode(list)
+  local stored, err = self._store:safe_set(self._lkey, s)
+  if not stored then return nil, "cannot store the peer list: " .. tostring(err) end
+  self._ver = self._store:incr(self._vkey, 1, 0)
+  install(self, new, by_addr, true)
+  self._list_s = s
+  read_ramps(self)
+  return true
+end
+
+-- pool:close(): removes the pool's breakers, counters and stored list, in every worker;
+-- the pool (and its copies in other workers) cannot be used afterwards.
+function Pool:close()
+  if self._closed then return end
+  local store = self._store
+  store:set(self._xkey, true)
+  store:incr(self._vkey, 1, 0)
+  for _, p in ipairs(self._peers) do
+    p.removed = true
+    fuse.remove(p.b.name)
   end
-  self._peers, self._by_addr = new, by_addr
+  local mine = { self._lkey, self._bkey, self._pkey, self._dkey }
+  for _, k in ipairs(mine) do store:delete(k) end
+  local c, r = self._pfx .. "c/" .. self.name .. "/", self._pfx .. "r/" .. self.name .. "/"
+  for _, k in ipairs(store:get_keys(0)) do
+    if k:sub(1, #c) == c or k:sub(1, #r) == r then store:delete(k) end
+  end
+  self._closed = true
 end
 
 -- pool:peers() -> { { addr = "...", weight = n, state = "closed" }, ... }
 function Pool:peers()
+  check_open(self, 2)
+  sync(self)
   local out = {}
   for i, p in ipairs(self._peers) do
     out[i] = { addr = p.addr, weight = p.weight, state = p.b:state() }
@@ -216,68 +554,169 @@ end
 
 ---------------------------------------------------------------------------- picking
 
--- One pick for a try (no nginx needed): smooth weighted round robin over the peers not
--- tried yet by this request (`tried`: peer -> true, or nil) whose breaker admits the call.
--- A peer whose breaker rejects the call is skipped while at most
--- floor(max_ejected * #peers) peers are out for being open (those skipped in this pick,
--- and tried peers that are open now); past that, a rejected peer is picked as if closed
--- (a panic pick, counted, with no ticket).
--- Returns peer, ticket (nil for a panic pick); or nil, retry_after (seconds) when every
--- candidate was skipped.
-function Pool:pick(tried)
-  local peers, ex, pan = self._peers, self._ex, self._pan
-  local n = #peers
-  local allowance = floor(self.max_ejected * n + 1e-9)
-  local left, open_tried = 0, 0
+local function is_open(b)
+  local s = b:state()
+  return s == "open" or s == "forced_open"
+end
+
+-- Which open peers are skipped: with k open and a = floor(max_ejected * n), all of them
+-- when k <= a; else the first a in list order (the same in every worker), the other
+-- k - a are picked as if closed (panic).
+local function decide(self, n)
+  local open, skip, pan = self._open, self._skip, self._pan
+  local a = floor(self.max_ejected * n + 1e-9)
+  local taken = 0
   for i = 1, n do
-    local t = tried ~= nil and tried[peers[i]] or false
-    ex[i], pan[i] = t, false
-    if not t then left = left + 1 end
-  end
-  if left == 0 then  -- every peer was tried: start over
-    for i = 1, n do ex[i] = false end
-  elseif left < n then
-    -- peers this request tried that are open now are out of rotation too: they use up
-    -- the allowance first (else a retry could skip the last peer of an open pool)
-    for i = 1, n do
-      if ex[i] then
-        local s = peers[i].b:state()
-        if s == "open" or s == "forced_open" then open_tried = open_tried + 1 end
-      end
+    skip[i], pan[i] = false, false
+    if open[i] then
+      if taken < a then skip[i], taken = true, taken + 1 else pan[i] = true end
     end
   end
-  local skipped, soonest = open_tried, huge
+end
+
+-- The soonest retry_after among the skipped peers (no candidate left).
+local function soonest(self, n)
+  local s = huge
+  for i = 1, n do
+    if self._skip[i] then s = min(s, self._peers[i].b:stats().retry_after) end
+  end
+  return s
+end
+
+-- One pick for a try (no nginx needed): smooth weighted round robin over the peers not
+-- tried yet by this request (`tried`: peer -> true, or nil) that are admitted: closed,
+-- half-open with a free slot, and open peers past max_ejected's allowance (panic picks,
+-- counted). When every untried peer is skipped, the tried ones that are admitted. With
+-- enforce = false no peer is skipped. Returns peer, ticket (nil for a panic pick or a dry
+-- run's pick of a rejected peer); or nil, retry_after (seconds) when every peer was skipped.
+function Pool:pick(tried)
+  sync(self)
+  check_open(self, 2)
+  local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
+  local n = #peers
+  local left = 0
+  for i = 1, n do
+    local t = tried ~= nil and tried[peers[i]] or false
+    ex[i], skip[i], pan[i], open[i] = t, false, false, false
+    if not t then left = left + 1 end
+  end
+  local now, ss = nil, self._slow_start
+  if self._ramping then
+    now = fuse.now()
+    if now >= self._ramp_end then self._ramping, now = false, nil end  -- every ramp is over
+  end
+  local known = false  -- the open set was read (only once a peer rejected the try)
+  local fallback = left == 0
+  if fallback then for i = 1, n do ex[i] = false end end
+  -- a retry (tried is given) prefers admitted peers over panic picks: the request has
+  -- failed once already, and a peer picked in panic is open
+  local retry = tried ~= nil and next(tried) ~= nil
   while true do
     local best, bestv, total = nil, -huge, 0
+    if retry and known then
+      for i = 1, n do
+        if not ex[i] and not skip[i] and not pan[i] then
+          local p = peers[i]
+          if p.cur + p.weight > bestv then best, bestv = i, p.cur + p.weight end
+        end
+      end
+      if best then  -- the panic peers stay out of this pick's round robin step
+        for i = 1, n do if pan[i] and not ex[i] then ex[i] = true end end
+      end
+      best, bestv = nil, -huge
+    end
     for i = 1, n do
-      if not ex[i] then
+      if not ex[i] and not skip[i] then
         local p = peers[i]
         local w = p.weight
+        if now and p.ramp then
+          local f = (now - p.ramp) / ss
+          if f < 1 then w = w * max(RAMP_FLOOR, RAMP_FLOOR + (1 - RAMP_FLOOR) * f) end
+        end
+        p.w = w
         total = total + w
         if p.cur + w > bestv then best, bestv = i, p.cur + w end
       end
     end
-    if not best then return nil, soonest end
-    local p = peers[best]
-    local ticket, rej
-    if not pan[best] then ticket, rej = p.b:allow() end
-    if ticket or pan[best] then
-      for i = 1, n do
-        if not ex[i] then peers[i].cur = peers[i].cur + peers[i].weight end
+    if not best then
+      if not fallback then  -- every untried peer skipped: back to the tried ones
+        fallback = true
+        for i = 1, n do ex[i] = false end
+      else
+        return nil, soonest(self, n)
       end
-      p.cur = p.cur - total
-      if not ticket then fuse._count(self._panic, 1) end
-      return p, ticket
+    else
+      local p = peers[best]
+      local ticket
+      if not pan[best] then ticket = p.b:allow() end
+      if ticket or pan[best] or not self._enforce then
+        for i = 1, n do
+          if not ex[i] and not skip[i] then peers[i].cur = peers[i].cur + peers[i].w end
+        end
+        p.cur = p.cur - total
+        if not ticket then count(self, pan[best] and self._pkey or self._dkey) end
+        return p, ticket
+      end
+      -- rejected: the open set decides whether it is skipped or picked as if closed
+      if not known then
+        known = true
+        for i = 1, n do open[i] = is_open(peers[i].b) end
+      end
+      open[best] = true  -- (half-open with its probe slots busy rejects too)
+      decide(self, n)
     end
-    skipped = skipped + 1
-    soonest = min(soonest, rej.retry_after)
-    if skipped > allowance then pan[best] = true else ex[best] = true end
   end
 end
 
 -- The panic picks counted for this pool, across all workers.
 function Pool:panics()
-  return fuse._counter_value(self._panic)
+  return self._store:get(self._pkey) or 0
+end
+
+-- The failures of class `class` counted for peer `addr`, across all workers.
+function Pool:failures(addr, class)
+  local canon = parse_addr(addr) or addr
+  return self._store:get(self._pfx .. "c/" .. self.name .. "/" .. canon .. "/" .. class) or 0
+end
+
+---------------------------------------------------------------------------- outcomes
+
+-- A try's failure of class `class`: counted, and reported to its breaker (as a failure
+-- when fail_on has the class, else as a success: the peer answered, or the class is not
+-- held against it).
+local function failed(self, try, class, seconds)
+  try.done = true
+  local peer = try.peer
+  if peer.removed then return end
+  self._store:incr(peer.ckey .. class, 1, 0)
+  local ticket = try.ticket
+  if ticket then
+    try.ticket = nil
+    peer.b:report(ticket, not self._on[class], seconds)
+  end
+end
+_M._failed = failed  -- for the specs
+
+local function succeeded(try, ok, seconds)
+  try.done = true
+  local ticket = try.ticket
+  if ticket and not try.peer.removed then
+    try.ticket = nil
+    try.peer.b:report(ticket, ok, seconds)
+  end
+end
+
+-- A try's outcome from its status and response header time: a class ("connect",
+-- "timeout", "status"), or nil and true (success) / nil (no verdict).
+local function classify(self, code, answered, failure)
+  if code == nil then
+    if failure == "failed" then return "connect" end
+    return nil, nil
+  end
+  if not answered and code == 504 then return "timeout" end
+  if not answered and code == 502 then return "connect" end
+  if self._fail[code] then return "status" end
+  return nil, true
 end
 
 ---------------------------------------------------------------------------- nginx phases
@@ -301,19 +740,51 @@ end
 -- open and max_ejected lets the pool skip them all, answers 503 with a Retry-After of
 -- the soonest peer, before nginx proxies anything. Otherwise does nothing.
 function Pool:access()
+  sync(self)
+  if self._closed then return end  -- the balancer says so
   local peers = self._peers
   local n = #peers
-  if floor(self.max_ejected * n + 1e-9) < n then return end
-  local soonest = huge
+  if not self._enforce or floor(self.max_ejected * n + 1e-9) < n then return end
+  local soon = huge
   for i = 1, n do
     local s = peers[i].b:stats()
     if s.state ~= "open" and s.state ~= "forced_open" then return end
-    soonest = min(soonest, s.retry_after)
+    soon = min(soon, s.retry_after)
   end
   ngx.status = 503
-  retry_after_header(soonest)
+  retry_after_header(soon)
   ngx.say("fuse: every peer of pool '", self.name, "' is open")
   return ngx.exit(503)
+end
+
+-- The last per-try value of an $upstream_* list ("0.002, - : " in the balancer: the tries
+-- so far, then the current one's empty entry).
+local function last_value(s)
+  local v
+  if s then for x in s:gmatch("[^%s,:]+") do v = x end end
+  return v
+end
+
+-- nginx is retrying: the previous try failed ("failed": no connection, a timeout, or a
+-- status in proxy_next_upstream; "next": 403/404 with http_403/http_404). A failure is
+-- reported now, not in the log phase, so that the next requests see it at once.
+local function judge_previous(self, st)
+  local prev = st[st.n]
+  if not prev or prev.done then return end
+  local state, code = balancer.get_last_failure()
+  prev.failure = state
+  if state ~= "failed" then return end
+  local answered = true
+  if code == 502 or code == 504 or code == nil or code == 0 then
+    local h = last_value(ngx.var.upstream_header_time)
+    answered = h ~= nil and h ~= "-"
+  end
+  local class = classify(self, (code ~= 0) and code or nil, answered, state)
+  if class then
+    local seconds
+    if prev.t0 then ngx.update_time(); seconds = ngx.now() - prev.t0 end
+    failed(self, prev, class, seconds)
+  end
 end
 
 -- pool:balance(), in balancer_by_lua*: runs once per try.
@@ -327,38 +798,38 @@ function Pool:balance()
     local more = self:tries() - 1
     if more > 0 then balancer.set_more_tries(more) end
   else
-    -- nginx is retrying: the previous try failed ("failed": no connection, a timeout,
-    -- or a status in proxy_next_upstream; "next": 403/404 with http_403/http_404).
-    local state, code = balancer.get_last_failure()
-    local prev = st[st.n]
-    if prev then
-      prev.failure, prev.code = state, code
-      -- A sure failure (no response at all, or a status in fail_statuses) is reported
-      -- now, not in the log phase, so that the next requests see it at once; the log
-      -- phase judges the rest with $upstream_header_time (did the peer answer?).
-      if prev.ticket and not prev.peer.removed and (code == nil or code == 0 or self._fail[code]) then
-        local seconds
-        if prev.t0 then ngx.update_time(); seconds = ngx.now() - prev.t0 end
-        prev.peer.b:report(prev.ticket, false, seconds)
-        prev.ticket = nil
-      end
-    end
+    judge_previous(self, st)
   end
   local tried = nil
-  if st.n > 0 then  -- a retry: the peers this request tried
+  if st.n > 0 or st.refused then  -- a retry: the peers this request tried
     tried = {}
     for k = 1, st.n do tried[st[k].peer] = true end
+    for p in pairs(st.refused or {}) do tried[p] = true end
   end
-  local peer, ticket = self:pick(tried)
-  if not peer then return no_peer(ticket) end
-  st.n = st.n + 1
-  st[st.n] = { peer = peer, ticket = ticket, t0 = self._slow and ticket and ngx.now() or nil }
-  local ok, err = balancer.set_current_peer(peer.host, peer.port)
-  if not ok then
-    if ticket then peer.b:report(ticket, nil) end
-    st[st.n].ticket = nil
-    error("fuse.upstream: set_current_peer(" .. peer.addr .. ") failed: " .. tostring(err))
+  sync(self)
+  if self._closed then
+    ngx.log(ngx.ERR, "fuse.upstream: pool '", self.name, "' is closed (pool:close()): no peer for this request")
+    return ngx.exit(ngx.ERROR)
   end
+  for _ = 1, #self._peers + 1 do
+    local peer, ticket = self:pick(tried)
+    if not peer then return no_peer(ticket) end
+    local ok, err = balancer.set_current_peer(peer.host, peer.port)
+    if ok then
+      st.n = st.n + 1
+      st[st.n] = { peer = peer, ticket = ticket, t0 = self._slow and ticket and ngx.now() or nil }
+      return
+    end
+    -- nginx refused the peer: a failure of that peer, and the try goes to another one
+    ngx.log(ngx.WARN, "fuse.upstream: pool '", self.name, "': nginx refused peer ", peer.addr,
+      " (set_current_peer: ", tostring(err), "), counted as a connect failure of its breaker")
+    failed(self, { peer = peer, ticket = ticket }, "connect", nil)
+    st.refused = st.refused or {}
+    st.refused[peer] = true
+    tried = tried or {}
+    tried[peer] = true
+  end
+  error("fuse.upstream: pool '" .. self.name .. "': nginx refused every peer (set_current_peer failed)")
 end
 
 -- The comma/colon-separated per-try values of an $upstream_* variable, in order.
@@ -370,41 +841,33 @@ local function split(s, out)
   return out, n
 end
 
--- A try's outcome: false (failure), true (success) or nil (no verdict: no status).
-local function verdict(self, try, last, status, header)
+local function judge(self, try, code, header, seconds)
   local answered = header ~= nil and header ~= "-"
-  local code = tonumber(status)
-  if not last and try.failure == "failed" and not answered then return false end
-  if code == nil then
-    if not last and try.failure then  -- nginx retried, but we have no list entry
-      if self._fail[try.code] or try.failure == "failed" then return false end
-      return true
-    end
-    return nil
-  end
-  if not answered and (code == 502 or code == 504) then return false end  -- refused, timed out
-  if self._fail[code] then return false end
-  return true
+  local class, ok = classify(self, code, answered, try.failure)
+  if class then return failed(self, try, class, seconds) end
+  return succeeded(try, ok, seconds)
 end
 
 -- pool:log(), in log_by_lua*: reports every try of this request to its peer's breaker,
--- with the try's upstream response time (for `slow`).
+-- with the try's upstream response time (for `slow`), and counts failure classes.
 function Pool:log()
   local ctx = ngx.ctx
   local st = ctx[self]
   if not st then return end
   ctx[self] = nil
+  if st.n == 0 then return end
+  sync(self)  -- peers removed meanwhile (any worker) get no report
   local var = ngx.var
   local status = var.upstream_status
   if st.n == 1 then  -- one try, one upstream: no list to split (the common case)
     local try = st[1]
-    local ticket, peer = try.ticket, try.peer
-    if not ticket or peer.removed then return end
+    if try.done then return end
     local code = tonumber(status)
-    local header = (code == nil or code == 502 or code == 504) and var.upstream_header_time or nil
     if code ~= nil then  -- a list ("502, 200") is no number
+      if not try.ticket and not self._fail[code] and code ~= 502 and code ~= 504 then return end
+      local header = (code == 502 or code == 504) and var.upstream_header_time or "0"
       local seconds = self._slow and tonumber(var.upstream_response_time) or nil
-      return peer.b:report(ticket, verdict(self, try, true, status, header or "0"), seconds)
+      return judge(self, try, code, header, seconds)
     end
   end
   local statuses, ns = split(status, {})
@@ -413,13 +876,61 @@ function Pool:log()
   local base = ns - st.n  -- earlier upstreams of the request (internal redirects) come first
   for k = 1, st.n do
     local try = st[k]
-    local ticket, peer = try.ticket, try.peer
-    if ticket and not peer.removed then
+    if not try.done then
       local j = base + k
-      local ok = verdict(self, try, k == st.n, statuses[j], headers[j])
-      peer.b:report(ticket, ok, tonumber(times[j]))
+      judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j]))
     end
   end
+end
+
+---------------------------------------------------------------------------- metrics
+
+local function label(s)
+  return (s:gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+end
+
+-- upstream.metrics(): the pools' counters in Prometheus text (fuse.metrics() appends it):
+-- fuse_upstream_panic_total{pool}, fuse_upstream_dry_run_picks_total{pool},
+-- fuse_upstream_failures_total{pool, peer, class}.
+function _M.metrics()
+  local panic, dry, fails = {}, {}, {}
+  for _, store in pairs(STORES) do
+    local keys = store:get_keys(0)
+    sort(keys)
+    for _, k in ipairs(keys) do
+      local kind, rest = k:match("^(%a)/(.+)$")
+      if kind == "p" or kind == "d" or kind == "c" then
+        local v = store:get(k)
+        if type(v) == "number" then
+          if kind == "p" then
+            panic[#panic + 1] = fmt('fuse_upstream_panic_total{pool="%s"} %.17g\n', label(rest), v)
+          elseif kind == "d" then
+            dry[#dry + 1] = fmt('fuse_upstream_dry_run_picks_total{pool="%s"} %.17g\n', label(rest), v)
+          else
+            local pool, peer, class = rest:match("^(.+)/([^/]+)/(%a+)$")
+            if pool then
+              fails[#fails + 1] = fmt('fuse_upstream_failures_total{pool="%s",peer="%s",class="%s"} %.17g\n',
+                label(pool), peer, class, v)
+            end
+          end
+        end
+      end
+    end
+  end
+  local out = {}
+  if #panic > 0 then
+    out[#out + 1] = "# HELP fuse_upstream_panic_total Open peers picked because max_ejected was reached.\n"
+      .. "# TYPE fuse_upstream_panic_total counter\n" .. concat(panic)
+  end
+  if #dry > 0 then
+    out[#out + 1] = "# HELP fuse_upstream_dry_run_picks_total Picks of peers their breaker rejected, "
+      .. "made because enforce = false.\n# TYPE fuse_upstream_dry_run_picks_total counter\n" .. concat(dry)
+  end
+  if #fails > 0 then
+    out[#out + 1] = "# HELP fuse_upstream_failures_total Failed tries per peer, by class "
+      .. "(connect, timeout, status).\n# TYPE fuse_upstream_failures_total counter\n" .. concat(fails)
+  end
+  return concat(out)
 end
 
 return _M
