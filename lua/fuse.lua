@@ -57,7 +57,7 @@ local core = B.lib or { fz_enter_id = B.enter, fz_allow_id = B.allow, fz_done = 
   fz_permit_give = B.permit_give }
 
 -- OpenResty: guarded calls in flight are noted with their request, so that a function
--- that ends the request (ngx.exit, ngx.exec, ngx.redirect) is still counted, by fuse.log()
+-- that ends the request (ngx.exit, ngx.exec, ngx.redirect) is still counted, by fuse.settle()
 -- in the log phase. False elsewhere, and then the branches on it compile away.
 local TRACK = pending.enabled
 local track, untrack = pending.track, pending.untrack
@@ -841,7 +841,7 @@ end
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
 -- max_concurrent: the permits of allowed tickets not reported yet, ticket -> { handle,
 -- pending list, entry } (under OpenResty the ticket is noted with its request, so that a
--- request that ends without its report gives the permit back in fuse.log()).
+-- request that ends without its report gives the permit back in fuse.settle()).
 local function held_of(br)
   local held = br._held
   if not held then
@@ -862,7 +862,7 @@ local function give_held(br, ticket)
 end
 
 -- The end of a request whose allowed ticket was never reported: its permit back, and
--- the call counted by the status as fuse.log() counts calls that ended their request.
+-- the call counted by the status as fuse.settle() counts calls that ended their request.
 local function settle_allowed(br)
   return function(ticket, _, outcome)
     local e = br._held and br._held[ticket]
@@ -1154,16 +1154,30 @@ function _M.watch(...) return require("fuse.admin").watch(...) end
 
 ---------------------------------------------------------------------------- OpenResty: calls that end the request
 
--- fuse.log(): in nginx's log phase (`log_by_lua_block { require("fuse").log() }`), counts
--- the guarded calls of this request whose function ended the request (ngx.exit, ngx.exec,
--- ngx.redirect) and so never returned to the guard, by the response status: 500 and
--- above a failure, 499 ignored, anything else a success. Does nothing elsewhere, or when
--- every call returned. See fuse.pending.
-function _M.log()
+-- fuse.settle(): in nginx's log phase (`log_by_lua_block { require("fuse").settle() }`),
+-- settles the guarded calls of this request whose function ended the request (ngx.exit,
+-- ngx.exec, ngx.redirect) and so never returned to the guard: counted by the response
+-- status (500 and above a failure, 499 ignored, anything else a success), their permits
+-- given back. Does nothing elsewhere, or when every call returned. See fuse.pending.
+function _M.settle()
   if TRACK then
     local ngx = rawget(_G, "ngx")
     pending.settle_request(tonumber(ngx.status) or 0)
   end
+end
+
+-- fuse.log(): the old name of fuse.settle() (it logs nothing). Works as before, and says
+-- once per process (an nginx worker) that it is deprecated.
+local said_log = false
+function _M.log()
+  if not said_log then
+    said_log = true
+    local msg = "fuse: fuse.log() is deprecated: call fuse.settle(), which does the same "
+      .. "(log_by_lua_block { require(\"fuse\").settle() })"
+    local ngx = rawget(_G, "ngx")
+    if ngx and ngx.log then ngx.log(ngx.WARN, msg) else io.stderr:write(msg, "\n") end
+  end
+  return _M.settle()
 end
 
 ---------------------------------------------------------------------------- metrics

@@ -395,4 +395,18 @@ describe("fuse #" .. BACKEND, function()
       for _, n in ipairs(names) do assert.is_true(have[n], n .. " is not exported by fuse.metrics()") end
     end)
   end)
+
+  describe("fuse.settle, and fuse.log its old name", function()
+    it("fuse.log() does what fuse.settle() does, and says once per process it is deprecated", function()
+      local out = support.run_child([[
+local fuse = require "fuse"
+assert(type(fuse.settle) == "function")
+fuse.settle()                -- outside nginx: nothing to settle, nothing said
+io.stderr:write("after settle\n")
+for _ = 1, 3 do fuse.log() end
+]])
+      assert.equal("after settle\nfuse: fuse.log() is deprecated: call fuse.settle(), which does the "
+        .. 'same (log_by_lua_block { require("fuse").settle() })\n', out)
+    end)
+  end)
 end)

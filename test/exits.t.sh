@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # test/exits.t.sh -- guarded functions that end the request (ngx.exit, ngx.exec,
-# ngx.redirect) are counted by fuse.log() in the log phase (prints TAP).
+# ngx.redirect) are counted by fuse.settle() in the log phase (prints TAP).
 #
 # Such a function never returns to its guard (the exit yields out of the request's
-# coroutine, and nginx never resumes it). With `log_by_lua_block { require("fuse").log() }`
+# coroutine, and nginx never resumes it). With `log_by_lua_block { require("fuse").settle() }`
 # the call counts by the response status; without it, it counts as ignored and a warning
 # says so. Starts nginx with 4 workers and a shared registry in a temp prefix, talks to
 # it over 127.0.0.1 on free ports, stops it by its pid; a watchdog stops it after 90 s.
@@ -38,7 +38,7 @@ mkdir -p "$P/logs" "$P/temp"
 copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 
 # Two servers share one http block. The first has the hook (at http level, inherited);
-# the second overrides it with a log phase of its own that forgets fuse.log(), as a
+# the second overrides it with a log phase of its own that forgets fuse.settle(), as a
 # location with its own log_by_lua* does.
 write_conf() {
   PORT2=$((PORT + 1))
@@ -73,7 +73,7 @@ $(nginx_lua_paths "$T")
         end
         package.loaded.exits_app = app
     }
-    log_by_lua_block { require("fuse").log() }
+    log_by_lua_block { require("fuse").settle() }
 
     server {
         listen 127.0.0.1:$PORT;
@@ -99,7 +99,7 @@ $(nginx_lua_paths "$T")
     }
     server {
         listen 127.0.0.1:$PORT2;
-        log_by_lua_block { local _ = ngx.status }   # no fuse.log(): the hook is missing
+        log_by_lua_block { local _ = ngx.status }   # no fuse.settle(): the hook is missing
         location /call {
             content_by_lua_block {
                 local app = require "exits_app"
@@ -183,20 +183,20 @@ check "a probe that ends its request with ngx.exit(502)" \
 expect_state "counts as a failure and re-opens the circuit" reprobe "open 0 4 0"
 
 # ---------------------------------------------------------------- no hook
-# Without fuse.log() the call ends with its request, uncounted. The next request nginx
+# Without fuse.settle() the call ends with its request, uncounted. The next request nginx
 # places at the same address finds it: it is counted as ignored (never a failure), and
 # a warning names the missing hook. Sequential requests reuse addresses quickly.
 codes=""
 for _ in $(seq 24); do codes="$codes$(get "$PORT2" '/call?status=502')"; done
-check "24 calls that end their request with ngx.exit(502) where fuse.log() is missing" \
+check "24 calls that end their request with ngx.exit(502) where fuse.settle() is missing" \
   [ "$codes" = "$(printf '502%.0s' $(seq 24))" ]
 s=$(state nohook)
 check "none counts as a failure: nohook stays closed with 0 failures" [ "${s% *}" = "nohook closed 0 0" ]
 [ "${s% *}" = "nohook closed 0 0" ] || diag "state: $s"
-warns=$(grep -c 'no fuse.log() ran in the log phase' "$P/logs/error.log")
+warns=$(grep -c 'no fuse.settle() ran in the log phase' "$P/logs/error.log")
 check "the missing hook is reported in the error log" [ "$warns" -ge 1 ]
 check "at most once per worker" [ "$warns" -le 4 ]
-grep -m 1 'no fuse.log() ran' "$P/logs/error.log" | sed 's/^/# /'
+grep -m 1 'no fuse.settle() ran' "$P/logs/error.log" | sed 's/^/# /'
 
 # ---------------------------------------------------------------- error log
 errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$P/logs/error.log")

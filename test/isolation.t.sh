@@ -65,7 +65,7 @@ $(nginx_lua_paths "$T")
         app.waiting = fuse.new{ name = "waiting", fails = 1000, max_concurrent = 5, max_wait = 5 }
         package.loaded.iso_app = app
     }
-    log_by_lua_block { require("fuse").log() }
+    log_by_lua_block { require("fuse").settle() }
 
     server {
         listen 127.0.0.1:$PORT;
@@ -168,7 +168,7 @@ for _ in 1 2 3 4; do codes="$codes$(burst 5 "/g/exiting?t=0.05&exit=1")"; done
 check "20 requests (4 times 5 at once) end in ngx.exit inside the guard ($codes)" \
   [ "$codes" = "200:5 200:5 200:5 200:5 " ]
 running_is() { [ "$(stats "$1" | cut -d' ' -f1)" = "$2" ]; }
-check "fuse.log() gave their permits back: running 0" wait_for 5 running_is exiting 0
+check "fuse.settle() gave their permits back: running 0" wait_for 5 running_is exiting 0
 codes=$(burst 5 "/g/exiting?t=0.3")
 check "the limit is whole: 5 at once all get through ($codes)" [ "$codes" = "200:5 " ]
 

@@ -1,4 +1,4 @@
--- fuse.pending: guarded calls that end their request (OpenResty), counted by fuse.log().
+-- fuse.pending: guarded calls that end their request (OpenResty), counted by fuse.settle().
 --
 -- ngx.exit, ngx.exec and ngx.redirect yield out of the request's coroutine, which nginx
 -- never resumes: a guarded function that calls one never returns to its guard, so the
@@ -6,9 +6,9 @@
 -- count as a failure). So under nginx the guard notes each call in flight with its
 -- request before it runs the function (track) and strikes it off when the function
 -- returns (untrack). What is left when the request ends was ended by the request, and
--- fuse.log(), in the log phase, counts it by the response status (settle_request).
+-- fuse.settle(), in the log phase, counts it by the response status (settle_request).
 --
--- Without fuse.log(), the next request that nginx places at the same address finds the
+-- Without fuse.settle(), the next request that nginx places at the same address finds the
 -- leftovers of the earlier one (another start time): they are counted as ignored (a
 -- probe gives its slot back) and a warning goes to the error log, once per worker.
 --
@@ -45,7 +45,7 @@ local warned = false
 
 local SUCCESS, FAILURE, IGNORE = 0, 1, 2
 
-local HOOK = 'log_by_lua_block { require("fuse").log() }'
+local HOOK = 'log_by_lua_block { require("fuse").settle() }'
 
 -- Counts the entries of `p` as `outcome` and empties it.
 local function settle_all(p, outcome)
@@ -60,14 +60,14 @@ local function settle_all(p, outcome)
   p.n = 0
 end
 
--- The entries of a request that ended without fuse.log(): counted as ignored, and said.
+-- The entries of a request that ended without fuse.settle(): counted as ignored, and said.
 local function leftover(p)
   for j = 1, p.n do
     if p[4 * j - 3] then
       if not warned then
         warned = true
         ngx.log(ngx.WARN, "fuse: a guarded function ended its request (ngx.exit, ngx.exec or ",
-          "ngx.redirect) and no fuse.log() ran in the log phase to count the call by the ",
+          "ngx.redirect) and no fuse.settle() ran in the log phase to count the call by the ",
           "response status: it was counted as ignored. Add ", HOOK, " to the http block (or to ",
           "every location that has a log_by_lua* of its own). This is logged once per worker.")
       end
@@ -122,7 +122,7 @@ function _M.untrack(p, n)
   end
 end
 
--- fuse.log(): in the log phase, counts the calls of this request that ended it: a
+-- fuse.settle(): in the log phase, counts the calls of this request that ended it: a
 -- failure for a status of 500 or above, ignored for 499 (the client went away) or no
 -- status at all, else a success.
 function _M.settle_request(status)
