@@ -258,6 +258,26 @@ end
 
 function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
 
+-- The object br's rejection in state i (OPEN, HALF_OPEN or FORCED_OPEN), or 4: a call
+-- past max_concurrent; made on first need: an object that is only looked up makes none,
+-- one that runs calls the open one (and the full one with max_concurrent), the others
+-- only when a call meets that state.
+local REJ_STATES = { "open", "half_open", "forced_open" }
+local function rej_of(br, i)
+  local rejs = br.rejs
+  if not rejs then
+    rejs = {}
+    br.rejs = rejs
+  end
+  local r = rejs[i]
+  if not r then
+    if i == 4 then r = rejection_full(br._h, br.name, br.cfg.max_concurrent)
+    else r = rejection(br._h, br.name, REJ_STATES[i]) end
+    rejs[i] = r
+  end
+  return r
+end
+
 -- The rejection for a negative ticket, firing the transition the rejected call made.
 local function rejected(br, listener, t)
   local r = -t - 1
@@ -265,7 +285,7 @@ local function rejected(br, listener, t)
   if made == 1 then fire(listener, br.name, OPEN_TO_HALF)
   elseif made == 2 then fire(listener, br.name, HALF_TO_OPEN)
   elseif made == 3 then fire(listener, br.name, FORCED_TO_OPEN) end
-  return br.rejs[floor(r / 4)]
+  return rej_of(br, floor(r / 4))
 end
 
 ---------------------------------------------------------------------------- stale handles
@@ -278,7 +298,12 @@ local function adopt(br, h, id)
   was[5] = nil
   br._was = was
   br._h, br._id = h, id
-  for _, r in ipairs(br.rejs) do rej_handle[r] = h end
+  local rejs = br.rejs
+  if rejs then
+    for i = 1, 4 do
+      if rejs[i] then rej_handle[rejs[i]] = h end
+    end
+  end
   return h, id
 end
 
@@ -439,13 +464,14 @@ end
 -- and listener. Immutable upvalues let the JIT fold the branches on options away: a
 -- breaker without max_concurrent (limit false) never reaches the permit code.
 local function make_run(br, fallback, is_failure, listener, direct)
-  local h, id, name, rejs = br._h, br._id, br.name, br.rejs
+  local h, id, name = br._h, br._id, br.name
   local protect = direct and pcall or protected
-  local rej_open, rej_forced = rejs[OPEN], rejs[3]
+  local rej_open, rej_forced = rej_of(br, OPEN), rej_of(br, 3)
   local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
   local fb_fn = type(fallback) == "function"
   local limit = br.cfg.max_concurrent > 0
+  local rej_full = limit and rej_of(br, 4)
   local max_wait = br.max_wait or 0
 
   -- ph: the handle whose permit the call holds (max_concurrent), given back here, with
@@ -516,7 +542,7 @@ local function make_run(br, fallback, is_failure, listener, direct)
       if fake then sync() end
       local ph
       if limit then  -- the permit first: a call past the limit touches no circuit
-        if permit(h, max_wait) == 0 then return fallback(rejs[4], ...) end
+        if permit(h, max_wait) == 0 then return fallback(rej_full, ...) end
         ph = h
       end
       local t = core.fz_enter_id(h, id)
@@ -547,7 +573,7 @@ local function make_run(br, fallback, is_failure, listener, direct)
     if limit then  -- the permit first: a call past the limit touches no circuit
       if permit(h, max_wait) == 0 then
         if has_fallback then return fallback end
-        return nil, rejs[4]
+        return nil, rej_full
       end
       ph = h
     end
@@ -579,19 +605,31 @@ end
 local Breaker = {}
 Breaker.__index = Breaker
 
+-- An object is cheap to make: one table of seven fields (eight hash slots) and no
+-- closure; its guarded-call function (_run) and its rejections (rejs) are made on its
+-- first call. _opts: the options of the fuse.new call that made it (fuse.new of those
+-- options gives it again). fallback, is_failure and on_state_change are set only when
+-- given.
 local function make_breaker(h, id, name, cfg, o)
-  local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, fallback = o.fallback,
-    is_failure = o.is_failure, on_state_change = o.on_state_change, max_wait = o.max_wait or 0 }, Breaker)
-  br.rejs = { rejection(h, name, "open"), rejection(h, name, "half_open"), rejection(h, name, "forced_open") }
-  if cfg.max_concurrent > 0 then br.rejs[4] = rejection_full(h, name, cfg.max_concurrent) end
-  br._run = make_run(br, o.fallback, o.is_failure, o.on_state_change, not TRAMPOLINE)
+  local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, _opts = false,
+    rejs = false, _run = false }, Breaker)
+  if o.fallback ~= nil then br.fallback = o.fallback end
+  if o.is_failure ~= nil then br.is_failure = o.is_failure end
+  if o.on_state_change ~= nil then br.on_state_change = o.on_state_change end
+  if o.max_wait and o.max_wait ~= 0 then br.max_wait = o.max_wait end
   return br
 end
 
+local function first_run(br)
+  local run = make_run(br, br.fallback, br.is_failure, br.on_state_change, not TRAMPOLINE)
+  br._run = run
+  return run
+end
+
 -- The run of breaker br for fn: through the trampoline for a Lua function under LuaJIT,
--- else pcall'd directly (made on first need).
+-- else pcall'd directly (each made on first need).
 local function run_for(br, fn)
-  if not TRAMPOLINE or not is_direct(fn) then return br._run end
+  if not TRAMPOLINE or not is_direct(fn) then return br._run or first_run(br) end
   local run = br._run_direct
   if not run then
     run = make_run(br, br.fallback, br.is_failure, br.on_state_change, true)
@@ -646,47 +684,89 @@ local function create(o, level)
   return make_breaker(h, id, o.name, (st == 0 or st == 1) and o.cfg or B.config(h), o)
 end
 
--- The objects of recently used names: two generations of up to 1024 names, so that a
--- hot set stays while names seen once age out (a weak table would be emptied by the GC).
-local function recent()
-  local cur, prev, n = {}, {}, 0
-  local c = {}
-  function c.put(k, v)
-    if cur[k] == nil then
+-- The objects of named breakers by name, one per name, each checked against its
+-- breaker's identity on every hit (B.id: one read of the breaker's slot): a lookup of
+-- any name whose object exists is a table hit and that check, whatever the number of
+-- names; it allocates nothing. Bounded by the capacity: past the live ones plus the
+-- capacity, the objects whose breaker is gone (removed, evicted, or the name made again
+-- in another slot) are dropped, a walk whose cost is spread over as many insertions.
+local function objects()
+  local c = { map = {} }
+  local n, limit = 0, 0
+  function c.put(name, br)
+    local map = c.map
+    if map[name] == nil then
+      if n >= limit then
+        n = 0
+        for k, v in pairs(map) do
+          if B.id(v._h) ~= v._id then map[k] = nil else n = n + 1 end
+        end
+        limit = n + B.capacity() + 64
+      end
       n = n + 1
-      if n > 1024 then prev, cur, n = cur, {}, 1 end
     end
-    cur[k] = v
+    map[name] = br
   end
-  function c.get(k)
-    local v = cur[k]
-    if v == nil then
-      v = prev[k]
-      if v ~= nil then c.put(k, v) end
-    end
-    return v
-  end
+  function c.reset() c.map, n, limit = {}, 0, 0 end
   return c
 end
 
--- fuse.new of a name with the very options (same values, same functions) as a recent
--- call gives that call's object again while its breaker lives: a gateway that asks for
--- its breaker by name per request pays a table lookup, not a check of the options.
-local news = recent()
+-- fuse.new of a name with the very options (same values, same functions) as the call
+-- that made the name's object gives that object again while its breaker lives: a
+-- gateway that asks for its breaker by name per request pays a table hit, an identity
+-- check and a comparison of the options, not a check of the options nor a new object.
+local news = objects()
 
-local function same_opts(e, opts)
-  local n, was = 0, e.opts
+-- The count of a table's keys: LuaJIT's table.nkeys (compiled), elsewhere by hand.
+local nkeys = (function()
+  local ok, f = pcall(require, "table.nkeys")
+  if ok then return f end
+  return function(t)
+    local n = 0
+    for _ in pairs(t) do n = n + 1 end
+    return n
+  end
+end)()
+
+local NO_KEY = {}  -- a key no options table has
+
+-- The record of the options of a fuse.new call (opts: a copy, the name's value in it
+-- never read), shared by the objects made with the same options but the name: up to
+-- four options besides the name are also kept as k1 = v1 ... k4 = v4, which same_opts
+-- compares with no loop (a loop there, in a request handler's loop, is compiled as an
+-- inner loop of its own that each call enters and leaves).
+local function opts_record(copy, n)
+  local r = { opts = copy, n = n, few = n <= 5, k1 = NO_KEY, k2 = NO_KEY, k3 = NO_KEY, k4 = NO_KEY }
+  local i = 0
+  for k, v in pairs(copy) do
+    if k ~= "name" and i < 4 then
+      i = i + 1
+      r["k" .. i], r["v" .. i] = k, v
+    end
+  end
+  return r
+end
+
+-- Whether opts are the options that made object br (br._opts, an opts_record).
+local function same_opts(br, opts)
+  local o = br._opts
+  if not o then return false end
+  if o.few then
+    return opts[o.k1] == o.v1 and opts[o.k2] == o.v2 and opts[o.k3] == o.v3 and opts[o.k4] == o.v4
+      and nkeys(opts) == o.n
+  end
+  local n, was = 0, o.opts
   for k, v in pairs(opts) do
-    if was[k] ~= v then return false end
+    if k ~= "name" and was[k] ~= v then return false end
     n = n + 1
   end
-  return n == e.n
+  return n == o.n
 end
 
 -- The options last checked for a named breaker (a copy), and the check's result: a
 -- gateway calls fuse.new with one set of options and many names, so only the name is
 -- new and only the name needs a check.
-local memo_opts, memo_n, memo_o
+local memo_opts, memo_n, memo_o, memo_shared
 
 local function checked(opts, name)
   if memo_o and type(name) == "string" and #name >= 1 and #name <= 127 and not name:find("\0", 1, true) then
@@ -704,6 +784,7 @@ local function checked(opts, name)
   if o.name then
     memo_opts, memo_n, memo_o = {}, 0, o
     for k, v in pairs(opts) do memo_opts[k], memo_n = v, memo_n + 1 end
+    memo_shared = opts_record(memo_opts, memo_n)
   end
   return o
 end
@@ -711,15 +792,14 @@ end
 function _M.new(opts)
   local name = type(opts) == "table" and opts.name
   if type(name) == "string" then
-    local e = news.get(name)
-    if e and same_opts(e, opts) and B.id(e.br._h) == e.br._id then return e.br end
+    local br = news.map[name]
+    if br and same_opts(br, opts) and B.id(br._h) == br._id then return br end
   end
   local o = checked(opts, name)
   local br = create(o, 2)  -- not a tail call: create's errors name the caller's line
   if o.name then
-    local copy, n = {}, 0
-    for k, v in pairs(opts) do copy[k], n = v, n + 1 end
-    news.put(o.name, { br = br, opts = copy, n = n })
+    br._opts = memo_shared  -- checked() just made or matched it for these options
+    news.put(o.name, br)
   end
   return br
 end
@@ -800,7 +880,7 @@ function Breaker:allow()
   if fake then sync() end
   local limit, ph = self.cfg.max_concurrent > 0, nil
   if limit then
-    if permit(self._h, self.max_wait) == 0 then return nil, self.rejs[4] end
+    if permit(self._h, self.max_wait or 0) == 0 then return nil, rej_of(self, 4) end
     ph = self._h
   end
   local t = core.fz_allow_id(self._h, self._id)
@@ -936,20 +1016,26 @@ Breaker.disable = manual("disable")
 ---------------------------------------------------------------------------- the registry
 
 -- fuse.get returns one object per live breaker (its options are the breaker's), kept
--- for recent names: a lookup is a table hit and an identity check.
-local got = recent()
+-- by name (objects, above): a lookup is a table hit and an identity check.
+local got = objects()
 
-function _M.get(name)
-  local br = got.get(name)
+local NO_FUNCTIONS = {}
+
+local function get(name)
+  local br = got.map[name]
   if br and B.id(br._h) == br._id then return br end
   if type(name) ~= "string" then error("fuse: fuse.get needs a name string, got " .. show(name), 2) end
   if #name == 0 then return nil end
   local h, id = B.find(name)
   if not h then return nil end
-  br = make_breaker(h, id, name, B.config(h), {})
+  local cfg = B.config(h)
+  -- the slot passed to another breaker meanwhile: those options are not this name's
+  if B.id(h) ~= id then return get(name) end
+  br = make_breaker(h, id, name, cfg, NO_FUNCTIONS)
   got.put(name, br)
   return br
 end
+_M.get = get
 
 -- fuse.remove(name) -> true when a breaker of that name existed and is now gone.
 function _M.remove(name)
@@ -1018,6 +1104,10 @@ function _M.init(opts)
       .. "workers; in " .. phase .. " each worker would get a registry of its own", 2)
   end
   local rc = B.init(o.capacity, o.shared, o.idle)
+  if rc == 0 then  -- the registry may be another now: objects of the one before go
+    got.reset()
+    news.reset()
+  end
   if rc == 0 and o.shared then rc = B.events_init_shared() end  -- fuse.events: one ring for every worker
   if rc ~= 0 then
     local why = rc == -6 and ((o.shared and B.is_shared()) and ("it is already shared with capacity "
