@@ -34,7 +34,7 @@ local show = options.show  -- how every message shows a value
 local concat = table.concat
 local unpack = table.unpack or unpack  -- luacheck: ignore 143
 
-local _M = { VERSION = "0.1.0", _backend = B.name }
+local _M = { VERSION = "0.2.0", _backend = B.name }
 
 local STATES = { [0] = "closed", "open", "half_open", "forced_open", "disabled" }
 local OPEN, HALF_OPEN, REMOVED = 1, 2, 5
