@@ -33,6 +33,10 @@ build = {
     ["fuse.admin"] = "lua/fuse/admin.lua",
     ["fuse.upstream"] = "lua/fuse/upstream.lua",
     ["fuse.pending"] = "lua/fuse/pending.lua",
+    ["fuse.objects"] = "lua/fuse/objects.lua",
+    ["fuse.events"] = "lua/fuse/events.lua",
+    ["fuse.settle"] = "lua/fuse/settle.lua",
+    ["fuse.metrics"] = "lua/fuse/metrics.lua",
     -- The C core. luarocks cannot pass -fvisibility=hidden: fz.h's visibility
     -- pragma marks the API for export either way.
     ["fuse.core"] = {

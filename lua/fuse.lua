@@ -1,8 +1,10 @@
 -- fuse: circuit breakers for Lua, over a lock-free C core.
 --
 -- This is the facade: it validates options once (fuse.options), builds guarded
--- functions and breaker objects, fires listeners, and formats stats and metrics. The
--- backend (fuse.ffi under LuaJIT) is a thin layer of one-line calls into the core.
+-- functions and breaker objects, fires listeners, and formats stats. The backend
+-- (fuse.ffi under LuaJIT) is a thin layer of one-line calls into the core. Off the hot
+-- path, one concern a module: fuse.objects (the objects' maps by name), fuse.events,
+-- fuse.settle (OpenResty's log phase) and fuse.metrics (exposition, shared counters).
 local options = require "fuse.options"
 
 -- The backend: the FFI under LuaJIT with its ffi library, else the C module fuse.core.
@@ -21,6 +23,7 @@ else
 end
 
 local pending = require "fuse.pending"
+local objmaps = require "fuse.objects"
 
 local error, ipairs, pairs, pcall, select, setmetatable, tostring, type = error, ipairs, pairs, pcall,
   select, setmetatable, tostring, type
@@ -684,38 +687,11 @@ local function create(o, level)
   return make_breaker(h, id, o.name, (st == 0 or st == 1) and o.cfg or B.config(h), o)
 end
 
--- The objects of named breakers by name, one per name, each checked against its
--- breaker's identity on every hit (B.id: one read of the breaker's slot): a lookup of
--- any name whose object exists is a table hit and that check, whatever the number of
--- names; it allocates nothing. Bounded by the capacity: past the live ones plus the
--- capacity, the objects whose breaker is gone (removed, evicted, or the name made again
--- in another slot) are dropped, a walk whose cost is spread over as many insertions.
-local function objects()
-  local c = { map = {} }
-  local n, limit = 0, 0
-  function c.put(name, br)
-    local map = c.map
-    if map[name] == nil then
-      if n >= limit then
-        n = 0
-        for k, v in pairs(map) do
-          if B.id(v._h) ~= v._id then map[k] = nil else n = n + 1 end
-        end
-        limit = n + B.capacity() + 64
-      end
-      n = n + 1
-    end
-    map[name] = br
-  end
-  function c.reset() c.map, n, limit = {}, 0, 0 end
-  return c
-end
-
 -- fuse.new of a name with the very options (same values, same functions) as the call
 -- that made the name's object gives that object again while its breaker lives: a
 -- gateway that asks for its breaker by name per request pays a table hit, an identity
 -- check and a comparison of the options, not a check of the options nor a new object.
-local news = objects()
+local news = objmaps.new(B)  -- (lua/fuse/objects.lua)
 
 -- The count of a table's keys: LuaJIT's table.nkeys (compiled), elsewhere by hand.
 local nkeys = (function()
@@ -1022,8 +998,8 @@ Breaker.disable = manual("disable")
 ---------------------------------------------------------------------------- the registry
 
 -- fuse.get returns one object per live breaker (its options are the breaker's), kept
--- by name (objects, above): a lookup is a table hit and an identity check.
-local got = objects()
+-- by name (fuse.objects, as news above): a lookup is a table hit and an identity check.
+local got = objmaps.new(B)
 
 local NO_FUNCTIONS = {}
 
@@ -1126,32 +1102,8 @@ end
 
 ---------------------------------------------------------------------------- events
 
-local EVENTS_CAPACITY = 1024  -- FZ_EVENTS_CAPACITY
-
--- fuse.events([since]) -> the recorded transitions with seq > since, oldest first;
--- lost: how many of those the ring no longer holds; upto: the seq to pass next time.
-function _M.events(since)
-  if since ~= nil and (type(since) ~= "number" or not (since >= 0 and since < 2^53)) then
-    error("fuse: fuse.events needs a seq number (>= 0) or nothing, got " .. show(since), 2)
-  end
-  since = floor(since or 0)
-  local last = B.events_last()
-  local first = math.max(since + 1, last - EVENTS_CAPACITY + 1)
-  local list, lost, upto = {}, first - since - 1, first - 1
-  for seq = first, last do
-    local rc, s, time, name, from, to, pid = B.event_at(seq)
-    -- still being written: the next read starts here (an entry whose writer died in
-    -- the middle is taken back by the core, fz_events.c, and counts as lost)
-    if rc == 0 then break end
-    if rc == 1 then
-      list[#list + 1] = { seq = s, time = time, name = name, from = STATES[from], to = STATES[to], pid = pid }
-    else
-      lost = lost + 1
-    end
-    upto = seq
-  end
-  return list, lost, math.max(upto, since)
-end
+-- fuse.events([since]): the recorded transitions (lua/fuse/events.lua).
+_M.events = require("fuse.events").new(B, STATES)
 
 -- OpenResty helpers (lua/fuse/admin.lua), loaded on first use.
 function _M.admin(...) return require("fuse.admin").admin(...) end
@@ -1160,121 +1112,16 @@ function _M.watch(...) return require("fuse.admin").watch(...) end
 
 ---------------------------------------------------------------------------- OpenResty: calls that end the request
 
--- fuse.settle(): in nginx's log phase (`log_by_lua_block { require("fuse").settle() }`),
--- settles the guarded calls of this request whose function ended the request (ngx.exit,
--- ngx.exec, ngx.redirect) and so never returned to the guard: counted by the response
--- status (500 and above a failure, 499 ignored, anything else a success), their permits
--- given back. Does nothing elsewhere, or when every call returned. See fuse.pending.
-function _M.settle()
-  if TRACK then
-    local ngx = rawget(_G, "ngx")
-    pending.settle_request(tonumber(ngx.status) or 0)
-  end
-end
+-- fuse.settle() in nginx's log phase, and fuse.log() its old name (lua/fuse/settle.lua).
+local settle = require "fuse.settle"
+_M.settle, _M.log = settle.settle, settle.log
 
--- fuse.log(): the old name of fuse.settle() (it logs nothing). Works as before, and says
--- once per process (an nginx worker) that it is deprecated.
-local said_log = false
-function _M.log()
-  if not said_log then
-    said_log = true
-    local msg = "fuse: fuse.log() is deprecated: call fuse.settle(), which does the same "
-      .. "(log_by_lua_block { require(\"fuse\").settle() })"
-    local ngx = rawget(_G, "ngx")
-    if ngx and ngx.log then ngx.log(ngx.WARN, msg) else io.stderr:write(msg, "\n") end
-  end
-  return _M.settle()
-end
+---------------------------------------------------------------------------- metrics and shared counters
 
----------------------------------------------------------------------------- metrics
-
--- A label value as the text format writes it (Prometheus label values must be UTF-8):
--- the name as options.utf8_text writes it, then \, \" and \n escaped.
-local function label(s)
-  return (options.utf8_text(s):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
-end
-
-local METRICS = {
-  { "fuse_state", "gauge", "Breaker state: 0 closed, 1 open, 2 half_open, 3 forced_open, 4 disabled.", "state_n" },
-  { "fuse_window_calls", "gauge", "Calls (successes and failures) in the current window.", "calls" },
-  { "fuse_window_failure_rate", "gauge", "Failures over calls in the current window.", "failure_rate" },
-  { "fuse_calls_total", "counter", "Calls whose outcome was recorded.", "calls_total" },
-  { "fuse_successes_total", "counter", "Calls recorded as successes.", "successes_total" },
-  { "fuse_failures_total", "counter", "Calls recorded as failures.", "failures_total" },
-  { "fuse_slow_calls_total", "counter", "Calls that took at least the slow threshold.", "slow_total" },
-  { "fuse_rejections_total", "counter", "Calls rejected without running.", "rejections_total" },
-  { "fuse_opens_total", "counter", "Times the circuit opened.", "opens_total" },
-  { "fuse_running", "gauge", "Guarded calls running now (max_concurrent's permits held).", "running" },
-  { "fuse_full_total", "counter", "Calls rejected because max_concurrent calls were running.", "full_total" },
-}
-
--- Prometheus text exposition of every breaker in the registry.
-function _M.metrics()
-  if fake then sync() end
-  local rows, at = {}, {}
-  each_breaker(function(h, name, still)
-    local s = {}
-    B.peek(h, s)  -- makes no transition: those are made, and reported, by calls
-    s.state_n, s.calls_total = s.state, s.successes_total + s.failures_total
-    -- a name removed and made again in a later slot during the walk (another worker)
-    -- is seen twice: one series per name, the later breaker's
-    if still() and s.state ~= REMOVED then  -- (retired, its identity not moved yet)
-      local i = at[name] or #rows + 1
-      at[name], rows[i] = i, { label(name), s }
-    end
-  end)
-  local out = {}
-  for _, m in ipairs(METRICS) do
-    out[#out + 1] = ("# HELP %s %s\n# TYPE %s %s\n"):format(m[1], m[3], m[1], m[2])
-    for _, row in ipairs(rows) do
-      out[#out + 1] = ('%s{name="%s"} %.17g\n'):format(m[1], row[1], row[2][m[4]])
-    end
-  end
-  out[#out + 1] = ("# HELP fuse_registry_full_total Calls run unguarded: their breaker was gone "
-    .. "and the registry full.\n# TYPE fuse_registry_full_total counter\n"
-    .. "fuse_registry_full_total %.17g\n"):format(B.full_total())
-  out[#out + 1] = ("# HELP fuse_registry_evictions_total Idle breakers evicted to make room.\n"
-    .. "# TYPE fuse_registry_evictions_total counter\nfuse_registry_evictions_total %.17g\n")
-    :format(B.evictions_total())
-  -- fuse.upstream's counters (panic picks, failure classes), when a pool was made
-  local up = package.loaded["fuse.upstream"]
-  local extra = type(up) == "table" and type(up.metrics) == "function" and up.metrics() or ""
-  return concat(out) .. _M._counter_metrics() .. extra
-end
-
----------------------------------------------------------------------------- shared counters
--- Internal, for fuse.upstream: counters shared by every thread and by every nginx worker
--- forked after fuse loaded (csrc/fz_counters.c), shown by fuse.metrics().
-
-local PANIC = "upstream_panic:"
-
--- fuse._counter(name) -> index for fuse._count; raises when the name is bad or the
--- table is full.
-function _M._counter(name)
-  local i = B.counter_open(name)
-  if i < 0 then
-    error(("fuse: cannot create counter '%s': %s"):format(name,
-      i == E_FULL and ("all " .. B.counters_max .. " counters are taken") or B.strerror(i)), 2)
-  end
-  return i
-end
-
-function _M._count(i, n) B.counter_add(i, n or 1) end
-function _M._counter_value(i) return B.counter_value(i) end
-
--- fuse_upstream_panic_total{pool="..."}, one row per pool; "" when there is none.
-function _M._counter_metrics()
-  local out = {}
-  for i = 0, B.counters_max - 1 do
-    local name = B.counter_name(i)
-    if name and name:sub(1, #PANIC) == PANIC then
-      out[#out + 1] = ('fuse_upstream_panic_total{pool="%s"} %.17g\n')
-        :format(label(name:sub(#PANIC + 1)), B.counter_value(i))
-    end
-  end
-  if #out == 0 then return "" end
-  return "# HELP fuse_upstream_panic_total Open peers picked because max_ejected was reached.\n"
-    .. "# TYPE fuse_upstream_panic_total counter\n" .. concat(out)
-end
+-- fuse.metrics(), and the shared counters fuse.upstream keeps (lua/fuse/metrics.lua).
+local metrics = require("fuse.metrics").new(B, each_breaker, function() if fake then sync() end end)
+_M.metrics = metrics.metrics
+_M._counter, _M._count, _M._counter_value = metrics.counter, metrics.count, metrics.counter_value
+_M._counter_metrics = metrics.counter_metrics
 
 return _M
