@@ -30,7 +30,6 @@ void fzi_permits_copy(fz_breaker *to, fz_breaker *from);  /* a copy made by a re
 #define FZ_RING_BYTES ((size_t)FZ_MAX_COUNT_WINDOW * sizeof(uint32_t))
 #define FZ_PERMITS_BYTES ((size_t)704)
 
-
 /* ---- the breaker's words: for the files of the core (fz_state.c, fz_clock.c,
  * fz_config.c, fz_permits.c), which define FZ_BREAKER_WORDS before including this. */
 #ifdef FZ_BREAKER_WORDS

@@ -81,6 +81,8 @@
 void (*fz_fault_hook)(const char *where);
 #endif
 
+/* ---------------------------------------------------------------- breakers */
+
 /* What retire_all does to a breaker no one else sees yet (every count 0): each tagged
  * word set just behind the window, with plain stores (creation makes no atomic op). */
 static void retire_fresh(fz_breaker *b, uint64_t e) {

@@ -214,5 +214,4 @@ static inline __attribute__((always_inline)) int untrack(fz_breaker *b, uint64_t
   return 0;
 }
 
-
 #endif /* FZ_TICKET_H */

@@ -1,6 +1,6 @@
 /*
- * fz_window.h -- the breaker's windows: per-thread stripes and the tagged window counters (time
- * windows, buckets and epochs).
+ * fz_window.h -- the breaker's windows: per-thread stripes and the tagged window
+ * counters (time windows: buckets and epochs).
  * Included by fz_state.c only: the hot path (fz_enter_id, fz_allow_id, fz_done) is one
  * translation unit, so what it calls here is inlined as it was when this was all fz.c.
  */
@@ -209,6 +209,5 @@ static void fresh_window(fz_breaker *b, uint32_t id) {
   uint64_t agg = at_load_acq(&b->cw_agg);
   while (alive(b, id) && !at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
 }
-
 
 #endif /* FZ_WINDOW_H */
