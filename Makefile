@@ -54,7 +54,7 @@ DEB_PKGS := build-essential pkg-config luajit2 libluajit2-5.1-dev lua5.1 liblua5
             lua-resty-core lua-resty-lrucache lua-cjson wrk prometheus curl apache2-utils \
             procps zip
 
-ROCKSPEC := fuse-0.1.0-1.rockspec
+ROCKSPEC := fuse-0.2.0-1.rockspec
 LOGDIR   := build/test-logs
 
 # The core: every csrc/*.c. fz_lua.c (the Lua C API binding) goes into core.so only;

@@ -66,6 +66,18 @@ describe("rockspec #" .. BACKEND, function()
     assert.equal("MIT", rock.description.license)
   end)
 
+  it("agrees with fuse.VERSION, the Makefile's ROCKSPEC, README's install and CHANGELOG's newest release", function()
+    local version = rock.version:match("^(.-)%-%d+$")
+    assert.equal(version, require("fuse").VERSION)
+    assert.equal(file, read("Makefile"):match("\nROCKSPEC%s*:=%s*(%S+)"))
+    local readme = read("README.md")
+    assert.truthy(readme:find("build/" .. file:gsub("%.rockspec$", ".src.rock"), 1, true),
+      "README's install names another rock than " .. file)
+    assert.truthy(readme:find("VERSION)'   # " .. version, 1, true), "README's install prints another version")
+    local newest = read("CHANGELOG.md"):match("\n## (%d+%.%d+%.%d+)")
+    assert.equal(version, newest)
+  end)
+
   it("lists every Lua file under lua/ under its module name", function()
     local lua_files = files("lua", "*.lua")
     assert.is_true(#lua_files > 0, "no Lua file under lua/")

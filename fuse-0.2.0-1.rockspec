@@ -1,6 +1,6 @@
 rockspec_format = "3.0"
 package = "fuse"
-version = "0.1.0-1"
+version = "0.2.0-1"
 
 source = {
   -- `luarocks make` builds from the working tree and never fetches this.
