@@ -99,7 +99,7 @@ help:
 
 ifeq ($(CORE_SRCS),)
 build/fuse/core.so build/libfzcore.a build/asan/libfzcore.a build/tsan/libfzcore.a:
-	@echo "make: no csrc/*.c yet (csrc/fz.c is the core): nothing to build" >&2; exit 1
+	@echo "make: no csrc/*.c yet (csrc/fz_state.c is the core): nothing to build" >&2; exit 1
 else
 build/fuse/core.so: $(CORE_OBJS)
 	@mkdir -p $(@D)

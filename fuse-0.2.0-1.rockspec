@@ -40,7 +40,7 @@ build = {
     -- The C core. luarocks cannot pass -fvisibility=hidden: fz.h's visibility
     -- pragma marks the API for export either way.
     ["fuse.core"] = {
-      sources = { "csrc/fz.c", "csrc/fz_events.c", "csrc/fz_registry.c", "csrc/fz_counters.c", "csrc/fz_permits.c", "csrc/fz_lua.c" },
+      sources = { "csrc/fz_state.c", "csrc/fz_clock.c", "csrc/fz_config.c", "csrc/fz_events.c", "csrc/fz_registry.c", "csrc/fz_counters.c", "csrc/fz_permits.c", "csrc/fz_lua.c" },
       incdirs = { "csrc" },
       defines = { "_GNU_SOURCE" },
       libraries = { "pthread", "m" },

@@ -238,7 +238,7 @@ const char *fz_counter_name(int i);
  *   callers that cannot be sure of that, fz_allow).
  *
  * fz_allow(b): fz_enter, and an admitted ticket is recorded in the calling thread's
- *   ledger (see fz.c, "ledgers"), so that fz_done refuses it when it is reported a
+ *   ledger (see fz_ticket.h, "ledgers"), so that fz_done refuses it when it is reported a
  *   second time (FZ_EREPORTED) or to another breaker (FZ_ETICKET). Rejections are as
  *   fz_enter's. An admitted ticket has bit 7 set, bits 0-6 as fz_enter's (flag, kind,
  *   slot), bits 8-17 the ledger, 18-29 its entry and 30-52 the entry's use count. A

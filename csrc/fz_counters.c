@@ -6,7 +6,7 @@
  *
  * A fixed table of FZ_COUNTERS_MAX slots in one MAP_SHARED anonymous mapping, made by a
  * constructor when the library loads: nginx's master loads it in init_by_lua, so every
- * worker inherits the same table (fz.c pins the library with RTLD_NODELETE, so a reload
+ * worker inherits the same table (fz_state.c pins the library with RTLD_NODELETE, so a reload
  * keeps it). The table holds no pointers.
  *
  * Slots are found by open addressing on a 64-bit hash of the name. A slot's `state` is

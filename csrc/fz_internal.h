@@ -1,5 +1,6 @@
 /*
- * fz_internal.h -- what the registry (fz_registry.c) needs of a breaker (fz.c).
+ * fz_internal.h -- what the registry (fz_registry.c) needs of a breaker (fz_state.c), and
+ * below it, for the core's own files only, the breaker's words.
  * Not exported: every symbol here is hidden (-fvisibility=hidden).
  */
 #ifndef FZ_INTERNAL_H
@@ -28,5 +29,170 @@ void fzi_permits_copy(fz_breaker *to, fz_breaker *from);  /* a copy made by a re
  * by a breaker with the option). */
 #define FZ_RING_BYTES ((size_t)FZ_MAX_COUNT_WINDOW * sizeof(uint32_t))
 #define FZ_PERMITS_BYTES ((size_t)704)
+
+/* ---- the breaker's words: for the files of the core (fz_state.c, fz_clock.c,
+ * fz_config.c, fz_permits.c), which define FZ_BREAKER_WORDS before including this. */
+#ifdef FZ_BREAKER_WORDS
+
+#include "fz_atomic.h"
+#include "fz_permits.h"
+
+#include <time.h>
+
+/*
+ * Fault points for test/faults.c, which builds the core with -DFZ_FAULTS and kills a
+ * forked process at one of them, to show that no instruction is a bad place to die.
+ * In every other build they are nothing.
+ */
+#ifdef FZ_FAULTS
+extern void (*fz_fault_hook)(const char *where);  /* defined in fz_state.c */
+#define FAULT(where) do { if (fz_fault_hook) fz_fault_hook(where); } while (0)
+#else
+#define FAULT(where) ((void)0)
+#endif
+
+#define LINE 64
+#define MS42 ((UINT64_C(1) << 42) - 1)  /* probe starts: ms mod 2^42 (139 years) */
+#define SPAN 10                 /* buckets a time window spans */
+#define NBUCKETS (SPAN + 1)     /* plus the one being filled */
+#define NSTRIPES 8              /* per-thread counter stripes */
+#define TICKET_LIMIT 9007199254740992.0 /* 2^53: tickets are exact doubles */
+#define GEN_MASK UINT64_C(0xffffffff)      /* generation bits in a ticket */
+#define KEY_MASK (UINT64_C(0x1fff) << 40)  /* the breaker's key in a ticket */
+#define TK_TRACKED 0x80u                   /* a ticket of fz_allow, recorded in a ledger */
+#define LANES 1024                         /* ledgers of a process: threads that allow at once */
+#define LEDGER 4096                        /* entries of one ledger (a power of 2) */
+#define USE_MASK ((UINT64_C(1) << 23) - 1)  /* uses of a ledger entry, in its tickets */
+#define REPORTED (UINT64_C(1) << 63)       /* in a ledger entry's tk */
+#define MANUAL_ORIGIN (UINT64_C(1) << 62) /* the manual clock's 0 s, so negatives work */
+#define MANUAL_RANGE 4.5e9                /* seconds either side of it */
+#define EVICTIONS 4                       /* evictions of a slot remembered (late outcomes) */
+#define TENTATIVE (UINT64_C(1) << 63)     /* an eviction mark before its swap */
+
+__extension__ typedef unsigned __int128 u128;
+
+enum { KIND_NORMAL = 1, KIND_PROBE = 2, KIND_PASS = 3 };
+enum { F_RATE = 1, F_CW = 2, F_SLOW = 4 };  /* flags: rules that need the slow path on success */
+
+/* The outcome bits of a count-window slot (low 4 bits; the era is above them). */
+enum { CW_VALID = 1, CW_FAIL = 2, CW_SLOW = 4 };
+
+/* Counters a thread bumps on the hot path: one stripe a thread, on lines of its own. */
+typedef struct stripe {
+  _Alignas(LINE) uint64_t succ[NBUCKETS];  /* tagged: epoch << 32 | successes */
+  uint64_t rej[NBUCKETS];                  /* tagged: epoch << 32 | rejections */
+} stripe;
+
+struct fz_breaker {
+  /* Read on every call, written by transitions only. */
+  _Alignas(LINE) uint64_t sw;   /* concurrent: generation << 3 | state */
+  uint64_t id;                  /* concurrent: identity (registry: odd while live; 0 anonymous) */
+  uint64_t until;               /* concurrent: end of the open period, ns */
+  uint64_t until_gen;           /* concurrent: generation `until` belongs to (| STAMPING) */
+  uint64_t cur_epoch;           /* concurrent: bucket epoch of the last clock read */
+  uint64_t shift;               /* concurrent: added to epochs; bumped to start a fresh window */
+  /* concurrent (rewritten by a reload, fzi_reconfigure; read with relaxed loads): */
+  uint64_t bucket_ns, bucket_inv, open_for_ns, max_open_ns, probe_timeout_ms;
+  uint32_t flags, in_registry;  /* flags: concurrent, as the line above */
+  uint64_t key;                 /* concurrent (rewritten, unchanged, by a reuse of its registry slot): random, bits 40-52 of its tickets */
+  fz_config cfg;                /* concurrent: rewritten only by a reload (fzi_reconfigure); OPT() */
+
+  /* Half-open admission. */
+  _Alignas(LINE) uint64_t ho;   /* concurrent: gen32 << 32 | successes << 16 | busy slots */
+  uint64_t probe_start[FZ_MAX_PROBES]; /* concurrent: gen22 << 42 | start in ms (mod 2^42) */
+
+  /* Failures and slow calls: not striped, they decide trips and are rare. */
+  _Alignas(LINE) uint64_t fails[NBUCKETS]; /* concurrent, tagged */
+  uint64_t slow[NBUCKETS];                 /* concurrent, tagged */
+
+  /* Cold: totals folded out of recycled buckets, backoff state. */
+  _Alignas(LINE) uint64_t folded_succ;  /* (_Alignas on its own: it applies to each declarator) */
+  uint64_t folded_rej, folded_fail, folded_slow;
+  uint64_t totals_seen[4];        /* concurrent: the highest totals read (succ, rej, fail, slow) */
+  uint64_t opens_total;           /* concurrent */
+  /* What the totals above (folded + live words, and opens_total) stood at when this
+   * breaker took its registry slot, plus one: its own totals are the difference. Totals
+   * only move forward over the slot's life, so a late write of an earlier breaker here,
+   * prepared from a value read before the reuse, can never find that value again. */
+  uint64_t base[5];               /* succ, rej, fail, slow, opens; 0 outside a registry */
+  uint64_t cur_open_ns;           /* concurrent: the open period before jitter */
+  uint64_t last_use;              /* concurrent: bucket (no shift, all 64 bits) a call last recycled a word in */
+
+  /* The count window: a ring of the last N outcomes and one aggregate word (beside the
+   * cold words, which are written once a bucket at most: a breaker fits in 2.5 KB). */
+  uint64_t cw_seq;                 /* concurrent: calls recorded so far */
+  uint64_t cw_agg;                 /* concurrent: era << 33 | calls << 22 | fails << 11 | slow */
+  uint64_t cw_n;                   /* concurrent: era << 32 | ring size, for eras >= that era */
+  int64_t cw_ring_off;             /* bytes from the breaker to its ring (count window only) */
+
+  stripe stripes[NSTRIPES];
+  char name[FZ_NAME_MAX + 1];
+
+  /* A timed forced_open: its end, stamped with its generation like `until`. */
+  uint64_t forced_until;        /* concurrent: end of the forced_open, ns */
+  uint64_t forced_gen;          /* concurrent: generation forced_until belongs to (| STAMPING) */
+
+  /* The generations of the FZ_REMOVED states the last EVICTIONS idle evictions of this
+   * slot's breakers made (0: none), kept when the slot is reused: a ticket of the
+   * generation before one of them was current when its breaker was evicted, and its
+   * outcome is the name's (fz_done answers FZ_ESTALE, see fz_late_id). A mark is written
+   * TENTATIVE before the eviction's swap and confirmed after it; a tentative mark counts
+   * only while the state word is that very FZ_REMOVED state (so an eviction killed
+   * before its swap marks nothing: the breaker lives on, fzi_finish_marks drops it). */
+  uint64_t evicted[EVICTIONS];  /* concurrent; written under the registry's lock */
+  uint64_t ev_next;             /* under the registry's lock: the next mark to write */
+
+  /* Bytes from the breaker to its permits (max_concurrent, csrc/fz_permits.h), outside
+   * the breaker so that a breaker without the option pays no memory for them: in a
+   * registry after the slot's ring (a reuse of the slot keeps them: calls of the breaker
+   * that was there give their permits back into them), for an anonymous breaker after
+   * its ring when made with max_concurrent; 0: none. */
+  int64_t permits_off;
+};
+
+_Static_assert(sizeof(fzp) == FZ_PERMITS_BYTES, "a slot's ring area has room for the permits");
+
+/* The breaker's permits, or NULL (an anonymous breaker made without max_concurrent). */
+static inline fzp *permits_of(fz_breaker *b) {
+  /* relaxed: written before the breaker is published, and rewritten (the same value) by a
+   * reuse of its registry slot, which a stale handle may be reading (fzi_slot_init) */
+  int64_t off = (int64_t)at_load_rlx((uint64_t *)(void *)&b->permits_off);
+  return off ? (fzp *)(void *)((char *)b + off) : NULL;
+}
+
+/* An option a reload may rewrite while calls read it (fzi_reconfigure): a relaxed load.
+ * Each option is read once per use; a call that straddles a reload may mix old and new
+ * options, which is harmless (the next call sees the new ones). */
+#define OPT(b, f) _Generic((b)->f, double: at_loadd_rlx, uint32_t: at_load32_rlx, \
+                           uint64_t: at_load_rlx)(&(b)->f)
+
+/* initial-exec: a plain %fs-relative load, not a __tls_get_addr call per use; the 32
+ * bytes (t_stripe, t_rng and the ledger's four below) fit the static TLS that glibc
+ * keeps for libraries loaded by dlopen. */
+#define TLS _Thread_local __attribute__((tls_model("initial-exec")))
+
+/* The clock (fz_clock.c): read inline on the hot path. Hidden, so that a
+ * read is PC-relative, as of a static, not through the GOT. */
+#define FZ_HIDDEN __attribute__((visibility("hidden")))
+extern FZ_HIDDEN uint64_t g_manual_on;  /* concurrent: 1 while the manual clock is installed */
+extern FZ_HIDDEN uint64_t g_manual_ns;  /* concurrent: MANUAL_ORIGIN + manual seconds in ns */
+typedef int (*clock_fn)(clockid_t, struct timespec *);
+extern FZ_HIDDEN clock_fn g_clock;     /* the vDSO's clock_gettime, or glibc's */
+void fzi_find_vdso_clock(void);  /* once, when the library loads (pin_library) */
+
+static inline uint64_t ts_ns(clockid_t id) {
+  struct timespec ts;
+  g_clock(id, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The breaker's clock: coarse (a vDSO read, no syscall), or the manual one. */
+static inline uint64_t now_ns(void) {
+  if (at_load_rlx(&g_manual_on)) return at_load_rlx(&g_manual_ns);
+  return ts_ns(CLOCK_MONOTONIC_COARSE);
+}
+
+
+#endif /* FZ_BREAKER_WORDS */
 
 #endif /* FZ_INTERNAL_H */

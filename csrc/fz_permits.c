@@ -3,7 +3,8 @@
  * claiming a lane, the limit reached, taking back the permits of a dead owner, and
  * rebuilding the permit word in a registry copied by a reload. The words and the fast
  * path are in fz_permits.h; the design and its memory-ordering argument in
- * docs/isolation.md.
+ * docs/isolation.md. At the end, the breaker's hooks (fz_permit_take, fz_permit_give,
+ * fzi_permits_copy), which find a breaker's permits beside it.
  *
  * Who owns a lane: a thread, named by pid and tid in the lane's owner word with a
  * generation that moves forward each time the lane changes hands (so a compare-and-swap
@@ -18,10 +19,13 @@
  * A survivor looks for dead owners only when the limit is reached or no lane is free,
  * at most once per SCAN_NS per breaker (kill(pid, 0) per owned lane).
  */
+#define FZ_BREAKER_WORDS
+#include "fz_internal.h"
 #include "fz_permits.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <string.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -230,4 +234,30 @@ void fzp_rebuild(fzp *p) {
 uint32_t fzp_running(const fzp *p) {
   uint64_t c = at_load_rlx(&p->pw) & FZP_COUNT;
   return c > FZP_COUNT / 2 ? 0 : (uint32_t)c;
+}
+
+/* ---------------------------------------------------------------- permits */
+
+/* max_concurrent (csrc/fz_permits.h, csrc/fz_permits.c): with no limit set (a reload
+ * dropped it while calls held permits) a take still counts, so that gives balance. */
+int fz_permit_take(fz_breaker *b, int count_full) {
+  fzp *p = permits_of(b);
+  uint32_t limit = OPT(b, cfg.max_concurrent);
+  if (!p || fzp_take(p, limit ? limit : FZ_MAX_CONCURRENT * 4u)) return 1;
+  if (count_full) at_add_rlx(&p->full_total, 1);
+  return 0;
+}
+
+void fz_permit_give(fz_breaker *b) {
+  fzp *p = permits_of(b);
+  if (p) fzp_give(p);
+}
+
+/* A reload's copy (fz_registry.c, migrate): the permits copied beside the breaker, and
+ * their word made again (the copy was read while workers ran). */
+void fzi_permits_copy(fz_breaker *to, fz_breaker *from) {
+  fzp *p = permits_of(to), *q = permits_of(from);
+  if (!p || !q) return;
+  memcpy(p, q, sizeof *p);
+  fzp_rebuild(p);
 }

@@ -1,7 +1,7 @@
 /*
  * fz_permits.h -- the concurrency limit of a breaker (max_concurrent): its words, which
  * live in the breaker (so in a shared registry in memory every nginx worker maps), and
- * the fast path of taking and giving back a permit, inlined into fz.c's exported
+ * the fast path of taking and giving back a permit, inlined into fz_permits.c's exported
  * fz_permit_take / fz_permit_give. The slow paths (claiming a lane, the limit reached,
  * taking back a dead owner's permits) are in fz_permits.c; the design and its
  * memory-ordering argument in docs/isolation.md. Not exported.
@@ -62,7 +62,7 @@ void fzp_give_laneless(fzp *p);
 void fzp_rebuild(fzp *p);
 uint32_t fzp_running(const fzp *p);
 
-/* Fault points for test/faults.c (-DFZ_FAULTS; the hook is fz.c's), nothing otherwise. */
+/* Fault points for test/faults.c (-DFZ_FAULTS; the hook is fz_state.c's), nothing otherwise. */
 #ifdef FZ_FAULTS
 extern void (*fz_fault_hook)(const char *where);
 #define FZP_FAULT(where) do { if (fz_fault_hook) fz_fault_hook(where); } while (0)

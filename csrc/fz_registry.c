@@ -42,7 +42,7 @@
  * call for `idle` seconds) that has been unused longest, and retires it with a
  * compare-and-swap of its state word from closed, so a breaker that trips meanwhile is
  * never evicted. "Last call" is the coarse stamp a call writes when it is the first to
- * count in a bucket (fz.c, tw_add): no write on the hot path.
+ * count in a bucket (fz_window.h, tw_add): no write on the hot path.
  */
 #include "fz.h"
 #include "fz_atomic.h"

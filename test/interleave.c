@@ -3,7 +3,7 @@
  * point of the core while another runs, then released.
  *
  * Built with the core compiled with -DFZ_FAULTS, whose fault points call fz_fault_hook
- * (see csrc/fz.c). The hook (test/pause.h) parks a thread that opted in (t_parkable) when it
+ * (see csrc/fz_internal.h). The hook (test/pause.h) parks a thread that opted in (t_parkable) when it
  * reaches the armed point, until the test releases it: so the interleavings that a
  * review found by reasoning are run, every time, in the order that breaks them. Time is
  * the manual clock. Each part names the issue it covers (issue 7).

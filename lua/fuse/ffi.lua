@@ -1,5 +1,5 @@
 -- fuse.ffi: the LuaJIT FFI backend. Thin: every function is one call into the core
--- (csrc/fz.c); the facade (fuse.lua) validates and holds the logic.
+-- (csrc/fz_state.c and the rest of csrc/); the facade (fuse.lua) validates and holds the logic.
 local ffi = require "ffi"
 local cdef = require "fuse.cdef"
 
