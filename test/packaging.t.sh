@@ -144,6 +144,8 @@ check "FUSE_TEST_PORTS that is not LOW-HIGH: an error that says so" refused
 check "README documents FUSE_TEST_PORTS=LOW-HIGH and the default range 10000-29999" \
   [ "$(grep -c 'FUSE_TEST_PORTS=LOW-HIGH' "$ROOT/README.md")/$(grep -c '10000-29999' "$ROOT/README.md")" = 1/1 ]
 
+check "README describes make stress-test" grep -q '`make stress-test` runs the nginx suites' "$ROOT/README.md"
+
 # ---------------------------------------------------------------- README's OpenResty block
 k=$("$ROOT/tools/readme-block" openresty-conf | grep -c '/path/to/fuse')
 two_lines() { [ "$k" = 2 ] && grep -q 'on the two `lua_package_\*` lines' "$ROOT/README.md"; }
