@@ -30,23 +30,10 @@ mkdir -p "$P/logs" "$P/logs-up" "$P/temp"
 copy_fuse "$T"
 chmod -R a+rX "$T"
 
-render() {
-  UP=$((PORT + 1))
-  for f in isolation slow-upstream; do
-    sed -e "s/127\.0\.0\.1:18180/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18181/127.0.0.1:$UP/g" \
-      "$ROOT/examples/nginx/$f.conf" > "$P/$f.conf"
-  done
-  chmod a+r "$P"/*.conf
-  nginx_start "$P" slow-upstream.conf || return 1
-  ISOLATION_LIMIT=$LIMIT nginx_start "$P" isolation.conf ||
-    { stop_master "$(cat "$P/logs-up/nginx.pid" 2>/dev/null)"; return 1; }
-}
-
 # side LIMIT: one run; prints a line of results
 side() {
   LIMIT=$1
-  start_on_free_ports 2 render || die "nginx did not start: $NGINX_START_ERR"
-  PIDS=("$(cat "$P/logs/nginx.pid")" "$(cat "$P/logs-up/nginx.pid")")
+  ISOLATION_LIMIT=$LIMIT start_isolation_example "$P" || die "nginx did not start: $NGINX_START_ERR"
   wait_for 30 curl -s -m 2 -o /dev/null "http://127.0.0.1:$PORT/fast" || die "nginx does not answer"
   wrk -t 2 -c 200 -d "${DURATION}s" --timeout 10s "http://127.0.0.1:$PORT/slow" > "$T/slow.out" 2>&1 &
   local slow=$!

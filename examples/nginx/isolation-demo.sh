@@ -26,18 +26,7 @@ mkdir -p "$P/logs" "$P/logs-up" "$P/temp"
 copy_fuse "$T"
 chmod -R a+rX "$T"
 
-render() {
-  UP=$((PORT + 1))
-  for f in isolation slow-upstream; do
-    sed -e "s/127\.0\.0\.1:18180/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18181/127.0.0.1:$UP/g" \
-      "$ROOT/examples/nginx/$f.conf" > "$P/$f.conf"
-  done
-  chmod a+r "$P"/*.conf
-  nginx_start "$P" slow-upstream.conf || return 1
-  nginx_start "$P" isolation.conf || { stop_master "$(cat "$P/logs-up/nginx.pid" 2>/dev/null)"; return 1; }
-}
-start_on_free_ports 2 render || die "nginx did not start: $NGINX_START_ERR"
-PIDS=("$(cat "$P/logs/nginx.pid")" "$(cat "$P/logs-up/nginx.pid")")
+start_isolation_example "$P" || die "nginx did not start: $NGINX_START_ERR"
 front() { curl -s -m 5 "http://127.0.0.1:$PORT$1"; }
 wait_for 30 front /stats >/dev/null || die "nginx does not answer"
 

@@ -196,3 +196,25 @@ _reloaded_now() {
   for p in "$@"; do alive "$p" && return 1; done
   [ -n "$(workers)" ]
 }
+
+# start_isolation_example P: examples/nginx/isolation.conf (the front, on PORT) and
+# slow-upstream.conf (on PORT + 1, as UP) rendered into prefix P on free ports and
+# started; their masters' pids in PIDS. make demo-nginx and make bench-nginx use it.
+# ISOLATION_LIMIT in the environment reaches the front (its max_concurrent).
+start_isolation_example() {
+  ISOLATION_PREFIX=$1
+  start_on_free_ports 2 _isolation_render || return 1
+  PIDS=("$(cat "$1/logs/nginx.pid")" "$(cat "$1/logs-up/nginx.pid")")
+}
+_isolation_render() {
+  local root f P=$ISOLATION_PREFIX
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  UP=$((PORT + 1))
+  for f in isolation slow-upstream; do
+    sed -e "s/127\.0\.0\.1:18180/127.0.0.1:$PORT/g" -e "s/127\.0\.0\.1:18181/127.0.0.1:$UP/g" \
+      "$root/examples/nginx/$f.conf" > "$P/$f.conf"
+  done
+  chmod a+r "$P"/*.conf
+  nginx_start "$P" slow-upstream.conf || return 1
+  nginx_start "$P" isolation.conf || { stop_master "$(cat "$P/logs-up/nginx.pid" 2>/dev/null)"; return 1; }
+}
