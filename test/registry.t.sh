@@ -63,11 +63,7 @@ error_log logs/error.log notice;
 events { worker_connections 1024; }
 http {
     access_log off;
-    client_body_temp_path temp/body;
-    proxy_temp_path temp/proxy;
-    fastcgi_temp_path temp/fastcgi;
-    uwsgi_temp_path temp/uwsgi;
-    scgi_temp_path temp/scgi;
+$(nginx_temp_paths)
 $(nginx_lua_paths "$T")
 $init
     server {

@@ -51,6 +51,15 @@ nginx_load_modules() {
     "$NGINX_MODULES" ngx_http_lua_module.so
 }
 
+# nginx_temp_paths: the http-level temp directories under the prefix's temp/ (lines of a
+# generated config, so that nginx writes nothing outside its prefix)
+nginx_temp_paths() {
+  local d
+  for d in client_body:body proxy fastcgi uwsgi scgi; do
+    printf '    %s_temp_path temp/%s;\n' "${d%%:*}" "${d#*:}"
+  done
+}
+
 nginx_lua_paths() {
   printf '    lua_package_path "%s/lua/?.lua;;";\n    lua_package_cpath "%s/build/?.so;;";\n' "$1" "$1"
 }
