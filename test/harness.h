@@ -42,6 +42,13 @@ static inline fz_stats peek(fz_breaker *b)
 
 static inline int code(int from, int to) { return 64 + from * 8 + to; }
 
+/* A named breaker of the registry, and its identity in *id (races.c, regcore.c). */
+static inline fz_breaker *open_named(const char *name, const fz_config *c, uint32_t *id) {
+  int st;
+  return fz_registry_open_id(name, strlen(name), c, &st, id);
+}
+static inline int remove_named(const char *name) { return fz_registry_remove(name, strlen(name)); }
+
 /* A thread that cannot start ends the test: nothing after it would mean anything. */
 static inline void thread_start(pthread_t *th, void *(*fn)(void *), void *arg)
 {

@@ -31,13 +31,6 @@ static fz_config defaults(void) {
   return c;
 }
 
-static fz_breaker *open_named(const char *name, const fz_config *c, uint32_t *id) {
-  int st;
-  return fz_registry_open_id(name, strlen(name), c, &st, id);
-}
-
-static int remove_named(const char *name) { return fz_registry_remove(name, strlen(name)); }
-
 /* ---------------------------------------------------------------- processes */
 
 /* Runs fn in a forked process; its checks are numbered on from ours and added to ours. */
