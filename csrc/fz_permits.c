@@ -84,7 +84,7 @@ static int remember(fzp *p, int lane, uint64_t o) {
 static uint64_t resolve(fzp *p, int lane, uint64_t pw_seen, int use_seen) {
   uint64_t st = at_load_acq(&p->lane[lane].st);
   uint64_t pw = use_seen ? pw_seen : at_load_acq(&p->pw);
-  unsigned bit = (unsigned)(pw >> (24 + lane) & 1), parity = (unsigned)(st >> 48 & 1);
+  unsigned bit = (unsigned)(pw >> (24 + lane) & 1), parity = (unsigned)(st & 1);
   return bit == parity ? st : fzp_took(st);
 }
 
@@ -94,9 +94,10 @@ static uint64_t resolve(fzp *p, int lane, uint64_t pw_seen, int use_seen) {
  * never moves back, so it never says more was given than was). Returns seen after. */
 static uint64_t refresh(fzp *p) {
   uint64_t g = 0, used = at_load_acq(&p->used);  /* acquire: pairs with the release in claim */
+  FZP_FAULT("permit-summing");
   /* a lane past `used` that a claim takes meanwhile is missed: its gives come after the
    * claim, so the sum only stays lower than the truth (a sum read later counts them) */
-  for (uint64_t i = 0; i < used && i < FZP_LANES; i++) g += at_load_acq(&p->lane[i].st) >> 24;
+  for (uint64_t i = 0; i < used && i < FZP_LANES; i++) g += fzp_given(at_load_acq(&p->lane[i].st));
   g &= FZP_COUNT;
   uint64_t seen = at_load_acq(&p->seen);
   /* ahead: 0 < g - seen < 2^23 (mod 2^24); release: pairs with the acquire in fzp_take_on */
@@ -127,7 +128,7 @@ static int64_t take_back(fzp *p, int lane, uint64_t o) {
      * the protocol of a take, so a survivor killed between two leaves an exact lane */
     for (int32_t i = held; i < 0; i++) {
       uint64_t pw = at_load_rlx(&p->pw);
-      while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, 1, lane))) {}
+      while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, lane))) {}
       FZP_FAULT("reclaim-taken");
       st = fzp_took(st);
       at_store_rel(&l->st, st);
@@ -179,6 +180,11 @@ static int claim(fzp *p, int i, uint64_t o) {
   return remember(p, i, mine);
 }
 
+/* The k-th free lane to try: one lane of each cache line first (4 lanes of 16 bytes to a
+ * line), so that the first 10 owners each write a line of their own at every give. */
+static int spread(int k) { return k % 10 * 4 + k / 10; }
+_Static_assert(FZP_LANES == 40 && sizeof(fzp_lane) == 16, "spread() knows 40 lanes of 16 bytes");
+
 /* The lane this thread owns in p, claimed when it has none: its own (not remembered),
  * a free one, an exited thread's of this process; after a look for dead owners, a
  * freed one. -1 when every lane is held by a live thread. */
@@ -189,7 +195,8 @@ int fzp_lane_slow(fzp *p) {
       uint64_t o = at_load_acq(&p->lane[i].owner);
       if ((o & ((UINT64_C(1) << 44) - 1)) == who) return remember(p, i, o);
     }
-    for (int i = 0; i < FZP_LANES; i++) {
+    for (int k = 0; k < FZP_LANES; k++) {
+      int i = spread(k);
       uint64_t o = at_load_acq(&p->lane[i].owner);
       int got = pid_of(o) ? -1 : claim(p, i, o);
       if (got >= 0) return got;
@@ -258,7 +265,7 @@ int fzp_full(fzp *p, uint32_t limit) {
  * docs/isolation.md). */
 void fzp_give_laneless(fzp *p) {
   uint64_t pw = at_load_rlx(&p->pw);
-  while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, -1, -1))) {}
+  while (!at_cas_acqrel(&p->pw, &pw, (pw & ~FZP_COUNT) | ((pw - 1) & FZP_COUNT))) {}
 }
 
 /* The permit word made again from the lanes: a registry copied by a reload (the copy
@@ -272,8 +279,8 @@ void fzp_rebuild(fzp *p) {
     at_store_rlx(&p->lane[i].st, st);
     if (st || at_load_rlx(&p->lane[i].owner)) used = (uint64_t)i + 1;  /* (the copied `used` may be behind) */
     taken += st & FZP_COUNT;
-    given += st >> 24 & FZP_COUNT;
-    bits |= (st >> 48 & 1) << (24 + i);
+    given += fzp_given(st);
+    bits |= (st & 1) << (24 + i);
   }
   at_store_rlx(&p->pw, bits | (taken & FZP_COUNT));
   at_store_rlx(&p->seen, given & FZP_COUNT);
@@ -285,7 +292,7 @@ void fzp_rebuild(fzp *p) {
 uint32_t fzp_running(const fzp *p) {
   /* the gives first, then pw: a give read here had its take before it, so in pw */
   uint64_t g = 0;
-  for (int i = 0; i < FZP_LANES; i++) g += at_load_acq(&p->lane[i].st) >> 24;
+  for (int i = 0; i < FZP_LANES; i++) g += fzp_given(at_load_acq(&p->lane[i].st));
   uint64_t pw = at_load_acq(&p->pw);
   uint64_t c = (pw - g) & FZP_COUNT;
   return c >= UINT64_C(1) << 23 ? 0 : (uint32_t)c;

@@ -34,11 +34,13 @@
 #define FZP_LANES 40                               /* lanes of a breaker: 64 - 24 bits */
 #define FZP_COUNT ((UINT64_C(1) << 24) - 1)        /* a count: modulo 2^24 */
 #define FZP_CACHE 8                                /* a thread's remembered lanes */
-#define FZP_PARITY (UINT64_C(1) << 48)
+#define FZP_GIVEN_SHIFT 40
 
-/* The lane word: taken (bits 0-23) | given (bits 24-47) | parity (bit 48), the counts
- * modulo 2^24: the lane holds taken - given (less than 0 when permits taken on other
- * threads of its process were given back on it). */
+/* The lane word: taken (bits 0-23) | given (bits 40-63), each modulo 2^24 (given at the
+ * top, so that a give is one add whose carry falls off the word). The lane holds taken -
+ * given (less than 0 when permits taken on other threads of its process were given back
+ * on it). The parity of the lane is the low bit of taken: each take flips it and the
+ * lane's bit in pw alike. */
 typedef struct fzp_lane {
   uint64_t owner;  /* concurrent: gen20 << 44 | pid22 << 22 | tid22; pid 0: free */
   uint64_t st;     /* concurrent: written by the owner only (or by who took it from a dead one) */
@@ -95,28 +97,30 @@ static inline int fzp_lane_of(fzp *p) {
 
 static inline uint64_t fzp_bit(int lane) { return UINT64_C(1) << (24 + lane); }
 
+/* A lane word's given count (mod 2^24). */
+static inline uint64_t fzp_given(uint64_t st) { return st >> FZP_GIVEN_SHIFT; }
+
 /* The permits a lane word holds: taken - given, as a signed 24-bit number. */
 static inline int32_t fzp_held(uint64_t st) {
-  uint32_t d = (uint32_t)((st - (st >> 24)) & FZP_COUNT);
+  uint32_t d = (uint32_t)((st - fzp_given(st)) & FZP_COUNT);
   return d >= UINT32_C(1) << 23 ? (int32_t)d - (1 << 24) : (int32_t)d;
 }
 
-/* The lane word after a take: taken + 1 (mod 2^24, never borrowing into given), parity
- * flipped. */
+/* The lane word after a take: taken + 1 (mod 2^24, never carrying out of its bits),
+ * which flips its low bit, the lane's parity. */
 static inline uint64_t fzp_took(uint64_t st) {
-  return ((st & ~FZP_COUNT) | ((st + 1) & FZP_COUNT)) ^ FZP_PARITY;
+  return (st & ~FZP_COUNT) | ((st + 1) & FZP_COUNT);
 }
 
 /* The lane word after n permits were given back on it: given + n (mod 2^24). */
 static inline uint64_t fzp_gave(uint64_t st, uint32_t n) {
-  return (st & ~(FZP_COUNT << 24)) | (((st >> 24) + n) & FZP_COUNT) << 24;
+  return st + ((uint64_t)n << FZP_GIVEN_SHIFT);
 }
 
-/* pw with its count moved by d (mod 2^24, so a count never borrows into the bits) and
- * the lane's bit flipped (lane < 0: no bit). */
-static inline uint64_t fzp_move(uint64_t pw, int32_t d, int lane) {
-  uint64_t v = (pw & ~FZP_COUNT) | ((pw + (uint64_t)(int64_t)d) & FZP_COUNT);
-  return lane < 0 ? v : v ^ fzp_bit(lane);
+/* pw after a take on lane `lane`: its count + 1 (mod 2^24, never carrying into the
+ * bits) and the lane's bit flipped. */
+static inline uint64_t fzp_move(uint64_t pw, int lane) {
+  return ((pw & ~FZP_COUNT) | ((pw + 1) & FZP_COUNT)) ^ fzp_bit(lane);
 }
 
 /* One take on lane `lane` (the caller's) when pw's count less `seen` is below limit:
@@ -130,7 +134,7 @@ static inline int fzp_take_on(fzp *p, fzp_lane *l, int lane, uint32_t limit) {
   for (;;) {
     if (((pw - seen) & FZP_COUNT) >= limit) return 0;
     /* acq_rel: as every swap of pw; the lane word's store below comes after it */
-    if (at_cas_acqrel(&p->pw, &pw, fzp_move(pw, 1, lane))) break;
+    if (at_cas_acqrel(&p->pw, &pw, fzp_move(pw, lane))) break;
   }
   FZP_FAULT("permit-taken");
   at_store_rel(&l->st, fzp_took(st));  /* release: after the swap, see fzp_resolve() */
@@ -160,7 +164,7 @@ static inline int fzp_take_fast(fzp *p, uint32_t limit) {
   uint64_t pw = at_load_rlx(&p->pw);
   if (__builtin_expect(((pw - seen) & FZP_COUNT) >= limit, 0)) return 0;
   FZP_FAULT("permit-taking");
-  if (__builtin_expect(!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, 1, lane)), 0)) return 0;  /* acq_rel: as in fzp_take_on */
+  if (__builtin_expect(!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, lane)), 0)) return 0;  /* acq_rel: as in fzp_take_on */
   FZP_FAULT("permit-taken");
   at_store_rel(&l->st, fzp_took(st));  /* release: as in fzp_take_on */
   return 1;
