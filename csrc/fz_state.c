@@ -766,7 +766,7 @@ static inline int done_fast(fz_breaker *b, uint64_t t) {
 
 static __attribute__((noinline)) int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed);
 
-static inline int done(fz_breaker *b, double tk, int outcome, double elapsed) {
+static inline __attribute__((always_inline)) int done(fz_breaker *b, double tk, int outcome, double elapsed) {
   if (!(tk >= 1.0 && tk < TICKET_LIMIT) || outcome < FZ_SUCCESS || outcome > FZ_IGNORE)
     return FZ_ETICKET;
   uint64_t t = (uint64_t)(int64_t)tk;  /* below 2^53: signed conversions, one instruction */
