@@ -326,6 +326,7 @@ bench: all
 	$(call need,bench/bench.lua)
 	$(LUA_ENV) $(LUAJIT) bench/bench.lua
 	$(LUA_ENV) $(LUAJIT) bench/registry.lua
+	$(LUA_ENV) $(LUAJIT) bench/limit.lua
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi

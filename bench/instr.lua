@@ -3,9 +3,9 @@
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" \
 --     valgrind --tool=callgrind --callgrind-out-file=/dev/null luajit bench/instr.lua CASE N
 --
--- CASE: allow+report, closed, open or forced_open (the loops of bench.lua's cases
--- "b:allow() + b:report(t, true)", "fuse.wrap, closed", "fuse.wrap, open (rejected)" and
--- "fuse.wrap, forced_open"). The loop is warmed up (3,000 iterations, so it is compiled)
+-- CASE: allow+report, closed, limited, open or forced_open (the loops of bench.lua's
+-- cases "b:allow() + b:report(t, true)", "fuse.wrap, closed", "fuse.wrap, closed,
+-- max_concurrent = 100", "fuse.wrap, open (rejected)" and "fuse.wrap, forced_open"). The loop is warmed up (3,000 iterations, so it is compiled)
 -- and then runs N times; it prints its sum, checked against the expected value. Run it
 -- with two values of N: the difference of the two instruction totals over the difference
 -- of the two N is the cost of one iteration, start-up and compilation cancelled out
@@ -14,7 +14,7 @@ local fuse = require "fuse"
 
 local CASE, N = arg[1], tonumber(arg[2])
 if not CASE or not N or N < 1 then
-  io.stderr:write("usage: luajit bench/instr.lua allow+report|closed|open|forced_open N\n")
+  io.stderr:write("usage: luajit bench/instr.lua allow+report|closed|limited|open|forced_open N\n")
   os.exit(2)
 end
 
@@ -36,8 +36,8 @@ if CASE == "allow+report" then
     return s
   end
   expected = function(n) return n end
-elseif CASE == "closed" then
-  local g = fuse.wrap(tiny, { fails = 5, window = 10 })
+elseif CASE == "closed" or CASE == "limited" then
+  local g = fuse.wrap(tiny, { fails = 5, window = 10, max_concurrent = CASE == "limited" and 100 or nil })
   loop = function(n)
     local s = 0
     for i = 1, n do s = s + g(i) end

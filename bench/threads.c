@@ -13,10 +13,10 @@
  *   count_window   count_window 100, fails 5: every call takes the next slot of one
  *                  ring, so all threads contend on one counter. This one is expected to
  *                  scale badly; it is measured so that the cost is known, not hidden.
- *   max_concurrent `fails` with max_concurrent 1000: each call also takes a permit
- *                  before fz_enter and gives it back after fz_done (fz_permit_take /
- *                  fz_permit_give: one compare-and-swap each on the breaker's permit
- *                  word, which every thread shares: the cost of one limit for all)
+ *   max_concurrent `fails` with max_concurrent 1000: each call takes a permit and
+ *                  enters (fz_enter_limit: one compare-and-swap on the breaker's permit
+ *                  word, which every thread shares: the cost of one limit for all) and
+ *                  gives it back as it is done (fz_done_limit: a store to its own lane)
  *   open           the same breaker as `fails` driven open by 5 failures, open_for
  *                  86400: every call is rejected (reads the coarse clock, counts the
  *                  rejection), no fz_done.
@@ -114,8 +114,14 @@ static void *work(void *arg) {
   double t0 = now_s(), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
   while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
     for (int k = 0; k < BATCH; k++) {
-      if (w->permits && !fz_permit_take(b, 1)) {
-        wrong++;  /* never: 1000 permits for at most MAX_THREADS threads */
+      if (w->permits) {
+        double t = fz_enter_limit(b, fz_breaker_id(b), 1);
+        if (t > 0) {
+          if (fz_done_limit(b, t, FZ_SUCCESS, -1.0) < 0) wrong++;
+          admitted++;
+        } else {
+          wrong++;  /* never: 1000 permits for at most MAX_THREADS threads, a closed circuit */
+        }
         continue;
       }
       double t = fz_enter(b);
@@ -125,7 +131,6 @@ static void *work(void *arg) {
       } else {
         rejected++;
       }
-      if (w->permits) fz_permit_give(b);
     }
   }
   w->secs = now_s() - t0;

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FZ_ABI_VERSION 4
+#define FZ_ABI_VERSION 5
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,7 +31,7 @@ extern "C" {
 /* FZ_CDEF_BEGIN */
 enum {
   FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4,
-  FZ_REMOVED = 5, FZ_STALE = 7
+  FZ_REMOVED = 5, FZ_FULL = 6, FZ_STALE = 7
 };
 
 enum { FZ_SUCCESS = 0, FZ_FAILURE = 1, FZ_IGNORE = 2 };
@@ -129,9 +129,11 @@ double fz_enter(fz_breaker *b);
 double fz_allow(fz_breaker *b);
 double fz_allow_id(fz_breaker *b, uint32_t id);
 double fz_enter_id(fz_breaker *b, uint32_t id);
+double fz_enter_limit(fz_breaker *b, uint32_t id, int count_full);
 uint32_t fz_breaker_id(const fz_breaker *b);
 int fz_breaker_reconfigure(fz_breaker *b, const fz_config *c);
 int fz_done(fz_breaker *b, double ticket, int outcome, double elapsed);
+int fz_done_limit(fz_breaker *b, double ticket, int outcome, double elapsed);
 
 int fz_state(fz_breaker *b);
 double fz_retry_after(fz_breaker *b);
@@ -352,6 +354,16 @@ const char *fz_counter_name(int i);
  *   and their permits taken back. With max_concurrent 0 (no limit) it takes a permit
  *   that never fails, so that a reload that drops the limit still balances. A thread
  *   beyond the 40 that may hold lanes of one breaker at once is rejected (0).
+ * fz_enter_limit(b, id, count_full): fz_permit_take(b, count_full), then fz_enter_id(b,
+ *   id), in one call: a breaker with max_concurrent pays one call into the core to enter
+ *   and one (fz_done_limit) to be done. No permit: the full rejection -(1 + FZ_FULL * 4)
+ *   = -25 (counted as fz_permit_take counts it; the circuit does not move). A rejection
+ *   by the circuit (or the stale code) gives the permit back before it returns, so only
+ *   an admitted ticket holds one. A breaker without permits: as fz_enter_id.
+ * fz_done_limit(b, ticket, outcome, elapsed): fz_permit_give(b), then fz_done(b, ticket,
+ *   outcome, elapsed), in one call; returns as fz_done. For a ticket of fz_enter_limit
+ *   on the same handle (a call whose permit is another breaker's gives it back with
+ *   fz_permit_give on that one, and reports with fz_done).
  * fz_permit_give(b): gives back a permit fz_permit_take gave, from any thread (a thread
  *   of another process than the taker's: no). Never fails. Lock-free. Permits survive the
  *   removal, eviction or reuse of a registry slot: a call of the breaker that was there

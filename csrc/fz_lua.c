@@ -342,6 +342,14 @@ static int l_enter(lua_State *L) {
   return 1;
 }
 
+/* enter_limit(h, identity, count_full) -> ticket, or the full rejection (a permit of
+ * max_concurrent first, given back on any rejection) */
+static int l_enter_limit(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  lua_pushnumber(L, fz_enter_limit(b, check_id(L, 2), (int)check_int(L, 3, 0, 1)));
+  return 1;
+}
+
 static int l_allow(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
   lua_pushnumber(L, fz_allow_id(b, check_id(L, 2)));
@@ -354,6 +362,15 @@ static int l_done(lua_State *L) {
   double ticket = luaL_checknumber(L, 2);
   int outcome = (int)check_int(L, 3, INT32_MIN, INT32_MAX);
   lua_pushinteger(L, fz_done(b, ticket, outcome, luaL_checknumber(L, 4)));
+  return 1;
+}
+
+/* done_limit(h, ticket, outcome, elapsed): the permit back, then as done */
+static int l_done_limit(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  double ticket = luaL_checknumber(L, 2);
+  int outcome = (int)check_int(L, 3, INT32_MIN, INT32_MAX);
+  lua_pushinteger(L, fz_done_limit(b, ticket, outcome, luaL_checknumber(L, 4)));
   return 1;
 }
 
@@ -618,7 +635,8 @@ static const luaL_Reg FUNCS[] = {
   { "counter_value", l_counter_value }, { "counter_name", l_counter_name },
   { "reset_id", l_reset_id }, { "force_open_id", l_force_open_id }, { "disable_id", l_disable_id },
   { "force_open_for_id", l_force_open_for_id }, { "late_id", l_late_id },
-  { "permit_take", l_permit_take }, { "permit_give", l_permit_give }, { NULL, NULL }
+  { "permit_take", l_permit_take }, { "permit_give", l_permit_give },
+  { "enter_limit", l_enter_limit }, { "done_limit", l_done_limit }, { NULL, NULL }
 };
 
 int luaopen_fuse_core(lua_State *L) {

@@ -74,45 +74,67 @@ static int remember(fzp *p, int lane, uint64_t o) {
 }
 
 /*
- * The lane word of `lane` with its intent settled, for a lane whose writer is gone (or
- * is the caller): an intent whose swap happened shows as the lane's bit in pw differing
- * from the lane's parity (only this lane's writer flips that bit, one operation at a
- * time). Reads the lane word first (acquire: pairs with the release of the writer's
- * swap, so an intent stored before it is seen), then pw.
+ * The lane word of `lane` with its last take settled, for a lane whose writer is gone (or
+ * is the caller): a take whose swap happened but whose lane word was not written shows
+ * as the lane's bit in pw differing from the lane's parity (only this lane's writer flips
+ * that bit, one take at a time, and writes the lane word after). Reads the lane word
+ * first (acquire: pairs with the release of the writer's store after its swap, so pw as
+ * that swap left it is seen below), then pw.
  */
 static uint64_t resolve(fzp *p, int lane, uint64_t pw_seen, int use_seen) {
   uint64_t st = at_load_acq(&p->lane[lane].st);
   uint64_t pw = use_seen ? pw_seen : at_load_acq(&p->pw);
-  unsigned intent = (unsigned)(st >> 33 & 3), parity = (unsigned)(st >> 32 & 1);
-  unsigned bit = (unsigned)(pw >> (24 + lane) & 1);
-  uint64_t clean = st & ((UINT64_C(1) << 33) - 1);
-  if (intent == FZP_NONE || bit == parity) return clean;  /* no swap: the intent is void */
-  if (intent == FZP_ACQ) return fzp_after(clean, 1);
-  if (intent == FZP_REL) return fzp_after(clean, -1);
-  return fzp_after(clean, -(int32_t)(uint32_t)clean);  /* a take-back: nothing left */
+  unsigned bit = (unsigned)(pw >> (24 + lane) & 1), parity = (unsigned)(st & 1);
+  return bit == parity ? st : fzp_took(st);
+}
+
+/* The sum of the lanes' given counts (mod 2^24), each read with acquire (pairs with the
+ * release store of a give: a give summed here happened), and `seen` moved forward to it
+ * when it is ahead (a sum read earlier by another caller may be behind or ahead; seen
+ * never moves back, so it never says more was given than was). Returns seen after. */
+static uint64_t refresh(fzp *p) {
+  uint64_t g = 0, used = at_load_acq(&p->used);  /* acquire: pairs with the release in claim */
+  FZP_FAULT("permit-summing");
+  /* a lane past `used` that a claim takes meanwhile is missed: its gives come after the
+   * claim, so the sum only stays lower than the truth (a sum read later counts them) */
+  for (uint64_t i = 0; i < used && i < FZP_LANES; i++) g += fzp_given(at_load_acq(&p->lane[i].st));
+  g &= FZP_COUNT;
+  uint64_t seen = at_load_acq(&p->seen);
+  /* ahead: 0 < g - seen < 2^23 (mod 2^24); release: pairs with the acquire in fzp_take_on */
+  while (((g - seen) & FZP_COUNT) - 1 < (UINT64_C(1) << 23) - 1)
+    if (at_cas_acqrel(&p->seen, &seen, g)) return g;
+  return seen;
 }
 
 /* The permits of lane `lane`, whose owner word is o and whose owner is dead, are taken
  * back; the lane is freed. Returns the permits taken back (0 when another survivor got
- * there first). */
+ * there first; less than 0 for a lane that held less than nothing, see scan). */
 static int64_t take_back(fzp *p, int lane, uint64_t o) {
   fzp_lane *l = &p->lane[lane];
   /* the survivor's name in the owner word, generation kept: a survivor that dies here
-   * is dead in turn, and the next one finishes (resolve settles its intent too) */
+   * is dead in turn, and the next one finishes (resolve settles its takes too) */
   if (!at_cas_acqrel(&l->owner, &o, owner(gen_of(o), me()))) return 0;
   FZP_FAULT("reclaim-claimed");
   uint64_t st = resolve(p, lane, 0, 0);
-  int32_t held = (int32_t)(uint32_t)st;
-  if (held != 0) {
-    at_store_rel(&l->st, st | (uint64_t)FZP_RECLAIM << 33);  /* the amount, then the intent */
-    FZP_FAULT("reclaim-intent");
-    uint64_t pw = at_load_rlx(&p->pw);
-    /* acq_rel: as in fzp_take (the intent before the swap) */
-    while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, -held, lane))) {}
-    FZP_FAULT("reclaim-swapped");
-    st = fzp_after(st, -held);
+  int32_t held = fzp_held(st);
+  if (held > 0) {
+    /* one store gives them all back: a survivor killed before it leaves the lane as it
+     * was, after it a lane holding nothing (release: as a give) */
+    at_store_rel(&l->st, fzp_gave(st, (uint32_t)held));
+    FZP_FAULT("reclaim-given");
+  } else {
+    /* less than nothing: permits its process took on other lanes were given back on
+     * this one; as many takes on it (no limit: the count is only made right), each
+     * the protocol of a take, so a survivor killed between two leaves an exact lane */
+    for (int32_t i = held; i < 0; i++) {
+      uint64_t pw = at_load_rlx(&p->pw);
+      while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, lane))) {}
+      FZP_FAULT("reclaim-taken");
+      st = fzp_took(st);
+      at_store_rel(&l->st, st);
+    }
+    if (held == 0) at_store_rel(&l->st, st);  /* a take its owner's death left unwritten */
   }
-  at_store_rel(&l->st, st);
   /* release: the next owner sees the settled lane word (parity of the lane's bit) */
   at_store_rel(&l->owner, owner(gen_of(o) + 1, 0));
   return held;
@@ -130,7 +152,7 @@ static int64_t scan(fzp *p) {
       uint64_t o = at_load_acq(&p->lane[i].owner);
       uint32_t pid = pid_of(o), tid = tid_of(o);
       if (!pid || (o & ((UINT64_C(1) << 44) - 1)) == me()) continue;
-      int32_t held = (int32_t)(uint32_t)resolve(p, i, 0, 0);  /* a peek: its owner may live */
+      int32_t held = fzp_held(resolve(p, i, 0, 0));  /* a peek: its owner may live */
       if ((pass == 0) != (held <= 0)) continue;
       if (pid == mypid) {
         uint64_t want = o;
@@ -148,10 +170,20 @@ static int64_t scan(fzp *p) {
 static int claim(fzp *p, int i, uint64_t o) {
   uint64_t mine = owner(gen_of(o) + 1, me());
   if (!at_cas_acqrel(&p->lane[i].owner, &o, mine)) return -1;
-  /* an adopted lane of an exited thread: its last intent settled (a free lane has none) */
+  /* the lanes a sum reads (refresh) reach this one before it takes or gives anything
+   * (acq_rel: ordered after the claim, before this thread's first take) */
+  uint64_t used = at_load_acq(&p->used);
+  while (used < (uint64_t)i + 1 && !at_cas_acqrel(&p->used, &used, (uint64_t)i + 1)) {}
+  /* an adopted lane of an exited thread: its last take settled (a free lane has none
+   * pending) */
   at_store_rel(&p->lane[i].st, resolve(p, i, 0, 0));
   return remember(p, i, mine);
 }
+
+/* The k-th free lane to try: one lane of each cache line first (4 lanes of 16 bytes to a
+ * line), so that the first 10 owners each write a line of their own at every give. */
+static int spread(int k) { return k % 10 * 4 + k / 10; }
+_Static_assert(FZP_LANES == 40 && sizeof(fzp_lane) == 16, "spread() knows 40 lanes of 16 bytes");
 
 /* The lane this thread owns in p, claimed when it has none: its own (not remembered),
  * a free one, an exited thread's of this process; after a look for dead owners, a
@@ -163,7 +195,8 @@ int fzp_lane_slow(fzp *p) {
       uint64_t o = at_load_acq(&p->lane[i].owner);
       if ((o & ((UINT64_C(1) << 44) - 1)) == who) return remember(p, i, o);
     }
-    for (int i = 0; i < FZP_LANES; i++) {
+    for (int k = 0; k < FZP_LANES; k++) {
+      int i = spread(k);
       uint64_t o = at_load_acq(&p->lane[i].owner);
       int got = pid_of(o) ? -1 : claim(p, i, o);
       if (got >= 0) return got;
@@ -179,23 +212,44 @@ int fzp_lane_slow(fzp *p) {
   return -1;
 }
 
+/* The limit looked reached from `seen`: the lanes read again (refresh), and one more
+ * try; then, when it is reached, fzp_full. 1 taken, 0 not. */
+int fzp_take_slow(fzp *p, uint32_t limit, int lane) {
+  refresh(p);
+  if (fzp_take_on(p, &p->lane[lane], lane, limit)) return 1;
+  return fzp_full(p, limit);
+}
+
+/* A take, whatever the fast path could not do: find or claim the lane, try again, read
+ * the lanes again when the limit looks reached, then fzp_full. 1 taken, 0 not. */
+int fzp_take_any(fzp *p, uint32_t limit) {
+  int lane = fzp_lane_of(p);
+  if (lane < 0) return fzp_full(p, limit);
+  FZP_FAULT("permit-taking");
+  if (fzp_take_on(p, &p->lane[lane], lane, limit)) return 1;
+  return fzp_take_slow(p, limit, lane);
+}
+
+/* A give whose lane was not remembered: found or claimed, or laneless. */
+void fzp_give_any(fzp *p) {
+  int lane = fzp_lane_of(p);
+  if (lane < 0) {
+    fzp_give_laneless(p);
+    return;
+  }
+  fzp_lane *l = &p->lane[lane];
+  uint64_t st = at_load_rlx(&l->st);
+  FZP_FAULT("permit-giving");
+  at_store_rel(&l->st, fzp_gave(st, 1));  /* release: as in fzp_give_fast */
+  FZP_FAULT("permit-given");
+}
+
 /* One more take, after permits were taken back (no recursion into fzp_full). */
 static int take_again(fzp *p, uint32_t limit) {
   int lane = fzp_lane_of(p);
   if (lane < 0) return 0;
-  fzp_lane *l = &p->lane[lane];
-  uint64_t st = at_load_rlx(&l->st);
-  at_store_rlx(&l->st, st | (uint64_t)FZP_ACQ << 33);
-  uint64_t pw = at_load_rlx(&p->pw);
-  for (;;) {
-    if ((pw & FZP_COUNT) >= limit) {
-      at_store_rlx(&l->st, st);
-      return 0;
-    }
-    if (at_cas_acqrel(&p->pw, &pw, fzp_move(pw, 1, lane))) break;  /* acq_rel: as in fzp_take */
-  }
-  at_store_rel(&l->st, fzp_after(st, 1));
-  return 1;
+  refresh(p);
+  return fzp_take_on(p, &p->lane[lane], lane, limit);
 }
 
 /* The limit was reached (or no lane could be had): look for dead owners' permits, at
@@ -205,35 +259,43 @@ int fzp_full(fzp *p, uint32_t limit) {
   return t - last >= SCAN_NS && at_cas_acqrel(&p->scan_at, &last, t) && scan(p) > 0 && take_again(p, limit);
 }
 
-/* A permit given back by a thread that can have no lane: the count alone. Exact while
- * the process lives; should it die, the lane the permit was taken on counts it as held,
- * and its take-back gives it back once more (see docs/isolation.md). */
+/* A permit given back by a thread that can have no lane: the count of takes moved back
+ * alone (no lane's bit). Exact while the process lives; should it die, the lane the
+ * permit was taken on counts it as held, and its take-back gives it back once more (see
+ * docs/isolation.md). */
 void fzp_give_laneless(fzp *p) {
   uint64_t pw = at_load_rlx(&p->pw);
-  while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, -1, 0) ^ fzp_bit(0))) {}
+  while (!at_cas_acqrel(&p->pw, &pw, (pw & ~FZP_COUNT) | ((pw - 1) & FZP_COUNT))) {}
 }
 
 /* The permit word made again from the lanes: a registry copied by a reload (the copy
- * was read while workers ran, so pw and the lanes may be of different instants). Single
+ * was read while workers ran, so pw and the lanes may be of different instants). The
+ * count is the lanes' takes, seen their gives: what they hold is the difference. Single
  * threaded: no process uses the copy yet. */
 void fzp_rebuild(fzp *p) {
-  uint64_t pw = at_load_rlx(&p->pw), bits = 0;
-  int64_t count = 0;
+  uint64_t pw = at_load_rlx(&p->pw), bits = 0, taken = 0, given = 0, used = 0;
   for (int i = 0; i < FZP_LANES; i++) {
     uint64_t st = resolve(p, i, pw, 1);
     at_store_rlx(&p->lane[i].st, st);
-    count += (int32_t)(uint32_t)st;
-    bits |= (st >> 32 & 1) << (24 + i);
+    if (st || at_load_rlx(&p->lane[i].owner)) used = (uint64_t)i + 1;  /* (the copied `used` may be behind) */
+    taken += st & FZP_COUNT;
+    given += fzp_given(st);
+    bits |= (st & 1) << (24 + i);
   }
-  if (count < 0) count = 0;
-  if (count > (int64_t)FZP_COUNT / 2) count = FZP_COUNT / 2;
-  at_store_rlx(&p->pw, bits | (uint64_t)count);
+  at_store_rlx(&p->pw, bits | (taken & FZP_COUNT));
+  at_store_rlx(&p->seen, given & FZP_COUNT);
+  at_store_rlx(&p->used, used);
 }
 
-/* Permits held now; a count caught below zero (see scan) reads 0. */
+/* Permits held now: the takes less the lanes' gives; a count caught below zero (see
+ * scan) reads 0. */
 uint32_t fzp_running(const fzp *p) {
-  uint64_t c = at_load_rlx(&p->pw) & FZP_COUNT;
-  return c > FZP_COUNT / 2 ? 0 : (uint32_t)c;
+  /* the gives first, then pw: a give read here had its take before it, so in pw */
+  uint64_t g = 0;
+  for (int i = 0; i < FZP_LANES; i++) g += fzp_given(at_load_acq(&p->lane[i].st));
+  uint64_t pw = at_load_acq(&p->pw);
+  uint64_t c = (pw - g) & FZP_COUNT;
+  return c >= UINT64_C(1) << 23 ? 0 : (uint32_t)c;
 }
 
 /* ---------------------------------------------------------------- permits */

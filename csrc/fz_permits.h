@@ -6,18 +6,23 @@
  * taking back a dead owner's permits) are in fz_permits.c; the design and its
  * memory-ordering argument in docs/isolation.md. Not exported.
  *
- * In one paragraph: the permit word `pw` holds the count of permits held (low 24 bits)
- * and one parity bit per lane (bits 24..63). Every thread that takes or gives permits of
- * a breaker owns one of its FZP_LANES lanes (claimed with a compare-and-swap of the
- * lane's owner word: generation, pid, tid) and is the lane's only writer. Its lane word
- * says how many permits the lane holds, the parity its bit in pw has, and the operation
- * it is about to make. An operation is: store the intent in the lane word; one
- * compare-and-swap of pw that moves the count AND flips the lane's bit; store the
- * result in the lane word. A process killed at any instruction leaves a lane whose
- * intent is resolved exactly: the bit in pw differs from the lane's parity if and only
- * if the swap happened. So a survivor that finds the owner dead (kill(pid, 0) fails with
- * ESRCH; only looked for when the limit is reached) knows exactly how many permits the
- * lane holds, and takes them back with one more swap of the same kind.
+ * In one paragraph: the permit word `pw` holds the count of permits ever taken (low 24
+ * bits, modulo 2^24) and one parity bit per lane (bits 24..63). Every thread that takes
+ * or gives permits of a breaker owns one of its FZP_LANES lanes (claimed with a
+ * compare-and-swap of the lane's owner word: generation, pid, tid) and is the lane's only
+ * writer. Its lane word counts the permits taken and the permits given back on the lane
+ * (each modulo 2^24) and the parity its bit in pw has. A take is one compare-and-swap of
+ * pw that moves the count AND flips the lane's bit, then a store of the lane word; a
+ * give is one store of the lane word (no read-modify-write of a shared word: a call
+ * pays one atomic, not two). The permits held are pw's count minus the sum of the lanes'
+ * given counts; a take compares against `seen`, a sum of them read earlier (never more
+ * than the true sum: the gives counted there happened), and reads the lanes again only
+ * when that says the limit is reached. A process killed at any instruction leaves a lane
+ * whose last take is resolved exactly: the bit in pw differs from the lane's parity if
+ * and only if the swap happened and the lane word was not written after it. So a
+ * survivor that finds the owner dead (kill(pid, 0) fails with ESRCH; only looked for
+ * when the limit is reached) knows exactly how many permits the lane holds, and gives
+ * them back with one store of the lane word.
  */
 #ifndef FZ_PERMITS_H
 #define FZ_PERMITS_H
@@ -27,22 +32,27 @@
 #include <stdint.h>
 
 #define FZP_LANES 40                               /* lanes of a breaker: 64 - 24 bits */
-#define FZP_COUNT ((UINT64_C(1) << 24) - 1)        /* the count in pw */
+#define FZP_COUNT ((UINT64_C(1) << 24) - 1)        /* a count: modulo 2^24 */
 #define FZP_CACHE 8                                /* a thread's remembered lanes */
+#define FZP_GIVEN_SHIFT 40
 
-/* The lane word: held (int32, low bits) | parity << 32 | intent << 33. */
-enum { FZP_NONE = 0, FZP_ACQ = 1, FZP_REL = 2, FZP_RECLAIM = 3 };
-
+/* The lane word: taken (bits 0-23) | given (bits 40-63), each modulo 2^24 (given at the
+ * top, so that a give is one add whose carry falls off the word). The lane holds taken -
+ * given (less than 0 when permits taken on other threads of its process were given back
+ * on it). The parity of the lane is the low bit of taken: each take flips it and the
+ * lane's bit in pw alike. */
 typedef struct fzp_lane {
   uint64_t owner;  /* concurrent: gen20 << 44 | pid22 << 22 | tid22; pid 0: free */
   uint64_t st;     /* concurrent: written by the owner only (or by who took it from a dead one) */
 } fzp_lane;
 
 typedef struct fzp {
-  _Alignas(64) uint64_t pw;  /* concurrent: count | lane parity bits << 24 */
+  _Alignas(64) uint64_t pw;  /* concurrent: taken count | lane parity bits << 24 */
   uint64_t full_total;       /* concurrent: calls rejected for the limit */
   uint64_t scan_at;          /* concurrent: coarse ns of the last look for dead owners */
-  uint64_t spare[5];
+  uint64_t seen;             /* concurrent: a sum of the lanes' given counts, mod 2^24, moves forward only */
+  uint64_t used;             /* concurrent: lanes 0..used-1 were ever claimed (the rest are 0); moves forward only */
+  uint64_t spare[3];
   fzp_lane lane[FZP_LANES];
 } fzp;
 
@@ -57,6 +67,7 @@ typedef struct fzp_mine {
 extern _Thread_local __attribute__((tls_model("initial-exec"))) fzp_mine fzp_cache[FZP_CACHE];
 
 int fzp_lane_slow(fzp *p);
+int fzp_take_slow(fzp *p, uint32_t limit, int lane);
 int fzp_full(fzp *p, uint32_t limit);
 void fzp_give_laneless(fzp *p);
 void fzp_rebuild(fzp *p);
@@ -86,56 +97,105 @@ static inline int fzp_lane_of(fzp *p) {
 
 static inline uint64_t fzp_bit(int lane) { return UINT64_C(1) << (24 + lane); }
 
-/* The lane word after an operation of delta d: held + d, parity flipped, no intent. */
-static inline uint64_t fzp_after(uint64_t st, int32_t d) {
-  uint32_t held = (uint32_t)st + (uint32_t)d;
-  return ((st >> 32 & 1) ^ 1) << 32 | held;
+/* A lane word's given count (mod 2^24). */
+static inline uint64_t fzp_given(uint64_t st) { return st >> FZP_GIVEN_SHIFT; }
+
+/* The permits a lane word holds: taken - given, as a signed 24-bit number. */
+static inline int32_t fzp_held(uint64_t st) {
+  uint32_t d = (uint32_t)((st - fzp_given(st)) & FZP_COUNT);
+  return d >= UINT32_C(1) << 23 ? (int32_t)d - (1 << 24) : (int32_t)d;
 }
 
-/* pw with its count moved by d (mod 2^24, so a count never borrows into the bits) and
- * the lane's bit flipped. */
-static inline uint64_t fzp_move(uint64_t pw, int32_t d, int lane) {
-  return ((pw & ~FZP_COUNT) | ((pw + (uint64_t)(int64_t)d) & FZP_COUNT)) ^ fzp_bit(lane);
+/* The lane word after a take: taken + 1 (mod 2^24, never carrying out of its bits),
+ * which flips its low bit, the lane's parity. */
+static inline uint64_t fzp_took(uint64_t st) {
+  return (st & ~FZP_COUNT) | ((st + 1) & FZP_COUNT);
 }
+
+/* The lane word after n permits were given back on it: given + n (mod 2^24). */
+static inline uint64_t fzp_gave(uint64_t st, uint32_t n) {
+  return st + ((uint64_t)n << FZP_GIVEN_SHIFT);
+}
+
+/* pw after a take on lane `lane`: its count + 1 (mod 2^24, never carrying into the
+ * bits) and the lane's bit flipped. */
+static inline uint64_t fzp_move(uint64_t pw, int lane) {
+  return ((pw & ~FZP_COUNT) | ((pw + 1) & FZP_COUNT)) ^ fzp_bit(lane);
+}
+
+/* One take on lane `lane` (the caller's) when pw's count less `seen` is below limit:
+ * 1, or 0 without a swap (the limit looks reached: the caller reads the lanes again). */
+static inline int fzp_take_on(fzp *p, fzp_lane *l, int lane, uint32_t limit) {
+  uint64_t st = at_load_rlx(&l->st);
+  /* acquire: pairs with the release of the swap that moved seen (after the lanes it
+   * summed were read with acquire): a give counted there happened before this take */
+  uint64_t seen = at_load_acq(&p->seen);
+  uint64_t pw = at_load_rlx(&p->pw);
+  for (;;) {
+    if (((pw - seen) & FZP_COUNT) >= limit) return 0;
+    /* acq_rel: as every swap of pw; the lane word's store below comes after it */
+    if (at_cas_acqrel(&p->pw, &pw, fzp_move(pw, lane))) break;
+  }
+  FZP_FAULT("permit-taken");
+  at_store_rel(&l->st, fzp_took(st));  /* release: after the swap, see fzp_resolve() */
+  return 1;
+}
+
+/* The lane this thread remembers for p and still owns, or NULL (then fzp_lane_of
+ * decides). Calls nothing: the fast paths below stay leaf code. */
+static inline fzp_lane *fzp_mine_of(fzp *p, int *lane) {
+  const fzp_mine *m = &fzp_cache[fzp_slot(p)];
+  if (__builtin_expect(m->p != p, 0)) return NULL;
+  fzp_lane *l = &p->lane[m->lane];
+  /* relaxed: as in fzp_lane_of */
+  if (__builtin_expect(at_load_rlx(&l->owner) != m->owner, 0)) return NULL;
+  *lane = (int)m->lane;
+  return l;
+}
+
+/* A take's fast path: on the remembered lane, the limit not reached by `seen`, the swap
+ * won at the first try. 1 taken; 0 when nothing was done and fzp_take_any decides. */
+static inline int fzp_take_fast(fzp *p, uint32_t limit) {
+  int lane;
+  fzp_lane *l = fzp_mine_of(p, &lane);
+  if (!l) return 0;
+  uint64_t st = at_load_rlx(&l->st);
+  uint64_t seen = at_load_acq(&p->seen);  /* acquire: as in fzp_take_on */
+  uint64_t pw = at_load_rlx(&p->pw);
+  if (__builtin_expect(((pw - seen) & FZP_COUNT) >= limit, 0)) return 0;
+  FZP_FAULT("permit-taking");
+  if (__builtin_expect(!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, lane)), 0)) return 0;  /* acq_rel: as in fzp_take_on */
+  FZP_FAULT("permit-taken");
+  at_store_rel(&l->st, fzp_took(st));  /* release: as in fzp_take_on */
+  return 1;
+}
+
+/* A give's fast path, on the remembered lane: 1 given; 0 when nothing was done and
+ * fzp_give_any gives it. One store of the thread's own lane word. */
+static inline int fzp_give_fast(fzp *p) {
+  int lane;
+  fzp_lane *l = fzp_mine_of(p, &lane);
+  if (!l) return 0;
+  uint64_t st = at_load_rlx(&l->st);
+  FZP_FAULT("permit-giving");
+  /* release: the call's own work happens before its permit shows as given (pairs with
+   * the acquire loads of the lanes in a sum) */
+  at_store_rel(&l->st, fzp_gave(st, 1));
+  FZP_FAULT("permit-given");
+  return 1;
+}
+
+int fzp_take_any(fzp *p, uint32_t limit);
+void fzp_give_any(fzp *p);
 
 /* Takes a permit when fewer than `limit` are held: 1, or 0 (the limit is reached). */
 static inline int fzp_take(fzp *p, uint32_t limit) {
-  int lane = fzp_lane_of(p);
-  if (__builtin_expect(lane < 0, 0)) return fzp_full(p, limit);
-  fzp_lane *l = &p->lane[lane];
-  uint64_t st = at_load_rlx(&l->st);
-  at_store_rlx(&l->st, st | (uint64_t)FZP_ACQ << 33);  /* the intent; ordered by the release below */
-  FZP_FAULT("permit-intent");
-  uint64_t pw = at_load_rlx(&p->pw);
-  for (;;) {
-    if ((pw & FZP_COUNT) >= limit) {
-      at_store_rlx(&l->st, st);  /* no swap was made: the intent is void */
-      return fzp_full(p, limit);
-    }
-    /* acq_rel: the release makes the intent visible before the swap (a survivor that
-     * sees the bit flipped sees the intent); pairs with the acquire in resolve() */
-    if (at_cas_acqrel(&p->pw, &pw, fzp_move(pw, 1, lane))) break;
-  }
-  FZP_FAULT("permit-taken");
-  at_store_rel(&l->st, fzp_after(st, 1));  /* release: after the swap, see resolve() */
-  return 1;
+  return fzp_take_fast(p, limit) || fzp_take_any(p, limit);
 }
 
 /* Gives one permit back (on the calling thread's lane). */
 static inline void fzp_give(fzp *p) {
-  int lane = fzp_lane_of(p);
-  if (__builtin_expect(lane < 0, 0)) {
-    fzp_give_laneless(p);
-    return;
-  }
-  fzp_lane *l = &p->lane[lane];
-  uint64_t st = at_load_rlx(&l->st);
-  at_store_rlx(&l->st, st | (uint64_t)FZP_REL << 33);
-  FZP_FAULT("permit-giving");
-  uint64_t pw = at_load_rlx(&p->pw);
-  while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, -1, lane))) {}  /* acq_rel: as in fzp_take */
-  FZP_FAULT("permit-given");
-  at_store_rel(&l->st, fzp_after(st, -1));
+  if (!fzp_give_fast(p)) fzp_give_any(p);
 }
 
 #endif /* FZ_PERMITS_H */

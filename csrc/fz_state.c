@@ -548,12 +548,51 @@ double fz_allow(fz_breaker *b) {
  * after the state word (acquire): a removal moves the identity before it frees the slot
  * (fz_registry.c), and a new breaker in the slot continues the generation, so a handle
  * that still sees its identity holds a ticket no later breaker of the slot accepts. */
-double fz_enter_id(fz_breaker *b, uint32_t id) {
+static inline double enter_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);  /* its identity goes next */
   return enter_not_closed(b, sw, id);
+}
+
+double fz_enter_id(fz_breaker *b, uint32_t id) { return enter_id(b, id); }
+
+/* The limit was reached: counted (count_full), and the full rejection. */
+static double enter_full(fzp *p, int count_full) {
+  if (count_full) at_add_rlx(&p->full_total, 1);
+  return rejection(FZ_FULL, 0);
+}
+
+/* The limit of b's permits for a take (a reload that dropped it while calls held
+ * permits: a take that never fails, so that gives balance). */
+static inline uint32_t limit_of(fz_breaker *b) {
+  uint32_t limit = OPT(b, cfg.max_concurrent);
+  return limit ? limit : FZ_MAX_CONCURRENT * 4u;
+}
+
+/* fz_enter_limit whatever its fast path could not do: no permits, a permit not taken at
+ * the first try, or a call the circuit did not admit at once. */
+static __attribute__((noinline)) double enter_limit_any(fz_breaker *b, uint32_t id, int count_full, int taken) {
+  fzp *p = permits_of(b);
+  if (!p) return enter_id(b, id);
+  if (!taken && !fzp_take_any(p, limit_of(b))) return enter_full(p, count_full);
+  double t = enter_id(b, id);
+  if (t < 0) fzp_give(p);  /* a rejection holds no permit */
+  return t;
+}
+
+/* fz_enter_id after a permit of max_concurrent (fz_permit_take's, in the same call, so
+ * that a limited call pays one call into the core to enter and one to be done): a
+ * rejection by the circuit gives the permit back before it returns. The fast path (the
+ * thread's remembered lane, one swap, a closed circuit) calls nothing. */
+double fz_enter_limit(fz_breaker *b, uint32_t id, int count_full) {
+  fzp *p = permits_of(b);
+  if (__builtin_expect(!p || !fzp_take_fast(p, limit_of(b)), 0)) return enter_limit_any(b, id, count_full, 0);
+  uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in enter_id */
+  if (__builtin_expect((uint32_t)at_load_acq(&b->id) == id && sw_state(sw) == FZ_CLOSED, 1))
+    return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
+  return enter_limit_any(b, id, count_full, 1);
 }
 
 /* ---------------------------------------------------------------- outcomes */
@@ -727,7 +766,7 @@ static inline int done_fast(fz_breaker *b, uint64_t t) {
 
 static __attribute__((noinline)) int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed);
 
-int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) {
+static inline __attribute__((always_inline)) int done(fz_breaker *b, double tk, int outcome, double elapsed) {
   if (!(tk >= 1.0 && tk < TICKET_LIMIT) || outcome < FZ_SUCCESS || outcome > FZ_IGNORE)
     return FZ_ETICKET;
   uint64_t t = (uint64_t)(int64_t)tk;  /* below 2^53: signed conversions, one instruction */
@@ -738,6 +777,22 @@ int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) {
   }
   if (outcome == FZ_SUCCESS && done_fast(b, t)) return 0;
   return done_slow(b, t, outcome, elapsed);
+}
+
+int fz_done(fz_breaker *b, double tk, int outcome, double elapsed) { return done(b, tk, outcome, elapsed); }
+
+/* fz_done of a call that holds a permit of max_concurrent (fz_enter_limit's): the
+ * permit is given back first (fz_permit_give's), then the outcome recorded. */
+static __attribute__((noinline)) int done_limit_any(fz_breaker *b, double tk, int outcome, double elapsed) {
+  fzp *p = permits_of(b);
+  if (p) fzp_give_any(p);
+  return done(b, tk, outcome, elapsed);
+}
+
+int fz_done_limit(fz_breaker *b, double tk, int outcome, double elapsed) {
+  fzp *p = permits_of(b);
+  if (__builtin_expect(!p || !fzp_give_fast(p), 0)) return done_limit_any(b, tk, outcome, elapsed);
+  return done(b, tk, outcome, elapsed);
 }
 
 /* The state a ticket of this kind is issued in. */

@@ -45,6 +45,7 @@ local FORCED_TO_OPEN = 64 + 3 * 8 + OPEN
 local PLAIN_OPEN_REJECTION = -(1 + OPEN * 4)
 local PLAIN_FORCED_REJECTION = -(1 + 3 * 4)  -- forced_open, no transition made
 local STALE = -(1 + 7 * 4)  -- fz_enter_id: the handle's breaker was removed or evicted
+local FULL = -(1 + 6 * 4)   -- fz_enter_limit: max_concurrent calls are running
 local PASS_TICKET = 3 * 2   -- a ticket fz_done counts nowhere (kind 3, generation 0)
 local E_MISMATCH, E_FULL, E_TICKET, E_REPORTED, E_STALE = -4, -3, -7, -9, -10
 
@@ -57,7 +58,7 @@ local E_MISMATCH, E_FULL, E_TICKET, E_REPORTED, E_STALE = -4, -3, -7, -9, -10
 -- the C module's functions under the same names.
 local core = B.lib or { fz_enter_id = B.enter, fz_allow_id = B.allow, fz_done = B.done, fz_clock_now = B.clock_now,
   fz_clock_manual = B.clock_manual, fz_retry_after = B.retry_after, fz_permit_take = B.permit_take,
-  fz_permit_give = B.permit_give }
+  fz_permit_give = B.permit_give, fz_enter_limit = B.enter_limit, fz_done_limit = B.done_limit }
 
 -- OpenResty: guarded calls in flight are noted with their request, so that a function
 -- that ends the request (ngx.exit, ngx.exec, ngx.redirect) is still counted, by fuse.settle()
@@ -257,6 +258,17 @@ local function permit(h, max_wait)
   if max_wait == 0 then return (core.fz_permit_take(h, 1)) end
   if core.fz_permit_take(h, 0) == 1 or wait_permit(h, max_wait) then return 1 end
   return (core.fz_permit_take(h, 1))  -- a last try, which counts the rejection
+end
+
+-- A guarded call of a breaker with max_concurrent and max_wait that found the limit
+-- reached (fz_enter_limit's FULL, not counted): waits for a permit, then enters as
+-- fz_enter_limit does (a rejection by the circuit gives the permit back). Apart from the
+-- call path, which stays one call into the core to enter.
+local function enter_waited(h, id, max_wait)
+  if not wait_permit(h, max_wait) and core.fz_permit_take(h, 1) == 0 then return FULL end  -- (counted)
+  local t = core.fz_enter_id(h, id)
+  if t < 0 then core.fz_permit_give(h) end
+  return t
 end
 
 function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
@@ -476,14 +488,20 @@ local function make_run(br, fallback, is_failure, listener, direct)
   local limit = br.cfg.max_concurrent > 0
   local rej_full = limit and rej_of(br, 4)
   local max_wait = br.max_wait or 0
+  local count_full = max_wait == 0 and 1 or 0  -- (with max_wait, enter_waited counts it)
 
   -- ph: the handle whose permit the call holds (max_concurrent), given back here, with
-  -- the outcome; false or nil for none.
+  -- the outcome (in the same call into the core, unless a re-find moved h meanwhile).
   local function record(t, t0, outcome, ph)
-    if limit then core.fz_permit_give(ph) end
     local elapsed = -1
     if slow then elapsed = now() - t0 elseif fake then sync() end
-    local code = core.fz_done(h, t, outcome, elapsed)
+    local code
+    if not limit then code = core.fz_done(h, t, outcome, elapsed)
+    elseif ph == h then code = core.fz_done_limit(h, t, outcome, elapsed)
+    else
+      core.fz_permit_give(ph)
+      code = core.fz_done(h, t, outcome, elapsed)
+    end
     if code ~= 0 then
       if code < 0 then code = late(br, t, outcome, elapsed, code) end
       fire(listener, name, code)
@@ -543,16 +561,16 @@ local function make_run(br, fallback, is_failure, listener, direct)
   if fb_fn then
     run = function(fn, ...)
       if fake then sync() end
-      local ph
-      if limit then  -- the permit first: a call past the limit touches no circuit
-        if permit(h, max_wait) == 0 then return fallback(rej_full, ...) end
+      local t, ph
+      if limit then  -- the permit first (in the core): a call past the limit touches no circuit
         ph = h
-      end
-      local t = core.fz_enter_id(h, id)
-      if t < 0 then
-        if limit then core.fz_permit_give(ph) end
+        t = core.fz_enter_limit(h, id, count_full)
+        if t == FULL and max_wait > 0 then t = enter_waited(h, id, max_wait) end
+      else t = core.fz_enter_id(h, id) end
+      if t < 0 then  -- (a rejection holds no permit: the core gave it back)
         local rej
-        if t == PLAIN_OPEN_REJECTION then rej = rej_open
+        if limit and t == FULL then rej = rej_full
+        elseif t == PLAIN_OPEN_REJECTION then rej = rej_open
         elseif t == PLAIN_FORCED_REJECTION then rej = rej_forced
         elseif t == STALE then return rerun(fn, ...)
         else rej = rejected(br, listener, t) end
@@ -572,20 +590,17 @@ local function make_run(br, fallback, is_failure, listener, direct)
   end
   run = function(fn, ...)
     if fake then sync() end
-    local ph
-    if limit then  -- the permit first: a call past the limit touches no circuit
-      if permit(h, max_wait) == 0 then
-        if has_fallback then return fallback end
-        return nil, rej_full
-      end
+    local t, ph
+    if limit then  -- the permit first (in the core): a call past the limit touches no circuit
       ph = h
-    end
-    local t = core.fz_enter_id(h, id)
-    if t < 0 then
-      if limit then core.fz_permit_give(ph) end
+      t = core.fz_enter_limit(h, id, count_full)
+      if t == FULL and max_wait > 0 then t = enter_waited(h, id, max_wait) end
+    else t = core.fz_enter_id(h, id) end
+    if t < 0 then  -- (a rejection holds no permit: the core gave it back)
       -- the plain rejections first (no transition to fire): one compare each in a trace
       local rej
-      if t == PLAIN_OPEN_REJECTION then rej = rej_open
+      if limit and t == FULL then rej = rej_full
+      elseif t == PLAIN_OPEN_REJECTION then rej = rej_open
       elseif t == PLAIN_FORCED_REJECTION then rej = rej_forced
       elseif t == STALE then return rerun(fn, ...)
       else rej = rejected(br, listener, t) end

@@ -186,6 +186,46 @@ describe("isolation #" .. BACKEND, function()
       coroutine.resume(co)
       assert.equal(0, b:stats().running)
     end)
+
+    it("a call whose name was removed and found again meanwhile gives its permit back where it took it", function()
+      if not PCALL_YIELDS then
+        pending("PUC Lua 5.1 cannot yield across pcall")
+        return
+      end
+      local name = unique("iso-refind")
+      local f = fuse.wrap(function()
+        coroutine.yield("inside")
+        return "done"
+      end, { name = name, max_concurrent = 2 })
+      local co1 = coroutine.create(f)
+      assert.is_true((coroutine.resume(co1)))  -- holds a permit of the first breaker
+      assert.is_true(fuse.remove(name))
+      -- the next call finds the handle stale (its permit back at once), finds the name
+      -- again (a new breaker) and takes a permit there
+      local co2 = coroutine.create(f)
+      assert.is_true((coroutine.resume(co2)))
+      assert.equal("suspended", coroutine.status(co2))
+      local ok, v = coroutine.resume(co1)  -- its permit goes back to the first breaker's slot
+      assert.is_true(ok)
+      assert.equal("done", v)
+      ok, v = coroutine.resume(co2)
+      assert.is_true(ok)
+      assert.equal("done", v)
+      local b = fuse.get(name)
+      assert.equal(0, b:stats().running)
+      assert.equal(0, b:stats().full_total)
+      -- the limit is whole: two at once again, not a third
+      local a, c, d = coroutine.create(f), coroutine.create(f), coroutine.create(f)
+      coroutine.resume(a)
+      coroutine.resume(c)
+      coroutine.resume(d)
+      assert.equal("suspended", coroutine.status(a))
+      assert.equal("suspended", coroutine.status(c))
+      assert.equal("dead", coroutine.status(d))
+      coroutine.resume(a)
+      coroutine.resume(c)
+      assert.equal(0, b:stats().running)
+    end)
   end)
 
   describe("allow and report", function()

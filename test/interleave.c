@@ -235,6 +235,42 @@ static void totals_monotonic(void) {
   fz_breaker_free(g_b);
 }
 
+/* Issue 18: a sum of the lanes' gives (refresh) that read `used` before another thread
+ * claimed a lane misses that lane's gives; the next sum must count them, or the limit
+ * shrinks for good. X takes on a full breaker and parks in the sum; Y claims a new lane
+ * and gives back main's permit on it; X, released, may be refused (its take raced the
+ * give); then main's take must get the permit: fails if a claim does not move `used`. */
+static fz_breaker *g_lb;
+static int g_x_took;
+static void do_take(void *p) {
+  (void)p;
+  g_x_took = fz_permit_take(g_lb, 1);
+}
+static void *give_on_new_lane(void *p) {
+  (void)p;
+  fz_permit_give(g_lb);
+  return NULL;
+}
+static void sum_misses_new_lane(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 1;
+  g_lb = fz_breaker_new(&c, NULL);
+  ok(fz_permit_take(g_lb, 1), "permits: main takes the only permit");
+  parked k;
+  ok(run_parked(&k, "permit-summing", do_take, NULL), "X, taking on the full breaker, parked in the sum of the gives");
+  pthread_t y;
+  thread_start(&y, give_on_new_lane, NULL);
+  pthread_join(y, NULL);
+  is_int((int)peek(g_lb).running, 0, "Y gave main's permit back on a lane claimed after X read `used`: running 0");
+  release(&k);
+  if (g_x_took) fz_permit_give(g_lb);  /* (X may have counted the give: then it holds the permit) */
+  ok(fz_permit_take(g_lb, 1), "main takes the permit again: the next sum counts the new lane's give");
+  is_int(fz_permit_take(g_lb, 1), 0, "and not a second");
+  fz_permit_give(g_lb);
+  is_int((int)peek(g_lb).running, 0, "all given back");
+  fz_breaker_free(g_lb);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_fault_hook = pause_hook;
@@ -246,5 +282,6 @@ int main(void) {
   close_loses_swap();
   reopen_reported();
   totals_monotonic();
+  sum_misses_new_lane();
   return done_testing();
 }

@@ -1,11 +1,11 @@
 -- generated from csrc/fz.h by make cdef: do not edit
 -- (edit the FZ_CDEF region of csrc/fz.h, then run `make cdef`)
 return {
-  abi = 4,
+  abi = 5,
   cdef = [=[
 enum {
   FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4,
-  FZ_REMOVED = 5, FZ_STALE = 7
+  FZ_REMOVED = 5, FZ_FULL = 6, FZ_STALE = 7
 };
 
 enum { FZ_SUCCESS = 0, FZ_FAILURE = 1, FZ_IGNORE = 2 };
@@ -103,9 +103,11 @@ double fz_enter(fz_breaker *b);
 double fz_allow(fz_breaker *b);
 double fz_allow_id(fz_breaker *b, uint32_t id);
 double fz_enter_id(fz_breaker *b, uint32_t id);
+double fz_enter_limit(fz_breaker *b, uint32_t id, int count_full);
 uint32_t fz_breaker_id(const fz_breaker *b);
 int fz_breaker_reconfigure(fz_breaker *b, const fz_config *c);
 int fz_done(fz_breaker *b, double ticket, int outcome, double elapsed);
+int fz_done_limit(fz_breaker *b, double ticket, int outcome, double elapsed);
 
 int fz_state(fz_breaker *b);
 double fz_retry_after(fz_breaker *b);
