@@ -554,7 +554,8 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
       local a1, a2, a3, a4, a5, a6, a7, a8 = ...
       local rest = n > 8 and { ... } or nil
       if n > MANY then return run_many(br, t, t0, p, k, ph, fn, rest, n) end
-      return finish_fb(br, t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, protect(fn, ...))
+      return finish_fb(br, t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest,
+        protect(fn, ...))
     end
     return go
   end
