@@ -600,9 +600,9 @@ Breaker.__index = Breaker
 
 -- An object is cheap to make: one table of seven fields (eight hash slots) and no
 -- closure; its guarded-call function (_run: one its options share, see shared_run) is
--- found on its first call, and its rejections (rejs) are made when a call meets them. _opts: the options of the fuse.new call that made it (fuse.new of those
--- options gives it again). fallback, is_failure and on_state_change are set only when
--- given.
+-- found on its first call, and its rejections (rejs) are made when a call meets them.
+-- _opts: the options of the fuse.new call that made it (fuse.new of those options gives
+-- it again). fallback, is_failure and on_state_change are set only when given.
 local function make_breaker(h, id, name, cfg, o)
   local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, _opts = false,
     rejs = false, _run = false }, Breaker)
