@@ -603,9 +603,17 @@ Breaker.__index = Breaker
 -- found on its first call, and its rejections (rejs) are made when a call meets them.
 -- _opts: the options of the fuse.new call that made it (fuse.new of those options gives
 -- it again). fallback, is_failure and on_state_change are set only when given.
+-- Under Lua 5.1 (the C module) a finalizer runs in the cycle that found its object
+-- unreachable, and every unreachable handle is finalized in that same cycle, before the
+-- objects made earlier: an anonymous breaker's handle would be freed before a finalizer
+-- that reaches its object (and calls through it) runs. A weak-keyed table marks its
+-- values strongly: the handle stays one collection longer than its object.
+local anchor = B.name == "capi" and _VERSION == "Lua 5.1" and setmetatable({}, { __mode = "k" })
+
 local function make_breaker(h, id, name, cfg, o)
   local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, _opts = false,
     rejs = false, _run = false }, Breaker)
+  if anchor and id == 0 then anchor[br] = h end
   if o.fallback ~= nil then br.fallback = o.fallback end
   if o.is_failure ~= nil then br.is_failure = o.is_failure end
   if o.on_state_change ~= nil then br.on_state_change = o.on_state_change end
