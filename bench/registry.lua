@@ -18,6 +18,10 @@
 --   ..., one opts table         the same with one options table whose name changes: no
 --                               garbage per call, so no collector work that the retained
 --                               heap makes dearer (what the row above adds to it)
+--   a fresh options table alone  the caller's share of "any name": the same table
+--                               { name = n, fails = 5 } made and handed to table.nkeys
+--                               (as fuse.new does, which keeps the JIT from sinking it),
+--                               no fuse call: its allocation and its collection
 -- Growing the registry to each size times creation over its last 10%: half through
 -- fuse.new, half through the core alone (B.open), with the resident set's growth
 -- (/proc/self/statm) per breaker over each half (the core's: the registry's share; the
@@ -57,6 +61,15 @@ fuse.init{ capacity = 131072 }
 
 local function name(i) return "bench.registry.host-" .. i .. ".example.com" end
 local function ok() return true end
+local nkeys = (function()
+  local has, f = pcall(require, "table.nkeys")
+  if has then return f end
+  return function(t)
+    local c = 0
+    for _ in pairs(t) do c = c + 1 end
+    return c
+  end
+end)()
 
 local made = 0
 local CFG = B.config(fuse.new{ fails = 5 }._h)  -- the options fuse.new{ fails = 5 } gives
@@ -119,6 +132,11 @@ local function make_loops()
       for i = 1, n do if new{ name = names[i % m + 1], fails = 5 } then s = s + 1 end end
       assert(s == n)
     end,
+    bare = function(names, m, n)
+      local s = 0
+      for i = 1, n do if nkeys{ name = names[i % m + 1], fails = 5 } == 2 then s = s + 1 end end
+      assert(s == n)
+    end,
     new_reused = function(names, m, n)
       local new, s, opts = fuse.new, 0, { fails = 5 }
       for i = 1, n do
@@ -163,6 +181,7 @@ local ROWS = {
   { "fuse.new existing, hot", function(n) return time_lookup("new", n, math.min(n, HOT), N / 2) end },
   { "fuse.new existing, any name", function(n) return time_lookup("new", n, n, N / 2) end },
   { "fuse.new existing, any, one opts table", function(n) return time_lookup("new_reused", n, n, N / 2) end },
+  { "a fresh options table alone", function(n) return time_lookup("bare", n, n, N / 2) end },
 }
 
 local SIZES = { 100, 10000, 100000 }
