@@ -6,15 +6,17 @@
 -- B.find / B.open (there since the registry exists), so that the same file measures an
 -- older tree side by side (bench/README.md, "The registry").
 --
--- At each size it times, in ns per lookup (median of 7 rounds of 200,000), over names
--- spread over the whole registry:
+-- At each size it times, in ns per lookup (median of 7 rounds of 200,000; a row that
+-- makes a fresh options table per call: of enough calls to allocate twice the heap, so
+-- that each round pays the collector's whole cycles), over names spread over the whole
+-- registry:
 --   fuse.get, hot               1,000 names, cycled: in the facade's cache of recent names
 --   fuse.get, any name          every name registered, cycled (at 10,000 and 100,000: more
 --                               names than that cache holds, so each lookup misses it)
 --   core find                   fz_registry_find_id through the FFI (the hash index alone),
 --                               over the hot 1,000
 --   fuse.new existing, hot      fuse.new{ name = n, fails = 5 } of the hot 1,000
---   fuse.new existing, any      the same over every name (rounds of 100,000)
+--   fuse.new existing, any      the same over every name
 --   ..., one opts table         the same with one options table whose name changes: no
 --                               garbage per call, so no collector work that the retained
 --                               heap makes dearer (what the row above adds to it)
@@ -171,6 +173,14 @@ local function time_first(kind, names)
   return (now() - t0) / #names * 1e9
 end
 
+-- Calls per round for a loop that makes a fresh options table per call (112 bytes of
+-- garbage): enough to allocate twice the heap, so that every round pays whole collector
+-- cycles (with the default pause a cycle starts each time the heap doubles; shorter
+-- rounds would be timed with no collection in them, or with one, by chance).
+local function garbage_round()
+  return math.max(N / 2, math.ceil(2 * collectgarbage("count") * 1024 / 112))
+end
+
 local ROWS = {
   -- (first: the rows over every name make the objects of every name)
   { "fuse.get, first in this process", function() return time_first("get", first_get) end },
@@ -178,10 +188,10 @@ local ROWS = {
   { "fuse.get, hot (1,000 names)", function(n) return time_lookup("get", n, math.min(n, HOT), N) end },
   { "fuse.get, any name", function(n) return time_lookup("get", n, n, N) end },
   { "core find, hot (hash index)", function(n) return time_lookup("find", n, math.min(n, HOT), N) end },
-  { "fuse.new existing, hot", function(n) return time_lookup("new", n, math.min(n, HOT), N / 2) end },
-  { "fuse.new existing, any name", function(n) return time_lookup("new", n, n, N / 2) end },
+  { "fuse.new existing, hot", function(n) return time_lookup("new", n, math.min(n, HOT), garbage_round()) end },
+  { "fuse.new existing, any name", function(n) return time_lookup("new", n, n, garbage_round()) end },
   { "fuse.new existing, any, one opts table", function(n) return time_lookup("new_reused", n, n, N / 2) end },
-  { "a fresh options table alone", function(n) return time_lookup("bare", n, n, N / 2) end },
+  { "a fresh options table alone", function(n) return time_lookup("bare", n, n, garbage_round()) end },
 }
 
 local SIZES = { 100, 10000, 100000 }
