@@ -340,16 +340,18 @@ bench: all
 # SIDE_FLAGS: more options of bench/side.lua (--quick, --no-callgrind).
 SIDE_ROUNDS ?= 6
 SIDE_FLAGS  ?=
-bench-side: all
-	@test -n "$(BASE)" || { echo "make bench-side: say which revision, e.g. make bench-side BASE=81992f8" >&2; exit 2; }
-	@rev=$$(git rev-parse --verify --quiet "$(BASE)^{commit}") || \
-	  { echo "make bench-side: '$(BASE)' is not a commit of this repository" >&2; exit 2; }; \
+# (shell) BASE built into build/base/<commit>: sets rev and dir; $(1): the target's name
+build_base = rev=$$(git rev-parse --verify --quiet "$(BASE)^{commit}") || \
+	  { echo "make $(1): '$(BASE)' is not a commit of this repository" >&2; exit 2; }; \
 	dir=build/base/$$rev; \
 	if [ ! -f $$dir/build/fuse/core.so ]; then \
 	  rm -rf $$dir && mkdir -p $$dir && git archive $$rev | tar -x -C $$dir && \
 	  $(MAKE) --no-print-directory -C $$dir all >$$dir.log 2>&1 || \
-	  { echo "make bench-side: building $(BASE) failed, see $$dir.log" >&2; rm -rf $$dir; exit 1; }; \
-	fi; \
+	  { echo "make $(1): building $(BASE) failed, see $$dir.log" >&2; rm -rf $$dir; exit 1; }; \
+	fi
+bench-side: all
+	@test -n "$(BASE)" || { echo "make bench-side: say which revision, e.g. make bench-side BASE=81992f8" >&2; exit 2; }
+	@$(call build_base,bench-side); \
 	$(LUAJIT) bench/side.lua --base $$dir --label "$(BASE) ($$rev)" --rounds $(SIDE_ROUNDS) $(SIDE_FLAGS)
 
 # fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min),
@@ -360,9 +362,11 @@ bench-nginx: all
 	bash bench/nginx_upstream.sh
 	bash bench/nginx_isolation.sh
 
-# requests/s of a location that looks its breaker up by name, at 10 and 50,000 names
+# requests/s of a location that looks its breaker up by name, at 10 and 50,000 names;
+# BASE=REV: side by side with REV (built as for bench-side) in a second nginx
 bench-nginx-registry: all
-	bash bench/nginx_registry.sh
+	@if [ -n "$(BASE)" ]; then $(call build_base,bench-nginx-registry); \
+	  BASE=$$dir bash bench/nginx_registry.sh; else BASE= bash bench/nginx_registry.sh; fi
 
 # The hot loop inside a real nginx worker, fresh and after sustained wrk traffic.
 bench-nginx-jit: all

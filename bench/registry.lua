@@ -6,18 +6,24 @@
 -- B.find / B.open (there since the registry exists), so that the same file measures an
 -- older tree side by side (bench/README.md, "The registry").
 --
--- At each size it times, in ns per lookup (median of 7 rounds of 200,000), over names
--- spread over the whole registry:
+-- At each size it times, in ns per lookup (median of 7 rounds of 200,000; a row that
+-- makes a fresh options table per call: of enough calls to allocate twice the heap, so
+-- that each round pays the collector's whole cycles), over names spread over the whole
+-- registry:
 --   fuse.get, hot               1,000 names, cycled: in the facade's cache of recent names
 --   fuse.get, any name          every name registered, cycled (at 10,000 and 100,000: more
 --                               names than that cache holds, so each lookup misses it)
 --   core find                   fz_registry_find_id through the FFI (the hash index alone),
 --                               over the hot 1,000
 --   fuse.new existing, hot      fuse.new{ name = n, fails = 5 } of the hot 1,000
---   fuse.new existing, any      the same over every name (rounds of 100,000)
+--   fuse.new existing, any      the same over every name
 --   ..., one opts table         the same with one options table whose name changes: no
 --                               garbage per call, so no collector work that the retained
 --                               heap makes dearer (what the row above adds to it)
+--   a fresh options table alone  the caller's share of "any name": the same table
+--                               { name = n, fails = 5 } made and handed to table.nkeys
+--                               (as fuse.new does, which keeps the JIT from sinking it),
+--                               no fuse call: its allocation and its collection
 -- Growing the registry to each size times creation over its last 10%: half through
 -- fuse.new, half through the core alone (B.open), with the resident set's growth
 -- (/proc/self/statm) per breaker over each half (the core's: the registry's share; the
@@ -57,6 +63,15 @@ fuse.init{ capacity = 131072 }
 
 local function name(i) return "bench.registry.host-" .. i .. ".example.com" end
 local function ok() return true end
+local nkeys = (function()
+  local has, f = pcall(require, "table.nkeys")
+  if has then return f end
+  return function(t)
+    local c = 0
+    for _ in pairs(t) do c = c + 1 end
+    return c
+  end
+end)()
 
 local made = 0
 local CFG = B.config(fuse.new{ fails = 5 }._h)  -- the options fuse.new{ fails = 5 } gives
@@ -119,6 +134,11 @@ local function make_loops()
       for i = 1, n do if new{ name = names[i % m + 1], fails = 5 } then s = s + 1 end end
       assert(s == n)
     end,
+    bare = function(names, m, n)
+      local s = 0
+      for i = 1, n do if nkeys{ name = names[i % m + 1], fails = 5 } == 2 then s = s + 1 end end
+      assert(s == n)
+    end,
     new_reused = function(names, m, n)
       local new, s, opts = fuse.new, 0, { fails = 5 }
       for i = 1, n do
@@ -153,6 +173,14 @@ local function time_first(kind, names)
   return (now() - t0) / #names * 1e9
 end
 
+-- Calls per round for a loop that makes a fresh options table per call (112 bytes of
+-- garbage): enough to allocate twice the heap, so that every round pays whole collector
+-- cycles (with the default pause a cycle starts each time the heap doubles; shorter
+-- rounds would be timed with no collection in them, or with one, by chance).
+local function garbage_round()
+  return math.max(N / 2, math.ceil(2 * collectgarbage("count") * 1024 / 112))
+end
+
 local ROWS = {
   -- (first: the rows over every name make the objects of every name)
   { "fuse.get, first in this process", function() return time_first("get", first_get) end },
@@ -160,9 +188,10 @@ local ROWS = {
   { "fuse.get, hot (1,000 names)", function(n) return time_lookup("get", n, math.min(n, HOT), N) end },
   { "fuse.get, any name", function(n) return time_lookup("get", n, n, N) end },
   { "core find, hot (hash index)", function(n) return time_lookup("find", n, math.min(n, HOT), N) end },
-  { "fuse.new existing, hot", function(n) return time_lookup("new", n, math.min(n, HOT), N / 2) end },
-  { "fuse.new existing, any name", function(n) return time_lookup("new", n, n, N / 2) end },
+  { "fuse.new existing, hot", function(n) return time_lookup("new", n, math.min(n, HOT), garbage_round()) end },
+  { "fuse.new existing, any name", function(n) return time_lookup("new", n, n, garbage_round()) end },
   { "fuse.new existing, any, one opts table", function(n) return time_lookup("new_reused", n, n, N / 2) end },
+  { "a fresh options table alone", function(n) return time_lookup("bare", n, n, garbage_round()) end },
 }
 
 local SIZES = { 100, 10000, 100000 }

@@ -12,7 +12,9 @@
 #include <stdint.h>
 
 size_t fzi_breaker_size(void);  /* bytes of a breaker, a multiple of a cache line */
-void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t len, uint32_t *ring);
+/* name_at: the slot's name, stored by the registry (NUL-terminated, in the same mapping) */
+void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name_at, uint32_t *ring);
+void fzi_set_name(fz_breaker *b, const char *name_at);
 void fzi_config_load(fz_breaker *b, fz_config *out);
 void fzi_set_ring(fz_breaker *b, uint32_t *ring);
 void fzi_copy(fz_breaker *to, fz_breaker *b, uint32_t *ring);
@@ -55,7 +57,7 @@ extern void (*fz_fault_hook)(const char *where);  /* defined in fz_state.c */
 #define MS42 ((UINT64_C(1) << 42) - 1)  /* probe starts: ms mod 2^42 (139 years) */
 #define SPAN 10                 /* buckets a time window spans */
 #define NBUCKETS (SPAN + 1)     /* plus the one being filled */
-#define NSTRIPES 8              /* per-thread counter stripes */
+#define NSTRIPES 4              /* per-thread counter stripes */
 #define TICKET_LIMIT 9007199254740992.0 /* 2^53: tickets are exact doubles */
 #define GEN_MASK UINT64_C(0xffffffff)      /* generation bits in a ticket */
 #define KEY_MASK (UINT64_C(0x1fff) << 40)  /* the breaker's key in a ticket */
@@ -96,6 +98,20 @@ struct fz_breaker {
   uint32_t flags, in_registry;  /* flags: concurrent, as the line above */
   uint64_t key;                 /* concurrent (rewritten, unchanged, by a reuse of its registry slot): random, bits 40-52 of its tickets */
   fz_config cfg;                /* concurrent: rewritten only by a reload (fzi_reconfigure); OPT() */
+  /* Bytes from the breaker to its name, in its registry slot's meta (fz_registry.c), the
+   * one copy of it; 0: anonymous (fz_breaker_name answers ""). */
+  int64_t name_off;
+
+  /* The generations of the FZ_REMOVED states the last EVICTIONS idle evictions of this
+   * slot's breakers made (0: none), kept when the slot is reused: a ticket of the
+   * generation before one of them was current when its breaker was evicted, and its
+   * outcome is the name's (fz_done answers FZ_ESTALE, see fz_late_id). A mark is written
+   * TENTATIVE before the eviction's swap and confirmed after it; a tentative mark counts
+   * only while the state word is that very FZ_REMOVED state (so an eviction killed
+   * before its swap marks nothing: the breaker lives on, fzi_finish_marks drops it).
+   * (Cold, beside the options: in the spare words of their last line.) */
+  uint64_t evicted[EVICTIONS];  /* concurrent; written under the registry's lock */
+  uint64_t ev_next;             /* under the registry's lock: the next mark to write */
 
   /* Half-open admission. */
   _Alignas(LINE) uint64_t ho;   /* concurrent: gen32 << 32 | successes << 16 | busy slots */
@@ -119,28 +135,15 @@ struct fz_breaker {
   uint64_t last_use;              /* concurrent: bucket (no shift, all 64 bits) a call last recycled a word in */
 
   /* The count window: a ring of the last N outcomes and one aggregate word (beside the
-   * cold words, which are written once a bucket at most: a breaker fits in 2.5 KB). */
+   * cold words, which are written once a bucket at most: a breaker is 1,600 bytes). */
   uint64_t cw_seq;                 /* concurrent: calls recorded so far */
   uint64_t cw_agg;                 /* concurrent: era << 33 | calls << 22 | fails << 11 | slow */
   uint64_t cw_n;                   /* concurrent: era << 32 | ring size, for eras >= that era */
   int64_t cw_ring_off;             /* bytes from the breaker to its ring (count window only) */
 
-  stripe stripes[NSTRIPES];
-  char name[FZ_NAME_MAX + 1];
-
   /* A timed forced_open: its end, stamped with its generation like `until`. */
   uint64_t forced_until;        /* concurrent: end of the forced_open, ns */
   uint64_t forced_gen;          /* concurrent: generation forced_until belongs to (| STAMPING) */
-
-  /* The generations of the FZ_REMOVED states the last EVICTIONS idle evictions of this
-   * slot's breakers made (0: none), kept when the slot is reused: a ticket of the
-   * generation before one of them was current when its breaker was evicted, and its
-   * outcome is the name's (fz_done answers FZ_ESTALE, see fz_late_id). A mark is written
-   * TENTATIVE before the eviction's swap and confirmed after it; a tentative mark counts
-   * only while the state word is that very FZ_REMOVED state (so an eviction killed
-   * before its swap marks nothing: the breaker lives on, fzi_finish_marks drops it). */
-  uint64_t evicted[EVICTIONS];  /* concurrent; written under the registry's lock */
-  uint64_t ev_next;             /* under the registry's lock: the next mark to write */
 
   /* Bytes from the breaker to its permits (max_concurrent, csrc/fz_permits.h), outside
    * the breaker so that a breaker without the option pays no memory for them: in a
@@ -148,6 +151,8 @@ struct fz_breaker {
    * that was there give their permits back into them), for an anonymous breaker after
    * its ring when made with max_concurrent; 0: none. */
   int64_t permits_off;
+
+  stripe stripes[NSTRIPES];  /* (each on lines of its own: the breaker ends with them) */
 };
 
 _Static_assert(sizeof(fzp) == FZ_PERMITS_BYTES, "a slot's ring area has room for the permits");

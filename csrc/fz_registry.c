@@ -385,7 +385,7 @@ static int64_t claim(registry *r) {
 }
 
 /* Creates the breaker (under the lock); *status 1, or FZ_EFULL. */
-static fz_breaker *create(registry *r, const uint64_t *key, const char *name, size_t len,
+static fz_breaker *create(registry *r, const uint64_t *key, size_t len,
                           uint64_t h, const fz_config *c, int *status, uint32_t *id) {
   int64_t s = claim(r);
   if (s < 0) {
@@ -396,7 +396,7 @@ static fz_breaker *create(registry *r, const uint64_t *key, const char *name, si
   fz_breaker *b = slot_of(r, (uint32_t)s);
   uint32_t old = fz_breaker_id(b);  /* even: never used (0), or freed; never reset */
   write_meta(r, (uint32_t)s, key, len, h);
-  fzi_slot_init(b, c, name, len, ring_of(r, (uint32_t)s));
+  fzi_slot_init(b, c, (const char *)(const void *)meta_of(r, (uint32_t)s)->name, ring_of(r, (uint32_t)s));
   FAULT("reg-initialised");  /* the identity is still `old`: a repair frees the slot */
   fzi_set_id(b, (uint64_t)old + 1);  /* release: publishes the breaker and its meta */
   FAULT("reg-published");
@@ -424,7 +424,7 @@ fz_breaker *fz_registry_open_id(const char *name, size_t len, const fz_config *c
     int64_t s = tries ? -2 : idx_find(r, key, len, h, &mine);
     if (s < 0) {
       reg_lock(r);
-      if ((s = idx_find(r, key, len, h, &mine)) < 0) b = create(r, key, name, len, h, c, &st, &mine);
+      if ((s = idx_find(r, key, len, h, &mine)) < 0) b = create(r, key, len, h, c, &st, &mine);
       pthread_mutex_unlock(&r->lock);
     }
     if (s < 0) break;
@@ -507,6 +507,7 @@ static int migrate(registry *from, registry *to) {
     uint64_t words[NAME_WORDS];
     m->hash = pack(to, fz_breaker_name(b), (size_t)m->len, words);
     fzi_set_ring(nb, ring_of(to, n));  /* its permits after the new ring (fzi_copy set the ring) */
+    fzi_set_name(nb, (const char *)(const void *)m->name);  /* its name is the new mapping's */
     fzi_permits_copy(nb, b);  /* the permits after the ring, their word made again */
     idx_put(to, n, meta_of(to, n)->hash);
     n++;

@@ -93,7 +93,7 @@ static void retire_fresh(fz_breaker *b, uint64_t e) {
   }
 }
 
-static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, size_t len) {
+static void breaker_init(fz_breaker *b, const fz_config *c) {
   memset(b, 0, sizeof *b);
   b->cfg = *c;
   b->bucket_ns = (uint64_t)(c->window * 1e9 / SPAN);
@@ -107,7 +107,6 @@ static void breaker_init(fz_breaker *b, const fz_config *c, const char *name, si
   b->cw_n = c->count_window;
   b->key = (uint64_t)(1 + (uint32_t)(rand01() * 8191)) << 40;  /* 1..8191: never 0 */
   b->sw = sw_make(0, FZ_CLOSED);
-  if (name) memcpy(b->name, name, len);
   b->cur_epoch = (uint64_t)(((u128)now_ns() * b->bucket_inv) >> 64);
   retire_fresh(b, b->cur_epoch);
 }
@@ -120,7 +119,7 @@ fz_breaker *fz_breaker_new(const fz_config *c, int *err) {
   if (rc == FZ_OK && !(b = aligned_alloc(LINE, (sizeof *b + ring + permits + LINE - 1) / LINE * LINE))) rc = FZ_ENOMEM;
   if (err) *err = rc;
   if (rc != FZ_OK) return NULL;
-  breaker_init(b, c, NULL, 0);
+  breaker_init(b, c);
   b->cw_ring_off = (int64_t)sizeof *b;  /* the ring follows the breaker, then the permits */
   b->permits_off = permits ? (int64_t)(sizeof *b + ring) : 0;
   memset(b + 1, 0, ring + permits);
@@ -133,7 +132,16 @@ void fz_breaker_free(fz_breaker *b) {
 
 void fz_breaker_config(const fz_breaker *b, fz_config *out) { fzi_config_load((fz_breaker *)(uintptr_t)b, out); }
 
-const char *fz_breaker_name(const fz_breaker *b) { return b->name; }
+/* The name: a registry breaker's is its slot's, in the registry's meta (fzi_slot_init):
+ * the one copy of it, which a reuse of the slot rewrites, as it did the breaker's own. */
+const char *fz_breaker_name(const fz_breaker *b) {
+  int64_t off = (int64_t)at_load_rlx((const uint64_t *)(const void *)&b->name_off);
+  return off ? (const char *)b + off : "";
+}
+
+void fzi_set_name(fz_breaker *b, const char *name_at) {
+  b->name_off = name_at ? (int64_t)(name_at - (char *)b) : 0;
+}
 
 /* ---------------------------------------------------------------- transitions */
 
@@ -1126,11 +1134,12 @@ static void carry_on(fz_breaker *b, fz_breaker *tmp) {
  *     eviction) are kept: their generations are all older than the new breaker's;
  *   - the key goes on (a ticket of an earlier breaker here is stale by generation).
  * The state word is stored last. */
-void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name, size_t len, uint32_t *ring) {
+void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name_at, uint32_t *ring) {
   typedef uint64_t __attribute__((may_alias)) word;
   fz_breaker tmp;
   uint64_t gen = sw_gen(at_load_acq(&b->sw)), key = at_load_rlx(&b->key);
-  breaker_init(&tmp, c, name, len);
+  breaker_init(&tmp, c);
+  tmp.name_off = (int64_t)(name_at - (char *)b);
   if (key) tmp.key = key;  /* 0: a slot never used takes the one breaker_init drew */
   for (int i = 0; i < EVICTIONS; i++) tmp.evicted[i] = at_load_rlx(&b->evicted[i]);  /* late outcomes */
   tmp.ev_next = at_load_rlx(&b->ev_next);
@@ -1285,7 +1294,7 @@ void fzi_reconfigure(fz_breaker *b, const fz_config *c) {
   uint32_t old_cw = OPT(b, cfg.count_window), old_probes = OPT(b, cfg.probes);
   uint64_t old_bucket = OPT(b, bucket_ns);
   fz_breaker tmp;
-  breaker_init(&tmp, c, NULL, 0);
+  breaker_init(&tmp, c);
   word *to = (word *)(void *)&b->cfg;
   const word *from = (const word *)(const void *)&tmp.cfg;
   for (size_t i = 0; i < sizeof tmp.cfg / sizeof(word); i++) at_store_rlx((uint64_t *)&to[i], from[i]);

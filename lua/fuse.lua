@@ -181,11 +181,14 @@ end
 ---------------------------------------------------------------------------- rejections
 
 -- A rejection is made once per breaker and state and shared by every call it rejects,
--- so it is read-only: its fields live under a private key, and assigning any field
--- raises (__newindex runs for every key but that one).
+-- so it is read-only: it holds only its object and its kind, under private keys, and
+-- assigning any field raises (__newindex runs for every key but those). Its fields are
+-- read from the object (its name, and its handle now, which follows the object when its
+-- name is found again after a removal). One table a rejection: made on a call's first
+-- meeting with that state, never for an object whose calls all pass.
 local REJ = {}
-local rej_handle = setmetatable({}, { __mode = "k" })
-local FIELDS = {}  -- the private key of a rejection's { name = ..., state = ... }
+local OBJ, KIND = {}, {}  -- the private keys: the object, and 1..3 (the state) or 4 (full)
+local REJ_STATES = { "open", "half_open", "forced_open" }
 
 -- The circuit's state now, for a rejection for the limit (a pure read: no transition).
 local function state_now(h)
@@ -195,38 +198,28 @@ local function state_now(h)
 end
 
 REJ.__index = function(r, k)
-  local f = r[FIELDS]
+  local br, i = r[OBJ], r[KIND]
   if k == "retry_after" then
-    if f.reason == "full" then return 0 end
+    if i == 4 then return 0 end
     if fake then sync() end
-    return (core.fz_retry_after(rej_handle[r]))
-  end
-  if k == "state" and f.reason == "full" then return state_now(rej_handle[r]) end
-  return f[k]
+    return (core.fz_retry_after(br._h))
+  elseif k == "name" then return br.name
+  elseif k == "reason" then return i == 4 and "full" or "open"
+  elseif k == "state" then
+    if i == 4 then return state_now(br._h) end
+    return REJ_STATES[i]
+  elseif k == "limit" and i == 4 then return br.cfg.max_concurrent end
 end
 REJ.__newindex = function(_, k)
   error("fuse: a rejection is read-only (it is shared by every call its breaker rejects): cannot set "
     .. (type(k) == "string" and "'" .. k .. "'" or "a field"), 2)
 end
 REJ.__tostring = function(r)
-  local f = r[FIELDS]
-  if f.reason == "full" then
-    return ("fuse: breaker '%s' is full (%d calls running)"):format(f.name or "anonymous", f.limit)
+  local br = r[OBJ]
+  if r[KIND] == 4 then
+    return ("fuse: breaker '%s' is full (%d calls running)"):format(br.name or "anonymous", br.cfg.max_concurrent)
   end
-  return "fuse: circuit '" .. (f.name or "anonymous") .. "' is open"
-end
-
-local function rejection(h, name, state)
-  local r = setmetatable({ [FIELDS] = { name = name, state = state, reason = "open" } }, REJ)
-  rej_handle[r] = h
-  return r
-end
-
--- The rejection of a call past max_concurrent (reason "full"; its state is read when asked).
-local function rejection_full(h, name, limit)
-  local r = setmetatable({ [FIELDS] = { name = name, reason = "full", limit = limit } }, REJ)
-  rej_handle[r] = h
-  return r
+  return "fuse: circuit '" .. (br.name or "anonymous") .. "' is open"
 end
 
 ---------------------------------------------------------------------------- max_wait
@@ -274,20 +267,17 @@ end
 function _M.is_rejection(v) return type(v) == "table" and getmetatable(v) == REJ end
 
 -- The object br's rejection in state i (OPEN, HALF_OPEN or FORCED_OPEN), or 4: a call
--- past max_concurrent; made on first need: an object that is only looked up makes none,
--- one that runs calls the open one (and the full one with max_concurrent), the others
--- only when a call meets that state.
-local REJ_STATES = { "open", "half_open", "forced_open" }
+-- past max_concurrent; made on first need: an object whose calls pass makes none, the
+-- others only when a call meets that state (br.rejs: the four, false before the first).
 local function rej_of(br, i)
   local rejs = br.rejs
   if not rejs then
-    rejs = {}
+    rejs = { false, false, false, false }
     br.rejs = rejs
   end
   local r = rejs[i]
   if not r then
-    if i == 4 then r = rejection_full(br._h, br.name, br.cfg.max_concurrent)
-    else r = rejection(br._h, br.name, REJ_STATES[i]) end
+    r = setmetatable({ [OBJ] = br, [KIND] = i }, REJ)
     rejs[i] = r
   end
   return r
@@ -312,13 +302,7 @@ local function adopt(br, h, id)
   table.insert(was, 1, br._h)
   was[5] = nil
   br._was = was
-  br._h, br._id = h, id
-  local rejs = br.rejs
-  if rejs then
-    for i = 1, 4 do
-      if rejs[i] then rej_handle[rejs[i]] = h end
-    end
-  end
+  br._h, br._id = h, id  -- (its rejections read the handle from the object)
   return h, id
 end
 
@@ -475,26 +459,27 @@ local function call_fallback(fb, err, n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
   return fb(err, a1, a2, a3, a4, a5, a6, a7, a8)
 end
 
--- run(fn, ...): one guarded call of fn over breaker br, with this fallback, is_failure
--- and listener. Immutable upvalues let the JIT fold the branches on options away: a
--- breaker without max_concurrent (limit false) never reaches the permit code.
-local function make_run(br, fallback, is_failure, listener, direct)
-  local h, id, name = br._h, br._id, br.name
+-- make_run(...) -> go: go(br, fn, ...) is one guarded call of fn over object br, with
+-- this fallback, is_failure and listener; direct: fn is pcall'd directly (else through
+-- `call`); slow, limit (max_concurrent) and max_wait: its options. Every object made
+-- with the same options shares one go (shared_run below): a called object costs no
+-- closure, and a gateway's one set of options is one closure of each function here, so
+-- that under LuaJIT the trace of a call specializes to it and its immutable upvalues
+-- fold: a breaker without max_concurrent (limit false) never reaches the permit code.
+-- The object's handle and identity are read from it on each call (refind moves them).
+local function make_run(fallback, is_failure, listener, direct, slow, limit, max_wait)
   local protect = direct and pcall or protected
-  local rej_open, rej_forced = rej_of(br, OPEN), rej_of(br, 3)
-  local slow = br.cfg.slow > 0
   local has_fallback = fallback ~= nil
   local fb_fn = type(fallback) == "function"
-  local limit = br.cfg.max_concurrent > 0
-  local rej_full = limit and rej_of(br, 4)
-  local max_wait = br.max_wait or 0
   local count_full = max_wait == 0 and 1 or 0  -- (with max_wait, enter_waited counts it)
 
   -- ph: the handle whose permit the call holds (max_concurrent), given back here, with
-  -- the outcome (in the same call into the core, unless a re-find moved h meanwhile).
-  local function record(t, t0, outcome, ph)
+  -- the outcome (in the same call into the core, unless a re-find moved the object's
+  -- handle meanwhile).
+  local function record(br, t, t0, outcome, ph)
     local elapsed = -1
     if slow then elapsed = now() - t0 elseif fake then sync() end
+    local h = br._h
     local code
     if not limit then code = core.fz_done(h, t, outcome, elapsed)
     elseif ph == h then code = core.fz_done_limit(h, t, outcome, elapsed)
@@ -504,33 +489,33 @@ local function make_run(br, fallback, is_failure, listener, direct)
     end
     if code ~= 0 then
       if code < 0 then code = late(br, t, outcome, elapsed, code) end
-      fire(listener, name, code)
+      fire(listener, br.name, code)
     end
   end
 
   -- An is_failure that raised: the call counts nowhere (a probe gives its slot back)
   -- and the error goes to the caller.
-  local function misjudged(t, ph, err)
-    record(t, 0, IGNORE, ph)
+  local function misjudged(br, t, ph, err)
+    record(br, t, 0, IGNORE, ph)
     error(err, 0)
   end
 
   -- (p, k): under OpenResty, the call's entry in its request's calls in flight, or nil.
-  local function finish(t, t0, p, k, ph, ok, ...)
+  local function finish(br, t, t0, p, k, ph, ok, ...)
     if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
-    if not outcome then misjudged(t, ph, err) end
-    record(t, t0, outcome, ph)
+    if not outcome then misjudged(br, t, ph, err) end
+    record(br, t, t0, outcome, ph)
     if outcome == FAILURE and has_fallback then return fallback end
     if ok then return ... end
     error((...), 0)
   end
 
-  local function finish_fb(t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
+  local function finish_fb(br, t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, ok, ...)
     if p then untrack(p, k) end
     local outcome, err = classify(is_failure, ok, ...)
-    if not outcome then misjudged(t, ph, err) end
-    record(t, t0, outcome, ph)
+    if not outcome then misjudged(br, t, ph, err) end
+    record(br, t, t0, outcome, ph)
     if outcome == FAILURE then
       return call_fallback(fallback, failure_of(ok, ...), n, a1, a2, a3, a4, a5, a6, a7, a8, rest)
     end
@@ -539,28 +524,33 @@ local function make_run(br, fallback, is_failure, listener, direct)
   end
 
   -- More than MANY arguments: they wait in `rest`, off the stack, while fn runs.
-  local function run_many(t, t0, p, k, ph, fn, rest, n)
+  local function run_many(br, t, t0, p, k, ph, fn, rest, n)
     if fb_fn then
-      return finish_fb(t, t0, p, k, ph, n, nil, nil, nil, nil, nil, nil, nil, nil, rest,
+      return finish_fb(br, t, t0, p, k, ph, n, nil, nil, nil, nil, nil, nil, nil, nil, rest,
         pcall(call_unpacked, fn, rest, n))
     end
-    return finish(t, t0, p, k, ph, pcall(call_unpacked, fn, rest, n))
+    return finish(br, t, t0, p, k, ph, pcall(call_unpacked, fn, rest, n))
   end
 
-  local run
+  -- The rejection of object br in state i, made on its first need.
+  local function rej(br, i)
+    local rejs = br.rejs
+    return rejs and rejs[i] or rej_of(br, i)
+  end
+
+  local go
 
   -- The breaker went stale (removed or evicted): find or re-create its name and call
   -- again; with a full registry the call runs unguarded.
-  local function rerun(fn, ...)
-    local nh, nid = refind(br, id)
-    if not nh then return fn(...) end
-    h, id = nh, nid
-    return run(fn, ...)
+  local function rerun(br, id, fn, ...)
+    if not refind(br, id) then return fn(...) end
+    return go(br, fn, ...)
   end
 
   if fb_fn then
-    run = function(fn, ...)
+    go = function(br, fn, ...)
       if fake then sync() end
+      local h, id = br._h, br._id
       local t, ph
       if limit then  -- the permit first (in the core): a call past the limit touches no circuit
         ph = h
@@ -568,28 +558,30 @@ local function make_run(br, fallback, is_failure, listener, direct)
         if t == FULL and max_wait > 0 then t = enter_waited(h, id, max_wait) end
       else t = core.fz_enter_id(h, id) end
       if t < 0 then  -- (a rejection holds no permit: the core gave it back)
-        local rej
-        if limit and t == FULL then rej = rej_full
-        elseif t == PLAIN_OPEN_REJECTION then rej = rej_open
-        elseif t == PLAIN_FORCED_REJECTION then rej = rej_forced
-        elseif t == STALE then return rerun(fn, ...)
-        else rej = rejected(br, listener, t) end
-        return fallback(rej, ...)
+        local r
+        if limit and t == FULL then r = rej(br, 4)
+        elseif t == PLAIN_OPEN_REJECTION then r = rej(br, OPEN)
+        elseif t == PLAIN_FORCED_REJECTION then r = rej(br, 3)
+        elseif t == STALE then return rerun(br, id, fn, ...)
+        else r = rejected(br, listener, t) end
+        return fallback(r, ...)
       end
-      if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
+      if t % 2 == 1 then fire(listener, br.name, OPEN_TO_HALF) end
       local t0 = slow and now() or 0
       local p, k
-      if TRACK then p, k = track(record, t, t0, ph) end
+      if TRACK then p, k = track(record, br, t, t0, ph) end
       local n = select("#", ...)
       local a1, a2, a3, a4, a5, a6, a7, a8 = ...
       local rest = n > 8 and { ... } or nil
-      if n > MANY then return run_many(t, t0, p, k, ph, fn, rest, n) end
-      return finish_fb(t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest, protect(fn, ...))
+      if n > MANY then return run_many(br, t, t0, p, k, ph, fn, rest, n) end
+      return finish_fb(br, t, t0, p, k, ph, n, a1, a2, a3, a4, a5, a6, a7, a8, rest,
+        protect(fn, ...))
     end
-    return run
+    return go
   end
-  run = function(fn, ...)
+  go = function(br, fn, ...)
     if fake then sync() end
+    local h, id = br._h, br._id
     local t, ph
     if limit then  -- the permit first (in the core): a call past the limit touches no circuit
       ph = h
@@ -598,24 +590,24 @@ local function make_run(br, fallback, is_failure, listener, direct)
     else t = core.fz_enter_id(h, id) end
     if t < 0 then  -- (a rejection holds no permit: the core gave it back)
       -- the plain rejections first (no transition to fire): one compare each in a trace
-      local rej
-      if limit and t == FULL then rej = rej_full
-      elseif t == PLAIN_OPEN_REJECTION then rej = rej_open
-      elseif t == PLAIN_FORCED_REJECTION then rej = rej_forced
-      elseif t == STALE then return rerun(fn, ...)
-      else rej = rejected(br, listener, t) end
+      local r
+      if limit and t == FULL then r = rej(br, 4)
+      elseif t == PLAIN_OPEN_REJECTION then r = rej(br, OPEN)
+      elseif t == PLAIN_FORCED_REJECTION then r = rej(br, 3)
+      elseif t == STALE then return rerun(br, id, fn, ...)
+      else r = rejected(br, listener, t) end
       if has_fallback then return fallback end
-      return nil, rej
+      return nil, r
     end
-    if t % 2 == 1 then fire(listener, name, OPEN_TO_HALF) end
+    if t % 2 == 1 then fire(listener, br.name, OPEN_TO_HALF) end
     local t0 = slow and now() or 0
     local p, k
-    if TRACK then p, k = track(record, t, t0, ph) end
+    if TRACK then p, k = track(record, br, t, t0, ph) end
     local n = select("#", ...)
-    if n > MANY then return run_many(t, t0, p, k, ph, fn, { ... }, n) end
-    return finish(t, t0, p, k, ph, protect(fn, ...))
+    if n > MANY then return run_many(br, t, t0, p, k, ph, fn, { ... }, n) end
+    return finish(br, t, t0, p, k, ph, protect(fn, ...))
   end
-  return run
+  return go
 end
 
 ---------------------------------------------------------------------------- breakers
@@ -624,13 +616,21 @@ local Breaker = {}
 Breaker.__index = Breaker
 
 -- An object is cheap to make: one table of seven fields (eight hash slots) and no
--- closure; its guarded-call function (_run) and its rejections (rejs) are made on its
--- first call. _opts: the options of the fuse.new call that made it (fuse.new of those
--- options gives it again). fallback, is_failure and on_state_change are set only when
--- given.
+-- closure; its guarded-call function (_run: one its options share, see shared_run) is
+-- found on its first call, and its rejections (rejs) are made when a call meets them.
+-- _opts: the options of the fuse.new call that made it (fuse.new of those options gives
+-- it again). fallback, is_failure and on_state_change are set only when given.
+-- Under Lua 5.1 (the C module) a finalizer runs in the cycle that found its object
+-- unreachable, and every unreachable handle is finalized in that same cycle, before the
+-- objects made earlier: an anonymous breaker's handle would be freed before a finalizer
+-- that reaches its object (and calls through it) runs. A weak-keyed table marks its
+-- values strongly: the handle stays one collection longer than its object.
+local anchor = B.name == "capi" and _VERSION == "Lua 5.1" and setmetatable({}, { __mode = "k" })
+
 local function make_breaker(h, id, name, cfg, o)
   local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, _opts = false,
     rejs = false, _run = false }, Breaker)
+  if anchor and id == 0 then anchor[br] = h end
   if o.fallback ~= nil then br.fallback = o.fallback end
   if o.is_failure ~= nil then br.is_failure = o.is_failure end
   if o.on_state_change ~= nil then br.on_state_change = o.on_state_change end
@@ -638,22 +638,51 @@ local function make_breaker(h, id, name, cfg, o)
   return br
 end
 
-local function first_run(br)
-  local run = make_run(br, br.fallback, br.is_failure, br.on_state_change, not TRAMPOLINE)
-  br._run = run
-  return run
+-- The go (make_run) of object br's own options, direct or through the trampoline: shared
+-- by the objects of one set of options. An object without functions shares it with
+-- every such object (plain_runs); one made by fuse.new, with the objects of the same
+-- options (its options record, br._opts); any other (fuse.wrap, an anonymous fuse.new
+-- with functions) has its own.
+local plain_runs = {}
+local function shared_run(br, direct)
+  local cfg, fallback, is_failure, listener = br.cfg, br.fallback, br.is_failure, br.on_state_change
+  local slow, limit, max_wait = cfg.slow > 0, cfg.max_concurrent > 0, br.max_wait or 0
+  local runs
+  if fallback == nil and is_failure == nil and listener == nil then runs = plain_runs
+  elseif br._opts then
+    runs = br._opts.runs
+    if not runs then
+      runs = {}
+      br._opts.runs = runs
+    end
+  else
+    return make_run(fallback, is_failure, listener, direct, slow, limit, max_wait)
+  end
+  local key = (direct and "d" or "t") .. (slow and "s" or "-") .. (limit and "l" or "-") .. max_wait
+  local go = runs[key]
+  if not go then
+    go = make_run(fallback, is_failure, listener, direct, slow, limit, max_wait)
+    runs[key] = go
+  end
+  return go
 end
 
--- The run of breaker br for fn: through the trampoline for a Lua function under LuaJIT,
--- else pcall'd directly (each made on first need).
+local function first_run(br)
+  local go = shared_run(br, not TRAMPOLINE)
+  br._run = go
+  return go
+end
+
+-- The go of breaker br for fn: through the trampoline for a Lua function under LuaJIT,
+-- else pcall'd directly (each found on first need); called as go(br, fn, ...).
 local function run_for(br, fn)
   if not TRAMPOLINE or not is_direct(fn) then return br._run or first_run(br) end
-  local run = br._run_direct
-  if not run then
-    run = make_run(br, br.fallback, br.is_failure, br.on_state_change, true)
-    br._run_direct = run
+  local go = br._run_direct
+  if not go then
+    go = shared_run(br, true)
+    br._run_direct = go
   end
-  return run
+  return go
 end
 
 local function check_callable(fn, what, level)
@@ -806,8 +835,8 @@ function _M.wrap(fn, opts)
   check_callable(fn, "fuse.wrap", 2)
   local o = options.check(opts, 3)
   local br = create(o, 2)
-  local run = run_for(br, fn)
-  return function(...) return run(fn, ...) end, br
+  local go = run_for(br, fn)
+  return function(...) return go(br, fn, ...) end, br
 end
 
 -- Every method checks its self first: under LuaJIT a self that is not a breaker would
@@ -822,17 +851,19 @@ end
 function Breaker:call(fn, ...)
   if getmetatable(self) ~= Breaker then not_a_breaker("call", self) end
   check_callable(fn, "call", 2)
-  return run_for(self, fn)(fn, ...)
+  return run_for(self, fn)(self, fn, ...)
 end
 
 function Breaker:wrap(fn, fallback)
   if getmetatable(self) ~= Breaker then not_a_breaker("wrap", self) end
   check_callable(fn, "wrap", 2)
-  local run = run_for(self, fn)
+  local go = run_for(self, fn)
   if fallback ~= nil then
-    run = make_run(self, fallback, self.is_failure, self.on_state_change, not TRAMPOLINE or is_direct(fn))
+    local cfg = self.cfg
+    go = make_run(fallback, self.is_failure, self.on_state_change, not TRAMPOLINE or is_direct(fn),
+      cfg.slow > 0, cfg.max_concurrent > 0, self.max_wait or 0)
   end
-  return function(...) return run(fn, ...) end
+  return function(...) return go(self, fn, ...) end
 end
 
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
@@ -860,16 +891,14 @@ end
 
 -- The end of a request whose allowed ticket was never reported: its permit back, and
 -- the call counted by the status as fuse.settle() counts calls that ended their request.
-local function settle_allowed(br)
-  return function(ticket, _, outcome)
-    local e = br._held and br._held[ticket]
-    if not e then return end
-    br._held[ticket] = nil
-    core.fz_permit_give(e[1])
-    if fake then sync() end
-    local code = core.fz_done(br._h, ticket, outcome, -1)
-    if code > 0 then fire(br.on_state_change, br.name, code) end
-  end
+local function settle_allowed(br, ticket, _, outcome)
+  local e = br._held and br._held[ticket]
+  if not e then return end
+  br._held[ticket] = nil
+  core.fz_permit_give(e[1])
+  if fake then sync() end
+  local code = core.fz_done(br._h, ticket, outcome, -1)
+  if code > 0 then fire(br.on_state_change, br.name, code) end
 end
 
 function Breaker:allow()
@@ -898,10 +927,7 @@ function Breaker:allow()
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
   if limit then
     local p, k
-    if TRACK then
-      self._settle = self._settle or settle_allowed(self)
-      p, k = track(self._settle, t, 0, ph)
-    end
+    if TRACK then p, k = track(settle_allowed, self, t, 0, ph) end
     held_of(self)[t] = { ph, p, k }
   end
   return t

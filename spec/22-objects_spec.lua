@@ -79,6 +79,21 @@ end
     for _, k in ipairs(kb) do assert.is_true(k < BOUND_KB, ("the heap grew by %d KB"):format(k)) end
   end)
 
+  it("a guarded call through each of 5,000 objects makes no closure: the objects of one set of options "
+    .. "share their call path", function()
+    local kb = numbers(support.run_child(MANY .. [[
+local objs = {}
+for i, n in ipairs(names) do objs[i] = fuse.new{ name = n, fails = 5 } end
+local function ok() return true end
+print(grew(function()
+  for _, b in ipairs(objs) do assert(b:call(ok)) end
+end))
+]]))
+    -- (one closure and its upvalues per object, as before, would be 200 KB and more)
+    assert.equal(1, #kb)
+    assert.is_true(kb[1] < BOUND_KB, ("the heap grew by %d KB"):format(kb[1]))
+  end)
+
   it("other options make another object; the same options give it again", function()
     local name = unique("opts")
     local b0 = fuse.new{ name = name, fails = 5 }

@@ -291,6 +291,36 @@ static void finding5(void) {
   is_int(peek(nb).failures, 0, "finding 5: three successes displaced the window");
 }
 
+/* The name is kept once, in the slot's meta (the breaker holds the offset to it): a
+ * breaker answers its slot's name, the longest name whole; a slot reused by another name
+ * answers that name through any handle of it (as the breaker's own copy did); a reload's
+ * copy answers its name from the new mapping, and the old mapping's breaker still its
+ * own; an anonymous breaker answers "". */
+static void names_once(void) {
+  if (fz_registry_init(2, 1, 0) != FZ_OK) {
+    ok(0, "names: a shared registry");
+    return;
+  }
+  fz_config c = defaults();
+  char longest[FZ_NAME_MAX + 1];
+  memset(longest, 'n', FZ_NAME_MAX);
+  longest[FZ_NAME_MAX] = 0;
+  fz_breaker *a = open_named(longest, &c, NULL), *b = open_named("b", &c, NULL);
+  ok(a && strcmp(fz_breaker_name(a), longest) == 0, "names: the longest name (%d bytes) comes back whole", FZ_NAME_MAX);
+  ok(b && strcmp(fz_breaker_name(b), "b") == 0, "names: a one-byte name");
+  ok(remove_named("b") == 1, "names: b removed");
+  fz_breaker *c2 = open_named("c", &c, NULL);
+  ok(c2 == b && strcmp(fz_breaker_name(b), "c") == 0, "names: b's slot reused by c answers c");
+  is_int(fz_registry_init(64, 1, 0), FZ_OK, "names: a reload with another capacity (another layout) copies the breakers");
+  fz_breaker *na = fz_registry_find(longest, FZ_NAME_MAX), *nc = fz_registry_find("c", 1);
+  ok(na && na != a && strcmp(fz_breaker_name(na), longest) == 0, "names: the copy of the longest answers it");
+  ok(nc && nc != c2 && strcmp(fz_breaker_name(nc), "c") == 0, "names: the copy of c answers c");
+  ok(strcmp(fz_breaker_name(a), longest) == 0, "names: the old mapping's breaker still answers its own");
+  fz_breaker *anon = fz_breaker_new(&c, NULL);
+  ok(anon && strcmp(fz_breaker_name(anon), "") == 0, "names: an anonymous breaker answers \"\"");
+  fz_breaker_free(anon);
+}
+
 typedef struct cw_job {
   fz_breaker *b;
   int rc;
@@ -753,5 +783,6 @@ int main(void) {
   in_process("finding 15: hash homes use the whole index", finding15);
   in_process("finding 16: no wait on a dead counter claim; no plain stores into a slot being read", finding16);
   in_process("finding 3: identity never repeats after a kill during reuse", finding3);
+  in_process("names: kept once, in the slot's meta", names_once);
   return done_testing();
 }

@@ -13,9 +13,10 @@
 -- probe gives its slot back) and a warning goes to the error log, once per worker.
 --
 -- A list per request address: { start = the request's start time, n = entries, then
--- entry j in slots 4j-3 (the guard's settle function, false once struck off), 4j-2
--- (the ticket), 4j-1 (the start of the call, for the slow rule) and 4j (the handle
--- whose permit the call holds, for max_concurrent, or false) }. Outside nginx (or
+-- entry j in slots 5j-4 (the guard's settle function, false once struck off), 5j-3
+-- (what settle is given first: the breaker object), 5j-2 (the ticket), 5j-1 (the start
+-- of the call, for the slow rule) and 5j (the handle whose permit the call holds, for
+-- max_concurrent, or false) }. Outside nginx (or
 -- without OpenResty's LuaJIT and lua-resty-core) `enabled` is false and the guard never
 -- calls in here.
 local _M = { enabled = false }
@@ -50,11 +51,11 @@ local HOOK = 'log_by_lua_block { require("fuse").settle() }'
 -- Counts the entries of `p` as `outcome` and empties it.
 local function settle_all(p, outcome)
   for j = 1, p.n do
-    local i = 4 * j
-    local settle = p[i - 3]
+    local i = 5 * j
+    local settle = p[i - 4]
     if settle then
-      p[i - 3] = false
-      settle(p[i - 2], p[i - 1], outcome, p[i])
+      p[i - 4] = false
+      settle(p[i - 3], p[i - 2], p[i - 1], outcome, p[i])
     end
   end
   p.n = 0
@@ -63,7 +64,7 @@ end
 -- The entries of a request that ended without fuse.settle(): counted as ignored, and said.
 local function leftover(p)
   for j = 1, p.n do
-    if p[4 * j - 3] then
+    if p[5 * j - 4] then
       if not warned then
         warned = true
         ngx.log(ngx.WARN, "fuse: a guarded function ended its request (ngx.exit, ngx.exec or ",
@@ -93,14 +94,14 @@ local function list_of(key, start)
 end
 
 local function trim(p, n)
-  repeat n = n - 1 until n == 0 or p[4 * n - 3]
+  repeat n = n - 1 until n == 0 or p[5 * n - 4]
   p.n = n
 end
 
--- Notes a call in flight (the guard's settle(ticket, t0, outcome, ph), its ticket, start
--- and permit handle ph or false); returns the list and the entry, to strike it off with
--- untrack, or nil outside a request.
-function _M.track(settle, ticket, t0, ph)
+-- Notes a call in flight (the guard's settle(ctx, ticket, t0, outcome, ph), its ticket,
+-- start and permit handle ph or false); returns the list and the entry, to strike it off
+-- with untrack, or nil outside a request.
+function _M.track(settle, ctx, ticket, t0, ph)
   local r = exdata()
   if r == nil then return nil end
   local start = req_start(r)
@@ -108,16 +109,16 @@ function _M.track(settle, ticket, t0, ph)
   local p = list_of(tonumber(cast(UINTPTR, r)), start)
   local n = p.n + 1
   p.n = n
-  local i = 4 * n
-  p[i - 3], p[i - 2], p[i - 1], p[i] = settle, ticket, t0, ph or false
+  local i = 5 * n
+  p[i - 4], p[i - 3], p[i - 2], p[i - 1], p[i] = settle, ctx, ticket, t0, ph or false
   return p, n
 end
 
 -- Strikes off entry n of list p: the function returned to the guard.
 function _M.untrack(p, n)
-  p[4 * n - 3] = false
+  p[5 * n - 4] = false
   if n == p.n then
-    if n > 1 and not p[4 * n - 7] then return trim(p, n) end
+    if n > 1 and not p[5 * n - 9] then return trim(p, n) end
     p.n = n - 1
   end
 end
