@@ -15,11 +15,16 @@
 -- slab holds lists of any length and keeps them across `nginx -s reload`. Outside nginx
 -- a table of this Lua state stands in for it. docs/upstream.md says why.
 --
--- Per request, ngx.ctx[pool] holds the tries: { n, refused, [k] = { peer, ticket, done } }.
--- A try admitted by its breaker holds a ticket until it is reported. A request whose log
--- phase never runs (a worker that dies, an internal redirect that resets ngx.ctx) does
--- not hold a probe slot for ever: after `probe_timeout` the probe gives its slot back and
--- counts as failed (fuse's own rule).
+-- Per request, a record of this worker's REQS, keyed by the request's address (lua-resty-
+-- core's get_request()) and checked against its start time, holds the tries:
+-- { pool, t, live, n, [k] = { peer, ticket, t0, done, failure } }. It is not ngx.ctx: that
+-- costs a table, a pool cleanup and two FFI look-ups per request, and the records are
+-- reused by the next request at the same address, so a healthy request allocates nothing.
+-- The log phase judges a request proxied once by ngx.status (one FFI read) and reads the
+-- $upstream_* lists only when that status is not a plain success. A try admitted by its
+-- breaker holds a ticket until it is reported. A request whose log phase never runs (a
+-- worker that dies, a subrequest) does not hold a probe slot for ever: after
+-- `probe_timeout` the probe gives its slot back and counts as failed (fuse's own rule).
 local fuse = require "fuse"
 local options = require "fuse.options"
 
@@ -589,9 +594,7 @@ end
 -- counted). When every untried peer is skipped, the tried ones that are admitted. With
 -- enforce = false no peer is skipped. Returns peer, ticket (nil for a panic pick or a dry
 -- run's pick of a rejected peer); or nil, retry_after (seconds) when every peer was skipped.
-function Pool:pick(tried)
-  sync(self)
-  check_open(self, 2)
+local function pick(self, tried)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
   local n = #peers
   local left = 0
@@ -668,6 +671,12 @@ function Pool:pick(tried)
   end
 end
 
+function Pool:pick(tried)
+  sync(self)
+  check_open(self, 2)
+  return pick(self, tried)
+end
+
 -- The panic picks counted for this pool, across all workers.
 function Pool:panics()
   return self._store:get(self._pkey) or 0
@@ -722,7 +731,58 @@ end
 ---------------------------------------------------------------------------- nginx phases
 
 local ngx = rawget(_G, "ngx")
-local balancer
+local balancer, get_last_failure, set_current_peer, set_more_tries
+local cast, intptr, get_request, start_time
+
+-- This worker's request records (see the top of this file): request address -> record.
+-- A record stays for the next request at its address; SWEEP_EVERY new addresses, the
+-- records that are not live go, and so do live ones older than STALE_AFTER seconds (a
+-- log phase that never ran for them).
+local REQS, made = {}, 0
+local SWEEP_EVERY, STALE_AFTER = 1024, 600
+
+local function ngx_init()
+  balancer = require "ngx.balancer"
+  get_last_failure, set_current_peer = balancer.get_last_failure, balancer.set_current_peer
+  set_more_tries = balancer.set_more_tries
+  local ffi = require "ffi"
+  cast, intptr = ffi.cast, ffi.typeof("intptr_t")
+  get_request = require("resty.core.base").get_request
+  start_time = ngx.req.start_time
+end
+
+local function sweep(now)
+  for k, rec in pairs(REQS) do
+    if not rec.live or now - rec.t > STALE_AFTER then REQS[k] = nil end
+  end
+  made = 0
+end
+
+-- The record of this request's tries at this pool's upstream: its own (`fresh` false),
+-- or a cleared one (true) when this is the upstream's first try or the record was lost.
+local function record(self, first)
+  local key, t = tonumber(cast(intptr, get_request())), start_time()
+  local rec = REQS[key]
+  if rec and not first and rec.live and rec.t == t and rec.pool == self then return rec, false end
+  if not rec then
+    made = made + 1
+    if made > SWEEP_EVERY then sweep(t) end
+    rec = { pool = self, t = t, live = true, n = 0 }
+    REQS[key] = rec
+  end
+  rec.pool, rec.t, rec.live, rec.n, rec.refused = self, t, true, 0, nil
+  return rec, true
+end
+
+-- The record pool:log() judges, taken (no longer live); nil when this request has none.
+local function take(self)
+  if not get_request then return nil end  -- this worker never balanced
+  local rec = REQS[tonumber(cast(intptr, get_request()))]
+  if not rec or not rec.live or rec.pool ~= self then return nil end
+  rec.live = false
+  if rec.t ~= start_time() then return nil end  -- an earlier request's, at the same address
+  return rec
+end
 
 local function retry_after_header(seconds)
   ngx.header["Retry-After"] = max(1, ceil(seconds == huge and 1 or seconds))
@@ -768,10 +828,9 @@ end
 -- nginx is retrying: the previous try failed ("failed": no connection, a timeout, or a
 -- status in proxy_next_upstream; "next": 403/404 with http_403/http_404). A failure is
 -- reported now, not in the log phase, so that the next requests see it at once.
-local function judge_previous(self, st)
-  local prev = st[st.n]
+local function judge_previous(self, rec, state, code)
+  local prev = rec[rec.n]
   if not prev or prev.done then return end
-  local state, code = balancer.get_last_failure()
   prev.failure = state
   if state ~= "failed" then return end
   local answered = true
@@ -789,22 +848,22 @@ end
 
 -- pool:balance(), in balancer_by_lua*: runs once per try.
 function Pool:balance()
-  balancer = balancer or require "ngx.balancer"
-  local ctx = ngx.ctx
-  local st = ctx[self]
-  if not st then
-    st = { n = 0 }
-    ctx[self] = st
-    local more = self:tries() - 1
-    if more > 0 then balancer.set_more_tries(more) end
+  if not balancer then ngx_init() end
+  local state, code = get_last_failure()  -- nil on the upstream's first try
+  local rec, fresh = record(self, state == nil)
+  if fresh then
+    if state == nil then
+      local more = self:tries() - 1
+      if more > 0 then set_more_tries(more) end
+    end
   else
-    judge_previous(self, st)
+    judge_previous(self, rec, state, code)
   end
   local tried = nil
-  if st.n > 0 or st.refused then  -- a retry: the peers this request tried
+  if rec.n > 0 or rec.refused then  -- a retry: the peers this request tried
     tried = {}
-    for k = 1, st.n do tried[st[k].peer] = true end
-    for p in pairs(st.refused or {}) do tried[p] = true end
+    for k = 1, rec.n do tried[rec[k].peer] = true end
+    for p in pairs(rec.refused or {}) do tried[p] = true end
   end
   sync(self)
   if self._closed then
@@ -812,20 +871,24 @@ function Pool:balance()
     return ngx.exit(ngx.ERROR)
   end
   for _ = 1, #self._peers + 1 do
-    local peer, ticket = self:pick(tried)
+    local peer, ticket = pick(self, tried)
     if not peer then return no_peer(ticket) end
-    local ok, err = balancer.set_current_peer(peer.host, peer.port)
+    local ok, err = set_current_peer(peer.host, peer.port)
     if ok then
-      st.n = st.n + 1
-      st[st.n] = { peer = peer, ticket = ticket, t0 = self._slow and ticket and ngx.now() or nil }
+      local k = rec.n + 1
+      local try = rec[k]
+      if not try then try = {}; rec[k] = try end
+      try.peer, try.ticket, try.done, try.failure = peer, ticket, false, nil
+      try.t0 = self._slow and ticket and ngx.now() or nil
+      rec.n = k
       return
     end
     -- nginx refused the peer: a failure of that peer, and the try goes to another one
     ngx.log(ngx.WARN, "fuse.upstream: pool '", self.name, "': nginx refused peer ", peer.addr,
       " (set_current_peer: ", tostring(err), "), counted as a connect failure of its breaker")
     failed(self, { peer = peer, ticket = ticket }, "connect", nil)
-    st.refused = st.refused or {}
-    st.refused[peer] = true
+    rec.refused = rec.refused or {}
+    rec.refused[peer] = true
     tried = tried or {}
     tried[peer] = true
   end
@@ -851,31 +914,39 @@ end
 -- pool:log(), in log_by_lua*: reports every try of this request to its peer's breaker,
 -- with the try's upstream response time (for `slow`), and counts failure classes.
 function Pool:log()
-  local ctx = ngx.ctx
-  local st = ctx[self]
-  if not st then return end
-  ctx[self] = nil
-  if st.n == 0 then return end
+  local rec = take(self)
+  if not rec or rec.n == 0 then return end
   sync(self)  -- peers removed meanwhile (any worker) get no report
+  local fail, slow = self._fail, self._slow
+  if rec.n == 1 then  -- one try (the common case)
+    local try = rec[1]
+    if try.done then return end
+    -- a request proxied once and not redirected since: its status is the upstream's,
+    -- and a plain success needs no $upstream_* variable (they cost as much as the rest
+    -- of the pool's work together)
+    local s = ngx.status
+    if not slow and s >= 100 and s < 499 and not fail[s] and not ngx.req.is_internal() then
+      return succeeded(try, true, nil)
+    end
+  end
   local var = ngx.var
   local status = var.upstream_status
-  if st.n == 1 then  -- one try, one upstream: no list to split (the common case)
-    local try = st[1]
-    if try.done then return end
+  if rec.n == 1 then  -- one try, one upstream: no list to split
+    local try = rec[1]
     local code = tonumber(status)
     if code ~= nil then  -- a list ("502, 200") is no number
-      if not try.ticket and not self._fail[code] and code ~= 502 and code ~= 504 then return end
+      if not try.ticket and not fail[code] and code ~= 502 and code ~= 504 then return end
       local header = (code == 502 or code == 504) and var.upstream_header_time or "0"
-      local seconds = self._slow and tonumber(var.upstream_response_time) or nil
+      local seconds = slow and tonumber(var.upstream_response_time) or nil
       return judge(self, try, code, header, seconds)
     end
   end
   local statuses, ns = split(status, {})
   local times = split(var.upstream_response_time, {})
   local headers = split(var.upstream_header_time, {})
-  local base = ns - st.n  -- earlier upstreams of the request (internal redirects) come first
-  for k = 1, st.n do
-    local try = st[k]
+  local base = ns - rec.n  -- earlier upstreams of the request (internal redirects) come first
+  for k = 1, rec.n do
+    local try = rec[k]
     if not try.done then
       local j = base + k
       judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j]))
