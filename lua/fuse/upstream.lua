@@ -344,6 +344,26 @@ end
 -- p/P panic picks, d/P dry-run picks of rejected peers, r/P/ADDR slow-start start,
 -- c/P/ADDR/CLASS failures. Pool names hold no '/', addresses neither.
 
+-- Every change of a pool's version (a list stored, a close, a slow-start ramp) also adds
+-- one to fuse's shared counter CHANGES (csrc/fz_counters.c: lock-free, one mapping for
+-- every worker). A pick reads that counter (one atomic load) and reads the pool's version
+-- in the shared dict only when it moved, or when a second has passed since the last read
+-- (a counter mapping that a reload did not share, or none left: see sync).
+local CHANGES = false  -- the counter's index; false before the first pool, nil when none
+local function changes_counter()
+  if CHANGES == false then
+    local ok, i = pcall(fuse._counter, "fuse_upstream_changes")
+    CHANGES = ok and i or nil
+  end
+  return CHANGES
+end
+
+local function changed(store, vkey)
+  local v = store:incr(vkey, 1, 0)
+  if CHANGES then fuse._count(CHANGES, 1) end
+  return v
+end
+
 local function count(self, key)
   self._store:incr(key, 1, 0)
 end
@@ -363,7 +383,7 @@ local function peer_breaker(self, addr)
     bo.on_state_change = function(name, from, to)
       if to == "closed" and from == "half_open" then
         store:set(key, fuse.now())
-        store:incr(vkey, 1, 0)
+        changed(store, vkey)
       end
       if user then return user(name, from, to) end
     end
@@ -452,7 +472,16 @@ local function refresh(self, v)
   read_ramps(self)
 end
 
+local now_cached = nil  -- ngx.now under nginx (the event loop's cached time)
+
 local function sync(self)
+  local c = CHANGES
+  if c and now_cached then
+    c = fuse._counter_value(c)
+    local t = now_cached()
+    if c == self._seen and t - self._seen_at < 1 then return end
+    self._seen, self._seen_at = c, t
+  end
   local v = self._store:get(self._vkey)
   if v ~= self._ver then refresh(self, v) end
 end
@@ -465,13 +494,16 @@ function _M.new(name, peers, opts)
   local o, bopts = check_opts(opts, 2)
   local list = check_peers(name, peers, 2)
   local store = store_for(o.dict, 2)
+  changes_counter()
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.now and ngx.shared then now_cached = ngx.now end
   local pfx = ""
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
     _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.slow_start,
     _bopts = bopts, _slow = bopts.slow ~= nil, _store = store, _pfx = pfx,
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
-    _ex = {}, _skip = {}, _pan = {}, _open = {} }, Pool)
+    _ex = {}, _skip = {}, _pan = {}, _open = {}, _seen = -1, _seen_at = 0 }, Pool)
   -- A list set_peers stored over this same config list (since the config took effect:
   -- kept across reloads) wins; a config whose list changed starts over from it.
   local cfg = encode(list)
@@ -484,7 +516,7 @@ function _M.new(name, peers, opts)
     local ok, err = store:safe_set(self._lkey, cfg)
     if not ok then raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2) end
     store:safe_set(self._bkey, cfg)
-    store:incr(self._vkey, 1, 0)
+    changed(store, self._vkey)
   end
   store:incr(self._pkey, 0, 0)  -- the panic counter shows (at 0) from the start
   local ok, peers_or_err, by_addr = pcall(build, self, list)
@@ -515,7 +547,7 @@ function Pool:set_peers(peers)
   local s = encode(list)
   local stored, err = self._store:safe_set(self._lkey, s)
   if not stored then return nil, "cannot store the peer list: " .. tostring(err) end
-  self._ver = self._store:incr(self._vkey, 1, 0)
+  self._ver = changed(self._store, self._vkey)
   install(self, new, by_addr, true)
   self._list_s = s
   read_ramps(self)
@@ -528,7 +560,7 @@ function Pool:close()
   if self._closed then return end
   local store = self._store
   store:set(self._xkey, true)
-  store:incr(self._vkey, 1, 0)
+  changed(store, self._vkey)
   for _, p in ipairs(self._peers) do
     p.removed = true
     fuse.remove(p.b.name)
@@ -921,11 +953,14 @@ function Pool:log()
   if rec.n == 1 then  -- one try (the common case)
     local try = rec[1]
     if try.done then return end
-    -- a request proxied once and not redirected since: its status is the upstream's,
-    -- and a plain success needs no $upstream_* variable (they cost as much as the rest
-    -- of the pool's work together)
-    local s = ngx.status
-    if not slow and s >= 100 and s < 499 and not fail[s] and not ngx.req.is_internal() then
+    -- A plain success of a try counted in the closed window needs no $upstream_*
+    -- variable (reading one costs more than the rest of the pool's work): the response's
+    -- status is the upstream's for a request proxied once, unless an error_page with
+    -- `=code` redirected it since (then such a ticket is counted as a success, where
+    -- ngx.ctx's reset lost it before). A probe's verdict closes or re-opens its peer:
+    -- probes, and every other status, are judged from $upstream_status.
+    local s, t = ngx.status, try.ticket
+    if not slow and s >= 100 and s < 499 and not fail[s] and (not t or floor(t / 2) % 4 ~= 2) then
       return succeeded(try, true, nil)
     end
   end
