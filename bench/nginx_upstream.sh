@@ -239,11 +239,14 @@ for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode
 
 if [ "${FAILURES:-1}" = 1 ]; then   # FAILURES=0: part 3 only
 echo "1. outage: $RATE requests/s to each side at once; 5 s healthy, B answers 500 for $OUTAGE s, then heals"
-total=$((5 + OUTAGE + 40))
+total=$((5 + OUTAGE + 50))
 for s in $SIDES; do IFS=: read -r name front _ <<< "$s"; load "$front" "$total" "out-$name"; done
 sleep 5
 for s in $SIDES; do IFS=: read -r _ _ _ b _ <<< "$s"; mode "$b" 'mode=fail&reset=1'; done
-sleep "$OUTAGE"
+# the heal falls at a random point (0 to 10 s past OUTAGE, the same for every side), so
+# that the figure is not the phase of one fixed probe schedule against the heal
+OFF=${HEAL_OFFSET_MS:-$((RANDOM % 10000))}
+sleep "$(printf '%d.%03d' $((OUTAGE + OFF / 1000)) $((OFF % 1000)))"
 declare -A SICK BACK
 t_heal=$(us)
 for s in $SIDES; do IFS=: read -r name _ _ b _ <<< "$s"; SICK[$name]=$(hits "$b"); mode "$b" 'mode=ok&reset=1'; done
@@ -267,7 +270,7 @@ for s in $SIDES; do
   printf '   %-7s %10s %16s %14s %18s\n' "$name" "$(done_of "$c")" "${SICK[$name]}" "$(errors_of "$c")" \
     "$([ -n "$b" ] && printf '%d.%03d' $((b / 1000)) $((b % 1000)) || echo '>40')"
 done
-echo "   (fuse: backoff = 2, max_open_for = 10; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff)"
+echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = 10; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff)"
 
 echo
 echo "2. two sick peers of three: B and C answer 500 for 20 s at $RATE requests/s, tries 2 on every side"

@@ -356,10 +356,10 @@ mode "$A" 'mode=slowfail&delay=0.6&reset=1'
 half_a() { [ "$(pstate "pr/127.0.0.1:$A" | cut -d' ' -f1)" = half_open ]; }
 wait_for 20 half_a
 par "$POOLS" /p/pr 40
-# (the peer's own gauge of requests at once is shown, not checked: it read 3 in 2 of ~15
-# runs with 2 hits, a miscount of the fake peer's bookkeeping not yet understood)
-check "probes=2: 40 concurrent requests in $PWORKERS workers, A got $(hits $A) (2; the peer's gauge of requests at once: $(maxc $A))" \
-  eval '[ "$(hits $A)" = 2 ] && [ "$PWORKERS" -gt 1 ]'
+# (the peer's gauge of requests at once once read 3 with 2 hits: a reset while the hang
+# test's requests were still in flight left a level above a gap, see peers.lua's reset)
+check "probes=2: 40 concurrent requests in $PWORKERS workers, A got $(hits $A) (2) and served at most $(maxc $A) at once (2 or fewer)" \
+  eval '[ "$(hits $A)" = 2 ] && [ "$(maxc $A)" -le 2 ] && [ "$PWORKERS" -gt 1 ]'
 check "probes=2: every client got 200 ($PCODES)" [ "$PCODES" = "200 x40;" ]
 
 # two sick of three: B and C answer 500, tries = 2, max_ejected = 0.5 (one may be skipped)
@@ -470,6 +470,26 @@ if command -v promtool >/dev/null; then
   check "pools /metrics (with fuse_upstream_panic_total) passes promtool check metrics" \
     promtool check metrics < "$T/m2.txt"
 fi
+
+# ---------------------------------------------------------------- the fake peers' gauge
+# A reset while two requests are in flight at E, a third one after it (level 3 above the
+# gap the reset left), then, idle, a reset and two requests at once: the gauge must say 2
+# (it said 3 before peers.lua's reset cleared every level, as in the probes=2 check).
+gauge_get() { curl -s -m 5 -o /dev/null "http://127.0.0.1:$E/"; }
+mode "$E" 'mode=hang&delay=1.5&reset=1'
+gauge_get & g1=$!; gauge_get & g2=$!
+in_flight() { [ "$(curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$E" | sed -n 's/.* now=\([0-9]*\).*/\1/p')" = "$1" ]; }
+wait_for 10 in_flight 2
+mode "$E" 'reset=1'
+gauge_get & g3=$!
+wait_for 10 in_flight 3
+wait "$g1" "$g2" "$g3"
+mode "$E" 'mode=hang&delay=0.3&reset=1'
+gauge_get & g1=$!; gauge_get & g2=$!
+wait "$g1" "$g2"
+check "the peers' gauge after a reset with requests in flight: 2 requests at once read as $(maxc "$E") at once ($(hits "$E") hits)" \
+  eval '[ "$(maxc "$E")" = 2 ] && [ "$(hits "$E")" = 2 ]'
+mode "$E" 'mode=ok&reset=1'
 
 # ---------------------------------------------------------------- logs
 bad=$(grep -hE '\[(alert|crit|emerg)\]|lua entry thread aborted|runtime error|attempt to' \

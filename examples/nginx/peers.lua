@@ -10,6 +10,7 @@ local d = ngx.shared.peers
 
 local _M = {}
 
+local LEVELS = 256  -- concurrency levels a reset clears (far above any test's)
 local MODES = { ok = true, fail = true, status = true, hang = true, slowfail = true, refuse = true }
 
 function _M.serve()
@@ -44,7 +45,10 @@ function _M.control()
   if not port then ngx.status = 400; return ngx.say("port=P needed") end
   if a.reset then
     d:set("hits:" .. port, 0)
-    for i = 1, max_reached(port) do d:delete("reached:" .. port .. ":" .. i) end
+    -- every level, gaps included: a reset while requests are in flight deletes the
+    -- levels below theirs, and a level they set afterwards (above the gap) would
+    -- otherwise stay and count again once the levels below it are reached anew
+    for i = 1, LEVELS do d:delete("reached:" .. port .. ":" .. i) end
   end
   if a.mode then
     if not MODES[a.mode] then ngx.status = 400; return ngx.say("unknown mode") end

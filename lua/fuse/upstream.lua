@@ -15,11 +15,16 @@
 -- slab holds lists of any length and keeps them across `nginx -s reload`. Outside nginx
 -- a table of this Lua state stands in for it. docs/upstream.md says why.
 --
--- Per request, ngx.ctx[pool] holds the tries: { n, refused, [k] = { peer, ticket, done } }.
--- A try admitted by its breaker holds a ticket until it is reported. A request whose log
--- phase never runs (a worker that dies, an internal redirect that resets ngx.ctx) does
--- not hold a probe slot for ever: after `probe_timeout` the probe gives its slot back and
--- counts as failed (fuse's own rule).
+-- Per request, a record of this worker's REQS, keyed by the request's address (lua-resty-
+-- core's get_request()) and checked against its start time, holds the tries:
+-- { pool, t, live, n, [k] = { peer, ticket, t0, done, failure } }. It is not ngx.ctx: that
+-- costs a table, a pool cleanup and two FFI look-ups per request, and the records are
+-- reused by the next request at the same address, so a healthy request allocates nothing.
+-- The log phase judges a request proxied once by ngx.status (one FFI read) and reads the
+-- $upstream_* lists only when that status is not a plain success. A try admitted by its
+-- breaker holds a ticket until it is reported. A request whose log phase never runs (a
+-- worker that dies, a subrequest) does not hold a probe slot for ever: after
+-- `probe_timeout` the probe gives its slot back and counts as failed (fuse's own rule).
 local fuse = require "fuse"
 local options = require "fuse.options"
 
@@ -339,6 +344,26 @@ end
 -- p/P panic picks, d/P dry-run picks of rejected peers, r/P/ADDR slow-start start,
 -- c/P/ADDR/CLASS failures. Pool names hold no '/', addresses neither.
 
+-- Every change of a pool's version (a list stored, a close, a slow-start ramp) also adds
+-- one to fuse's shared counter CHANGES (csrc/fz_counters.c: lock-free, one mapping for
+-- every worker). A pick reads that counter (one atomic load) and reads the pool's version
+-- in the shared dict only when it moved, or when a second has passed since the last read
+-- (a counter mapping that a reload did not share, or none left: see sync).
+local CHANGES = false  -- the counter's index; false before the first pool, nil when none
+local function changes_counter()
+  if CHANGES == false then
+    local ok, i = pcall(fuse._counter, "fuse_upstream_changes")
+    CHANGES = ok and i or nil
+  end
+  return CHANGES
+end
+
+local function changed(store, vkey)
+  local v = store:incr(vkey, 1, 0)
+  if CHANGES then fuse._count(CHANGES, 1) end
+  return v
+end
+
 local function count(self, key)
   self._store:incr(key, 1, 0)
 end
@@ -358,7 +383,7 @@ local function peer_breaker(self, addr)
     bo.on_state_change = function(name, from, to)
       if to == "closed" and from == "half_open" then
         store:set(key, fuse.now())
-        store:incr(vkey, 1, 0)
+        changed(store, vkey)
       end
       if user then return user(name, from, to) end
     end
@@ -447,7 +472,16 @@ local function refresh(self, v)
   read_ramps(self)
 end
 
+local now_cached = nil  -- ngx.now under nginx (the event loop's cached time)
+
 local function sync(self)
+  local c = CHANGES
+  if c and now_cached then
+    c = fuse._counter_value(c)
+    local t = now_cached()
+    if c == self._seen and t - self._seen_at < 1 then return end
+    self._seen, self._seen_at = c, t
+  end
   local v = self._store:get(self._vkey)
   if v ~= self._ver then refresh(self, v) end
 end
@@ -460,13 +494,16 @@ function _M.new(name, peers, opts)
   local o, bopts = check_opts(opts, 2)
   local list = check_peers(name, peers, 2)
   local store = store_for(o.dict, 2)
+  changes_counter()
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.now and ngx.shared then now_cached = ngx.now end
   local pfx = ""
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
     _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.slow_start,
     _bopts = bopts, _slow = bopts.slow ~= nil, _store = store, _pfx = pfx,
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
-    _ex = {}, _skip = {}, _pan = {}, _open = {} }, Pool)
+    _ex = {}, _skip = {}, _pan = {}, _open = {}, _seen = -1, _seen_at = 0 }, Pool)
   -- A list set_peers stored over this same config list (since the config took effect:
   -- kept across reloads) wins; a config whose list changed starts over from it.
   local cfg = encode(list)
@@ -479,7 +516,7 @@ function _M.new(name, peers, opts)
     local ok, err = store:safe_set(self._lkey, cfg)
     if not ok then raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2) end
     store:safe_set(self._bkey, cfg)
-    store:incr(self._vkey, 1, 0)
+    changed(store, self._vkey)
   end
   store:incr(self._pkey, 0, 0)  -- the panic counter shows (at 0) from the start
   local ok, peers_or_err, by_addr = pcall(build, self, list)
@@ -510,7 +547,7 @@ function Pool:set_peers(peers)
   local s = encode(list)
   local stored, err = self._store:safe_set(self._lkey, s)
   if not stored then return nil, "cannot store the peer list: " .. tostring(err) end
-  self._ver = self._store:incr(self._vkey, 1, 0)
+  self._ver = changed(self._store, self._vkey)
   install(self, new, by_addr, true)
   self._list_s = s
   read_ramps(self)
@@ -523,7 +560,7 @@ function Pool:close()
   if self._closed then return end
   local store = self._store
   store:set(self._xkey, true)
-  store:incr(self._vkey, 1, 0)
+  changed(store, self._vkey)
   for _, p in ipairs(self._peers) do
     p.removed = true
     fuse.remove(p.b.name)
@@ -589,9 +626,7 @@ end
 -- counted). When every untried peer is skipped, the tried ones that are admitted. With
 -- enforce = false no peer is skipped. Returns peer, ticket (nil for a panic pick or a dry
 -- run's pick of a rejected peer); or nil, retry_after (seconds) when every peer was skipped.
-function Pool:pick(tried)
-  sync(self)
-  check_open(self, 2)
+local function pick(self, tried)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
   local n = #peers
   local left = 0
@@ -668,6 +703,12 @@ function Pool:pick(tried)
   end
 end
 
+function Pool:pick(tried)
+  sync(self)
+  check_open(self, 2)
+  return pick(self, tried)
+end
+
 -- The panic picks counted for this pool, across all workers.
 function Pool:panics()
   return self._store:get(self._pkey) or 0
@@ -722,7 +763,58 @@ end
 ---------------------------------------------------------------------------- nginx phases
 
 local ngx = rawget(_G, "ngx")
-local balancer
+local balancer, get_last_failure, set_current_peer, set_more_tries
+local cast, intptr, get_request, start_time
+
+-- This worker's request records (see the top of this file): request address -> record.
+-- A record stays for the next request at its address; SWEEP_EVERY new addresses, the
+-- records that are not live go, and so do live ones older than STALE_AFTER seconds (a
+-- log phase that never ran for them).
+local REQS, made = {}, 0
+local SWEEP_EVERY, STALE_AFTER = 1024, 600
+
+local function ngx_init()
+  balancer = require "ngx.balancer"
+  get_last_failure, set_current_peer = balancer.get_last_failure, balancer.set_current_peer
+  set_more_tries = balancer.set_more_tries
+  local ffi = require "ffi"
+  cast, intptr = ffi.cast, ffi.typeof("intptr_t")
+  get_request = require("resty.core.base").get_request
+  start_time = ngx.req.start_time
+end
+
+local function sweep(now)
+  for k, rec in pairs(REQS) do
+    if not rec.live or now - rec.t > STALE_AFTER then REQS[k] = nil end
+  end
+  made = 0
+end
+
+-- The record of this request's tries at this pool's upstream: its own (`fresh` false),
+-- or a cleared one (true) when this is the upstream's first try or the record was lost.
+local function record(self, first)
+  local key, t = tonumber(cast(intptr, get_request())), start_time()
+  local rec = REQS[key]
+  if rec and not first and rec.live and rec.t == t and rec.pool == self then return rec, false end
+  if not rec then
+    made = made + 1
+    if made > SWEEP_EVERY then sweep(t) end
+    rec = { pool = self, t = t, live = true, n = 0 }
+    REQS[key] = rec
+  end
+  rec.pool, rec.t, rec.live, rec.n, rec.refused = self, t, true, 0, nil
+  return rec, true
+end
+
+-- The record pool:log() judges, taken (no longer live); nil when this request has none.
+local function take(self)
+  if not get_request then return nil end  -- this worker never balanced
+  local rec = REQS[tonumber(cast(intptr, get_request()))]
+  if not rec or not rec.live or rec.pool ~= self then return nil end
+  rec.live = false
+  if rec.t ~= start_time() then return nil end  -- an earlier request's, at the same address
+  return rec
+end
 
 local function retry_after_header(seconds)
   ngx.header["Retry-After"] = max(1, ceil(seconds == huge and 1 or seconds))
@@ -768,10 +860,9 @@ end
 -- nginx is retrying: the previous try failed ("failed": no connection, a timeout, or a
 -- status in proxy_next_upstream; "next": 403/404 with http_403/http_404). A failure is
 -- reported now, not in the log phase, so that the next requests see it at once.
-local function judge_previous(self, st)
-  local prev = st[st.n]
+local function judge_previous(self, rec, state, code)
+  local prev = rec[rec.n]
   if not prev or prev.done then return end
-  local state, code = balancer.get_last_failure()
   prev.failure = state
   if state ~= "failed" then return end
   local answered = true
@@ -789,22 +880,22 @@ end
 
 -- pool:balance(), in balancer_by_lua*: runs once per try.
 function Pool:balance()
-  balancer = balancer or require "ngx.balancer"
-  local ctx = ngx.ctx
-  local st = ctx[self]
-  if not st then
-    st = { n = 0 }
-    ctx[self] = st
-    local more = self:tries() - 1
-    if more > 0 then balancer.set_more_tries(more) end
+  if not balancer then ngx_init() end
+  local state, code = get_last_failure()  -- nil on the upstream's first try
+  local rec, fresh = record(self, state == nil)
+  if fresh then
+    if state == nil then
+      local more = self:tries() - 1
+      if more > 0 then set_more_tries(more) end
+    end
   else
-    judge_previous(self, st)
+    judge_previous(self, rec, state, code)
   end
   local tried = nil
-  if st.n > 0 or st.refused then  -- a retry: the peers this request tried
+  if rec.n > 0 or rec.refused then  -- a retry: the peers this request tried
     tried = {}
-    for k = 1, st.n do tried[st[k].peer] = true end
-    for p in pairs(st.refused or {}) do tried[p] = true end
+    for k = 1, rec.n do tried[rec[k].peer] = true end
+    for p in pairs(rec.refused or {}) do tried[p] = true end
   end
   sync(self)
   if self._closed then
@@ -812,20 +903,24 @@ function Pool:balance()
     return ngx.exit(ngx.ERROR)
   end
   for _ = 1, #self._peers + 1 do
-    local peer, ticket = self:pick(tried)
+    local peer, ticket = pick(self, tried)
     if not peer then return no_peer(ticket) end
-    local ok, err = balancer.set_current_peer(peer.host, peer.port)
+    local ok, err = set_current_peer(peer.host, peer.port)
     if ok then
-      st.n = st.n + 1
-      st[st.n] = { peer = peer, ticket = ticket, t0 = self._slow and ticket and ngx.now() or nil }
+      local k = rec.n + 1
+      local try = rec[k]
+      if not try then try = {}; rec[k] = try end
+      try.peer, try.ticket, try.done, try.failure = peer, ticket, false, nil
+      try.t0 = self._slow and ticket and ngx.now() or nil
+      rec.n = k
       return
     end
     -- nginx refused the peer: a failure of that peer, and the try goes to another one
     ngx.log(ngx.WARN, "fuse.upstream: pool '", self.name, "': nginx refused peer ", peer.addr,
       " (set_current_peer: ", tostring(err), "), counted as a connect failure of its breaker")
     failed(self, { peer = peer, ticket = ticket }, "connect", nil)
-    st.refused = st.refused or {}
-    st.refused[peer] = true
+    rec.refused = rec.refused or {}
+    rec.refused[peer] = true
     tried = tried or {}
     tried[peer] = true
   end
@@ -851,31 +946,42 @@ end
 -- pool:log(), in log_by_lua*: reports every try of this request to its peer's breaker,
 -- with the try's upstream response time (for `slow`), and counts failure classes.
 function Pool:log()
-  local ctx = ngx.ctx
-  local st = ctx[self]
-  if not st then return end
-  ctx[self] = nil
-  if st.n == 0 then return end
+  local rec = take(self)
+  if not rec or rec.n == 0 then return end
   sync(self)  -- peers removed meanwhile (any worker) get no report
+  local fail, slow = self._fail, self._slow
+  if rec.n == 1 then  -- one try (the common case)
+    local try = rec[1]
+    if try.done then return end
+    -- A plain success of a try counted in the closed window needs no $upstream_*
+    -- variable (reading one costs more than the rest of the pool's work): the response's
+    -- status is the upstream's for a request proxied once, unless an error_page with
+    -- `=code` redirected it since (then such a ticket is counted as a success, where
+    -- ngx.ctx's reset lost it before). A probe's verdict closes or re-opens its peer:
+    -- probes, and every other status, are judged from $upstream_status.
+    local s, t = ngx.status, try.ticket
+    if not slow and s >= 100 and s < 499 and not fail[s] and (not t or floor(t / 2) % 4 ~= 2) then
+      return succeeded(try, true, nil)
+    end
+  end
   local var = ngx.var
   local status = var.upstream_status
-  if st.n == 1 then  -- one try, one upstream: no list to split (the common case)
-    local try = st[1]
-    if try.done then return end
+  if rec.n == 1 then  -- one try, one upstream: no list to split
+    local try = rec[1]
     local code = tonumber(status)
     if code ~= nil then  -- a list ("502, 200") is no number
-      if not try.ticket and not self._fail[code] and code ~= 502 and code ~= 504 then return end
+      if not try.ticket and not fail[code] and code ~= 502 and code ~= 504 then return end
       local header = (code == 502 or code == 504) and var.upstream_header_time or "0"
-      local seconds = self._slow and tonumber(var.upstream_response_time) or nil
+      local seconds = slow and tonumber(var.upstream_response_time) or nil
       return judge(self, try, code, header, seconds)
     end
   end
   local statuses, ns = split(status, {})
   local times = split(var.upstream_response_time, {})
   local headers = split(var.upstream_header_time, {})
-  local base = ns - st.n  -- earlier upstreams of the request (internal redirects) come first
-  for k = 1, st.n do
-    local try = st[k]
+  local base = ns - rec.n  -- earlier upstreams of the request (internal redirects) come first
+  for k = 1, rec.n do
+    local try = rec[k]
     if not try.done then
       local j = base + k
       judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j]))
