@@ -5,7 +5,8 @@
 --
 -- CASE: allow+report, closed, limited, open or forced_open (the loops of bench.lua's
 -- cases "b:allow() + b:report(t, true)", "fuse.wrap, closed", "fuse.wrap, closed,
--- max_concurrent = 100", "fuse.wrap, open (rejected)" and "fuse.wrap, forced_open"). The loop is warmed up (3,000 iterations, so it is compiled)
+-- max_concurrent = 100", "fuse.wrap, open (rejected)" and "fuse.wrap, forced_open").
+-- The loop is warmed up (3,000 iterations, so it is compiled)
 -- and then runs N times; it prints its sum, checked against the expected value. Run it
 -- with two values of N: the difference of the two instruction totals over the difference
 -- of the two N is the cost of one iteration, start-up and compilation cancelled out

@@ -115,7 +115,8 @@ if JSON then
   print("[\n" .. table.concat(out, ",\n") .. "\n]")
   return
 end
-print(("max_concurrent's cost per call, %d paired rounds of %d calls (thread CPU time), load %s"):format(ROUNDS, N, load))
+print(("max_concurrent's cost per call, %d paired rounds of %d calls (thread CPU time), load %s")
+  :format(ROUNDS, N, load))
 print(("%-42s %10s %14s %14s"):format("case", "ns median", "extra median", "extra least"))
 print(("%-42s %10.2f"):format(loops[1].label, median(per.plain)))
 for i = 2, #loops do
