@@ -171,6 +171,13 @@ static inline fzp *permits_of(fz_breaker *b) {
 #define OPT(b, f) _Generic((b)->f, double: at_loadd_rlx, uint32_t: at_load32_rlx, \
                            uint64_t: at_load_rlx)(&(b)->f)
 
+/* The limit of b's permits for a take, read once (a reload that dropped it while calls
+ * held permits: a take that never fails, so that gives balance). */
+static inline uint32_t permit_limit(fz_breaker *b) {
+  uint32_t limit = OPT(b, cfg.max_concurrent);
+  return limit ? limit : FZ_MAX_CONCURRENT * 4u;
+}
+
 /* initial-exec: a plain %fs-relative load, not a __tls_get_addr call per use; the 32
  * bytes (t_stripe, t_rng and the ledger's four below) fit the static TLS that glibc
  * keeps for libraries loaded by dlopen. */

@@ -212,22 +212,15 @@ int fzp_lane_slow(fzp *p) {
   return -1;
 }
 
-/* The limit looked reached from `seen`: the lanes read again (refresh), and one more
- * try; then, when it is reached, fzp_full. 1 taken, 0 not. */
-int fzp_take_slow(fzp *p, uint32_t limit, int lane) {
-  refresh(p);
-  if (fzp_take_on(p, &p->lane[lane], lane, limit)) return 1;
-  return fzp_full(p, limit);
-}
-
 /* A take, whatever the fast path could not do: find or claim the lane, try again, read
  * the lanes again when the limit looks reached, then fzp_full. 1 taken, 0 not. */
 int fzp_take_any(fzp *p, uint32_t limit) {
   int lane = fzp_lane_of(p);
   if (lane < 0) return fzp_full(p, limit);
-  FZP_FAULT("permit-taking");
   if (fzp_take_on(p, &p->lane[lane], lane, limit)) return 1;
-  return fzp_take_slow(p, limit, lane);
+  refresh(p);  /* the limit looked reached from `seen`: the lanes read again */
+  if (fzp_take_on(p, &p->lane[lane], lane, limit)) return 1;
+  return fzp_full(p, limit);
 }
 
 /* A give whose lane was not remembered: found or claimed, or laneless. */
@@ -237,11 +230,7 @@ void fzp_give_any(fzp *p) {
     fzp_give_laneless(p);
     return;
   }
-  fzp_lane *l = &p->lane[lane];
-  uint64_t st = at_load_rlx(&l->st);
-  FZP_FAULT("permit-giving");
-  at_store_rel(&l->st, fzp_gave(st, 1));  /* release: as in fzp_give_fast */
-  FZP_FAULT("permit-given");
+  fzp_give_on(&p->lane[lane]);
 }
 
 /* One more take, after permits were taken back (no recursion into fzp_full). */
@@ -304,8 +293,7 @@ uint32_t fzp_running(const fzp *p) {
  * dropped it while calls held permits) a take still counts, so that gives balance. */
 int fz_permit_take(fz_breaker *b, int count_full) {
   fzp *p = permits_of(b);
-  uint32_t limit = OPT(b, cfg.max_concurrent);
-  if (!p || fzp_take(p, limit ? limit : FZ_MAX_CONCURRENT * 4u)) return 1;
+  if (!p || fzp_take(p, permit_limit(b))) return 1;
   if (count_full) at_add_rlx(&p->full_total, 1);
   return 0;
 }

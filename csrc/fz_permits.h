@@ -67,7 +67,6 @@ typedef struct fzp_mine {
 extern _Thread_local __attribute__((tls_model("initial-exec"))) fzp_mine fzp_cache[FZP_CACHE];
 
 int fzp_lane_slow(fzp *p);
-int fzp_take_slow(fzp *p, uint32_t limit, int lane);
 int fzp_full(fzp *p, uint32_t limit);
 void fzp_give_laneless(fzp *p);
 void fzp_rebuild(fzp *p);
@@ -131,6 +130,7 @@ static inline int fzp_take_on(fzp *p, fzp_lane *l, int lane, uint32_t limit) {
    * summed were read with acquire): a give counted there happened before this take */
   uint64_t seen = at_load_acq(&p->seen);
   uint64_t pw = at_load_rlx(&p->pw);
+  FZP_FAULT("permit-taking");
   for (;;) {
     if (((pw - seen) & FZP_COUNT) >= limit) return 0;
     /* acq_rel: as every swap of pw; the lane word's store below comes after it */
@@ -153,35 +153,31 @@ static inline fzp_lane *fzp_mine_of(fzp *p, int *lane) {
   return l;
 }
 
-/* A take's fast path: on the remembered lane, the limit not reached by `seen`, the swap
- * won at the first try. 1 taken; 0 when nothing was done and fzp_take_any decides. */
+/* A take's fast path: on the remembered lane, the limit not reached by `seen`. 1 taken;
+ * 0 when nothing was done and fzp_take_any decides. */
 static inline int fzp_take_fast(fzp *p, uint32_t limit) {
   int lane;
   fzp_lane *l = fzp_mine_of(p, &lane);
-  if (!l) return 0;
-  uint64_t st = at_load_rlx(&l->st);
-  uint64_t seen = at_load_acq(&p->seen);  /* acquire: as in fzp_take_on */
-  uint64_t pw = at_load_rlx(&p->pw);
-  if (__builtin_expect(((pw - seen) & FZP_COUNT) >= limit, 0)) return 0;
-  FZP_FAULT("permit-taking");
-  if (__builtin_expect(!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, lane)), 0)) return 0;  /* acq_rel: as in fzp_take_on */
-  FZP_FAULT("permit-taken");
-  at_store_rel(&l->st, fzp_took(st));  /* release: as in fzp_take_on */
-  return 1;
+  return l && fzp_take_on(p, l, lane, limit);
 }
 
-/* A give's fast path, on the remembered lane: 1 given; 0 when nothing was done and
- * fzp_give_any gives it. One store of the thread's own lane word. */
-static inline int fzp_give_fast(fzp *p) {
-  int lane;
-  fzp_lane *l = fzp_mine_of(p, &lane);
-  if (!l) return 0;
+/* One give on lane l (the caller's): one store of its own lane word. */
+static inline void fzp_give_on(fzp_lane *l) {
   uint64_t st = at_load_rlx(&l->st);
   FZP_FAULT("permit-giving");
   /* release: the call's own work happens before its permit shows as given (pairs with
    * the acquire loads of the lanes in a sum) */
   at_store_rel(&l->st, fzp_gave(st, 1));
   FZP_FAULT("permit-given");
+}
+
+/* A give's fast path, on the remembered lane: 1 given; 0 when nothing was done and
+ * fzp_give_any gives it. */
+static inline int fzp_give_fast(fzp *p) {
+  int lane;
+  fzp_lane *l = fzp_mine_of(p, &lane);
+  if (!l) return 0;
+  fzp_give_on(l);
   return 1;
 }
 

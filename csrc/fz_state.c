@@ -572,19 +572,12 @@ static double enter_full(fzp *p, int count_full) {
   return rejection(FZ_FULL, 0);
 }
 
-/* The limit of b's permits for a take (a reload that dropped it while calls held
- * permits: a take that never fails, so that gives balance). */
-static inline uint32_t limit_of(fz_breaker *b) {
-  uint32_t limit = OPT(b, cfg.max_concurrent);
-  return limit ? limit : FZ_MAX_CONCURRENT * 4u;
-}
-
 /* fz_enter_limit whatever its fast path could not do: no permits, a permit not taken at
  * the first try, or a call the circuit did not admit at once. */
 static __attribute__((noinline)) double enter_limit_any(fz_breaker *b, uint32_t id, int count_full, int taken) {
   fzp *p = permits_of(b);
   if (!p) return enter_id(b, id);
-  if (!taken && !fzp_take_any(p, limit_of(b))) return enter_full(p, count_full);
+  if (!taken && !fzp_take_any(p, permit_limit(b))) return enter_full(p, count_full);
   double t = enter_id(b, id);
   if (t < 0) fzp_give(p);  /* a rejection holds no permit */
   return t;
@@ -596,7 +589,7 @@ static __attribute__((noinline)) double enter_limit_any(fz_breaker *b, uint32_t 
  * thread's remembered lane, one swap, a closed circuit) calls nothing. */
 double fz_enter_limit(fz_breaker *b, uint32_t id, int count_full) {
   fzp *p = permits_of(b);
-  if (__builtin_expect(!p || !fzp_take_fast(p, limit_of(b)), 0)) return enter_limit_any(b, id, count_full, 0);
+  if (__builtin_expect(!p || !fzp_take_fast(p, permit_limit(b)), 0)) return enter_limit_any(b, id, count_full, 0);
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in enter_id */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) == id && sw_state(sw) == FZ_CLOSED, 1))
     return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
