@@ -356,23 +356,20 @@ static int l_allow(lua_State *L) {
   return 1;
 }
 
-/* done(h, ticket, outcome, elapsed) -> 0, a transition code, or FZ_ETICKET */
-static int l_done(lua_State *L) {
+/* (h, ticket, outcome, elapsed) given to done, fz_done or fz_done_limit */
+static int push_done(lua_State *L, int (*done)(fz_breaker *, double, int, double)) {
   fz_breaker *b = check_breaker(L, 1);
   double ticket = luaL_checknumber(L, 2);
   int outcome = (int)check_int(L, 3, INT32_MIN, INT32_MAX);
-  lua_pushinteger(L, fz_done(b, ticket, outcome, luaL_checknumber(L, 4)));
+  lua_pushinteger(L, done(b, ticket, outcome, luaL_checknumber(L, 4)));
   return 1;
 }
 
+/* done(h, ticket, outcome, elapsed) -> 0, a transition code, or FZ_ETICKET */
+static int l_done(lua_State *L) { return push_done(L, fz_done); }
+
 /* done_limit(h, ticket, outcome, elapsed): the permit back, then as done */
-static int l_done_limit(lua_State *L) {
-  fz_breaker *b = check_breaker(L, 1);
-  double ticket = luaL_checknumber(L, 2);
-  int outcome = (int)check_int(L, 3, INT32_MIN, INT32_MAX);
-  lua_pushinteger(L, fz_done_limit(b, ticket, outcome, luaL_checknumber(L, 4)));
-  return 1;
-}
+static int l_done_limit(lua_State *L) { return push_done(L, fz_done_limit); }
 
 static int l_state(lua_State *L) {
   lua_pushinteger(L, fz_state(check_breaker(L, 1)));
