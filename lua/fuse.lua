@@ -538,6 +538,27 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
     return rejs and rejs[i] or rej_of(br, i)
   end
 
+  -- The ticket of a call through handle h of identity id. max_concurrent: the permit
+  -- first, in the core (a call past the limit touches no circuit; a rejection holds no
+  -- permit, the core gave it back). (Parenthesized: never a tail call into C.)
+  local function enter(h, id)
+    if not limit then return (core.fz_enter_id(h, id)) end
+    local t = core.fz_enter_limit(h, id, count_full)
+    if t == FULL and max_wait > 0 then t = enter_waited(h, id, max_wait) end
+    return t
+  end
+
+  -- The rejection of object br for ticket t < 0, or nil for STALE (the caller calls
+  -- again): the plain rejections first (no transition to fire), one compare each in a
+  -- trace.
+  local function refused(br, t)
+    if limit and t == FULL then return rej(br, 4) end
+    if t == PLAIN_OPEN_REJECTION then return rej(br, OPEN) end
+    if t == PLAIN_FORCED_REJECTION then return rej(br, 3) end
+    if t == STALE then return nil end
+    return rejected(br, listener, t)
+  end
+
   local go
 
   -- The breaker went stale (removed or evicted): find or re-create its name and call
@@ -551,21 +572,13 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
     go = function(br, fn, ...)
       if fake then sync() end
       local h, id = br._h, br._id
-      local t, ph
-      if limit then  -- the permit first (in the core): a call past the limit touches no circuit
-        ph = h
-        t = core.fz_enter_limit(h, id, count_full)
-        if t == FULL and max_wait > 0 then t = enter_waited(h, id, max_wait) end
-      else t = core.fz_enter_id(h, id) end
-      if t < 0 then  -- (a rejection holds no permit: the core gave it back)
-        local r
-        if limit and t == FULL then r = rej(br, 4)
-        elseif t == PLAIN_OPEN_REJECTION then r = rej(br, OPEN)
-        elseif t == PLAIN_FORCED_REJECTION then r = rej(br, 3)
-        elseif t == STALE then return rerun(br, id, fn, ...)
-        else r = rejected(br, listener, t) end
+      local t = enter(h, id)
+      if t < 0 then
+        local r = refused(br, t)
+        if not r then return rerun(br, id, fn, ...) end
         return fallback(r, ...)
       end
+      local ph = limit and h  -- (the handle whose permit the call holds)
       if t % 2 == 1 then fire(listener, br.name, OPEN_TO_HALF) end
       local t0 = slow and now() or 0
       local p, k
@@ -582,23 +595,14 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
   go = function(br, fn, ...)
     if fake then sync() end
     local h, id = br._h, br._id
-    local t, ph
-    if limit then  -- the permit first (in the core): a call past the limit touches no circuit
-      ph = h
-      t = core.fz_enter_limit(h, id, count_full)
-      if t == FULL and max_wait > 0 then t = enter_waited(h, id, max_wait) end
-    else t = core.fz_enter_id(h, id) end
-    if t < 0 then  -- (a rejection holds no permit: the core gave it back)
-      -- the plain rejections first (no transition to fire): one compare each in a trace
-      local r
-      if limit and t == FULL then r = rej(br, 4)
-      elseif t == PLAIN_OPEN_REJECTION then r = rej(br, OPEN)
-      elseif t == PLAIN_FORCED_REJECTION then r = rej(br, 3)
-      elseif t == STALE then return rerun(br, id, fn, ...)
-      else r = rejected(br, listener, t) end
+    local t = enter(h, id)
+    if t < 0 then
+      local r = refused(br, t)
+      if not r then return rerun(br, id, fn, ...) end
       if has_fallback then return fallback end
       return nil, r
     end
+    local ph = limit and h  -- (the handle whose permit the call holds)
     if t % 2 == 1 then fire(listener, br.name, OPEN_TO_HALF) end
     local t0 = slow and now() or 0
     local p, k
