@@ -25,6 +25,7 @@ local fuse = require "fuse"
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 package.path = here .. "/?.lua;" .. package.path
 local purelua = require "purelua"
+local stats = require "stats"
 
 local JSON, QUICK, ONLY, NROUNDS, CPU = false, false, nil, nil, false
 do
@@ -326,14 +327,7 @@ local function trace_watch(into, casename)
   end
 end
 
-local function median(t)
-  local c = {}
-  for i = 1, #t do c[i] = t[i] end
-  table.sort(c)
-  local m = #c
-  if m % 2 == 1 then return c[(m + 1) / 2] end
-  return (c[m / 2] + c[m / 2 + 1]) / 2
-end
+local median = stats.median
 
 local function round_n(x)   -- one significant digit, within [MIN_N, MAX_N]
   if x >= MAX_N then return MAX_N end
@@ -342,13 +336,7 @@ local function round_n(x)   -- one significant digit, within [MIN_N, MAX_N]
   return math.floor(x / p) * p
 end
 
-local function loadavg()   -- the 1-minute load average, "?" where /proc/loadavg is missing
-  local f = io.open("/proc/loadavg")
-  if not f then return "?" end
-  local l = f:read("*l") or ""
-  f:close()
-  return l:match("^(%S+)") or "?"
-end
+local loadavg = stats.loadavg
 local load_start = loadavg()
 
 local sink = 0

@@ -15,6 +15,11 @@
 local ffi = require "ffi"
 local fuse = require "fuse"
 
+local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+package.path = here .. "/?.lua;" .. package.path
+local summary = require "stats"
+local median = summary.median
+
 local ROUNDS, JSON = 31, false
 do
   local i = 1
@@ -82,14 +87,6 @@ assert(stats.running == 0 and stats.full_total == 0, "the limited breaker holds 
 stats = nb:stats()
 assert(stats.running == 0 and stats.full_total == 0, "the named breaker holds permits after the rounds")
 
-local function median(t)
-  local c = {}
-  for i, v in ipairs(t) do c[i] = v end
-  table.sort(c)
-  local n = #c
-  if n % 2 == 1 then return c[(n + 1) / 2] end
-  return (c[n / 2] + c[n / 2 + 1]) / 2
-end
 local function least(t)
   local m = math.huge
   for _, v in ipairs(t) do m = math.min(m, v) end
@@ -101,9 +98,7 @@ local function diffs(key)
   return d
 end
 
-local f = io.open("/proc/loadavg")
-local load = f and f:read("*l"):match("^(%S+)") or "?"
-if f then f:close() end
+local load = summary.loadavg()
 if JSON then
   local out = {}
   for _, key in ipairs({ "limited", "named" }) do

@@ -66,6 +66,8 @@ local trees = {
   { key = "this", dir = abs(THIS) },
 }
 local HERE = abs(arg[0]:match("^(.*)/[^/]*$") or ".")  -- bench/ of this tree: its loops serve both
+package.path = HERE .. "/?.lua;" .. package.path
+local stats = require "stats"
 trees[1].label = LABEL or trees[1].dir
 trees[2].label = "this tree (" .. trees[2].dir .. ")"
 for _, t in ipairs(trees) do
@@ -87,13 +89,7 @@ local function run(cmd)
   return out
 end
 
-local function loadavg()
-  local f = io.open("/proc/loadavg")
-  if not f then return "?" end
-  local l = f:read("*l") or ""
-  f:close()
-  return l:match("^(%S+)") or "?"
-end
+local loadavg = stats.loadavg
 
 -- The cases, in bench.lua's names, and what issue 16 asks of each (nil: shown only).
 local CASES = {
@@ -143,14 +139,7 @@ for r = 1, ROUNDS do
 end
 loads[2] = loadavg()
 
-local function median(t)
-  local c = {}
-  for i, v in ipairs(t) do c[i] = v end
-  table.sort(c)
-  local n = #c
-  if n % 2 == 1 then return c[(n + 1) / 2] end
-  return (c[n / 2] + c[n / 2 + 1]) / 2
-end
+local median = stats.median
 
 print(("side by side, %s UTC: base %s against %s"):format(os.date("!%Y-%m-%d %H:%M"), trees[1].label, trees[2].label))
 print(("%d rounds, alternating (one bench.lua %s%s process per tree per round); 1-minute load %s at"
