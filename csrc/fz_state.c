@@ -499,6 +499,13 @@ static __attribute__((noinline)) double enter_other(fz_breaker *b, uint64_t sw, 
   return enter_slow(b, sw, id);
 }
 
+/* enter_other of a state word known to be open (fz_enter_id tests for it second, right
+ * after closed: the common rejection pays no other test). */
+static __attribute__((noinline)) double enter_open(fz_breaker *b, uint64_t sw, uint32_t id) {
+  if (reject_open(b, sw)) return rejection(FZ_OPEN, 0);
+  return enter_slow(b, sw, id);
+}
+
 /* fz_enter's body but the closed case, inlined into fz_allow_id and fz_enter_id (an
  * exported function may be interposed, so the compiler calls it through the PLT). */
 static inline double enter_not_closed(fz_breaker *b, uint64_t sw, uint32_t id) {
@@ -560,6 +567,7 @@ static inline double enter_id(fz_breaker *b, uint32_t id) {
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: pairs with the acq_rel swap of a transition */
   if (__builtin_expect((uint32_t)at_load_acq(&b->id) != id, 0)) return rejection(FZ_STALE, 0);
   if (__builtin_expect(sw_state(sw) == FZ_CLOSED, 1)) return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
+  if (sw_state(sw) == FZ_OPEN) return enter_open(b, sw, id);
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_STALE, 0);  /* its identity goes next */
   return enter_not_closed(b, sw, id);
 }
