@@ -20,6 +20,8 @@
 -- { pool, t, live, n, [k] = { peer, ticket, t0, done, failure } }. It is not ngx.ctx: that
 -- costs a table, a pool cleanup and two FFI look-ups per request, and the records are
 -- reused by the next request at the same address, so a healthy request allocates nothing.
+-- Their fields never go back to nil (false instead): a key set to nil and set again is a
+-- new key for the JIT's trace, an insert that rehashes the table each time.
 -- The log phase judges a request proxied once by ngx.status (one FFI read) and reads the
 -- $upstream_* lists only when that status is not a plain success. A try admitted by its
 -- breaker holds a ticket until it is reported. A request whose log phase never runs (a
@@ -732,7 +734,7 @@ local function failed(self, try, class, seconds)
   self._store:incr(peer.ckey .. class, 1, 0)
   local ticket = try.ticket
   if ticket then
-    try.ticket = nil
+    try.ticket = false
     peer.b:report(ticket, not self._on[class], seconds)
   end
 end
@@ -742,7 +744,7 @@ local function succeeded(try, ok, seconds)
   try.done = true
   local ticket = try.ticket
   if ticket and not try.peer.removed then
-    try.ticket = nil
+    try.ticket = false
     try.peer.b:report(ticket, ok, seconds)
   end
 end
@@ -802,7 +804,7 @@ local function record(self, first)
     rec = { pool = self, t = t, live = true, n = 0 }
     REQS[key] = rec
   end
-  rec.pool, rec.t, rec.live, rec.n, rec.refused = self, t, true, 0, nil
+  rec.pool, rec.t, rec.live, rec.n, rec.refused = self, t, true, 0, false
   return rec, true
 end
 
@@ -910,8 +912,8 @@ function Pool:balance()
       local k = rec.n + 1
       local try = rec[k]
       if not try then try = {}; rec[k] = try end
-      try.peer, try.ticket, try.done, try.failure = peer, ticket, false, nil
-      try.t0 = self._slow and ticket and ngx.now() or nil
+      try.peer, try.ticket, try.done, try.failure = peer, ticket or false, false, false
+      try.t0 = self._slow and ticket and ngx.now() or false
       rec.n = k
       return
     end
