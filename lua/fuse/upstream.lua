@@ -505,7 +505,7 @@ function _M.new(name, peers, opts)
     _bopts = bopts, _slow = bopts.slow ~= nil, _store = store, _pfx = pfx,
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
-    _ex = {}, _skip = {}, _pan = {}, _open = {}, _seen = -1, _seen_at = 0 }, Pool)
+    _ex = {}, _skip = {}, _pan = {}, _open = {}, _old = {}, _seen = -1, _seen_at = 0 }, Pool)
   -- A list set_peers stored over this same config list (since the config took effect:
   -- kept across reloads) wins; a config whose list changed starts over from it.
   local cfg = encode(list)
@@ -622,13 +622,34 @@ local function soonest(self, n)
   return s
 end
 
+-- The time for slow-start weights (nil when no peer ramps; the pool notes when every
+-- ramp is over).
+local function ramp_now(self)
+  if not self._ramping then return nil end
+  local now = fuse.now()
+  if now >= self._ramp_end then self._ramping = false; return nil end  -- every ramp is over
+  return now
+end
+
+-- A peer's weight in this pick: its weight, ramped during its slow start.
+local function weight_of(p, now, ss)
+  local w = p.weight
+  if now and p.ramp then
+    local f = (now - p.ramp) / ss
+    if f < 1 then w = w * max(RAMP_FLOOR, RAMP_FLOOR + (1 - RAMP_FLOOR) * f) end
+  end
+  return w
+end
+
 -- One pick for a try (no nginx needed): smooth weighted round robin over the peers not
 -- tried yet by this request (`tried`: peer -> true, or nil) that are admitted: closed,
 -- half-open with a free slot, and open peers past max_ejected's allowance (panic picks,
 -- counted). When every untried peer is skipped, the tried ones that are admitted. With
 -- enforce = false no peer is skipped. Returns peer, ticket (nil for a panic pick or a dry
 -- run's pick of a rejected peer); or nil, retry_after (seconds) when every peer was skipped.
-local function pick(self, tried)
+-- pick_from is the whole of it; `rejected` (with tried nil) is the peer whose breaker
+-- rejected the first round of pick's fast path, which pick_from goes on from.
+local function pick_from(self, tried, now, rejected)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
   local n = #peers
   local left = 0
@@ -637,17 +658,19 @@ local function pick(self, tried)
     ex[i], skip[i], pan[i], open[i] = t, false, false, false
     if not t then left = left + 1 end
   end
-  local now, ss = nil, self._slow_start
-  if self._ramping then
-    now = fuse.now()
-    if now >= self._ramp_end then self._ramping, now = false, nil end  -- every ramp is over
-  end
+  local ss = self._slow_start
   local known = false  -- the open set was read (only once a peer rejected the try)
   local fallback = left == 0
   if fallback then for i = 1, n do ex[i] = false end end
   -- a retry (tried is given) prefers admitted peers over panic picks: the request has
   -- failed once already, and a peer picked in panic is open
   local retry = tried ~= nil and next(tried) ~= nil
+  if rejected then  -- as the loop below does after a rejection
+    known = true
+    for i = 1, n do open[i] = is_open(peers[i].b) end
+    open[rejected] = true
+    decide(self, n)
+  end
   while true do
     local best, bestv, total = nil, -huge, 0
     if retry and known then
@@ -665,11 +688,7 @@ local function pick(self, tried)
     for i = 1, n do
       if not ex[i] and not skip[i] then
         local p = peers[i]
-        local w = p.weight
-        if now and p.ramp then
-          local f = (now - p.ramp) / ss
-          if f < 1 then w = w * max(RAMP_FLOOR, RAMP_FLOOR + (1 - RAMP_FLOOR) * f) end
-        end
+        local w = weight_of(p, now, ss)
         p.w = w
         total = total + w
         if p.cur + w > bestv then best, bestv = i, p.cur + w end
@@ -703,6 +722,34 @@ local function pick(self, tried)
       decide(self, n)
     end
   end
+end
+
+-- A request's first try (nothing tried): the first round of pick_from over every peer
+-- in one loop, which moves every peer's round robin weight at once and keeps the old
+-- one (no per-pick state to clear); a rejection puts the old weights back and goes on
+-- in pick_from.
+local function pick(self, tried)
+  local now = ramp_now(self)
+  if tried ~= nil then return pick_from(self, tried, now, nil) end
+  local peers, old, ss = self._peers, self._old, self._slow_start
+  local best, bestv, total = 1, -huge, 0
+  for i = 1, #peers do
+    local p = peers[i]
+    local w = weight_of(p, now, ss)
+    local c = p.cur
+    old[i], p.w, p.cur = c, w, c + w
+    total = total + w
+    if c + w > bestv then best, bestv = i, c + w end
+  end
+  local p = peers[best]
+  local ticket = p.b:allow()
+  if ticket or not self._enforce then
+    p.cur = p.cur - total
+    if not ticket then count(self, self._dkey) end
+    return p, ticket
+  end
+  for i = 1, #peers do peers[i].cur = old[i] end
+  return pick_from(self, nil, now, best)
 end
 
 function Pool:pick(tried)
