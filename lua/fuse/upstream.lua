@@ -506,6 +506,10 @@ function _M.new(name, peers, opts)
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
     _ex = {}, _skip = {}, _pan = {}, _open = {}, _old = {}, _seen = -1, _seen_at = 0 }, Pool)
+  -- The phase methods are the pool's own fields: nginx runs a *_by_lua chunk in the
+  -- interpreter (a chunk is a vararg function, which LuaJIT does not compile), where
+  -- `pool:balance()` found through the metatable is a metamethod look-up every request.
+  self.access, self.balance, self.log = Pool.access, Pool.balance, Pool.log
   -- A list set_peers stored over this same config list (since the config took effect:
   -- kept across reloads) wins; a config whose list changed starts over from it.
   local cfg = encode(list)
