@@ -20,6 +20,8 @@
 -- { pool, t, live, n, [k] = { peer, ticket, t0, done, failure } }. It is not ngx.ctx: that
 -- costs a table, a pool cleanup and two FFI look-ups per request, and the records are
 -- reused by the next request at the same address, so a healthy request allocates nothing.
+-- Their fields never go back to nil (false instead): a key set to nil and set again is a
+-- new key for the JIT's trace, an insert that rehashes the table each time.
 -- The log phase judges a request proxied once by ngx.status (one FFI read) and reads the
 -- $upstream_* lists only when that status is not a plain success. A try admitted by its
 -- breaker holds a ticket until it is reported. A request whose log phase never runs (a
@@ -503,7 +505,11 @@ function _M.new(name, peers, opts)
     _bopts = bopts, _slow = bopts.slow ~= nil, _store = store, _pfx = pfx,
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
-    _ex = {}, _skip = {}, _pan = {}, _open = {}, _seen = -1, _seen_at = 0 }, Pool)
+    _ex = {}, _skip = {}, _pan = {}, _open = {}, _old = {}, _seen = -1, _seen_at = 0 }, Pool)
+  -- The phase methods are the pool's own fields: nginx runs a *_by_lua chunk in the
+  -- interpreter (a chunk is a vararg function, which LuaJIT does not compile), where
+  -- `pool:balance()` found through the metatable is a metamethod look-up every request.
+  self.access, self.balance, self.log = Pool.access, Pool.balance, Pool.log
   -- A list set_peers stored over this same config list (since the config took effect:
   -- kept across reloads) wins; a config whose list changed starts over from it.
   local cfg = encode(list)
@@ -620,13 +626,34 @@ local function soonest(self, n)
   return s
 end
 
+-- The time for slow-start weights (nil when no peer ramps; the pool notes when every
+-- ramp is over).
+local function ramp_now(self)
+  if not self._ramping then return nil end
+  local now = fuse.now()
+  if now >= self._ramp_end then self._ramping = false; return nil end  -- every ramp is over
+  return now
+end
+
+-- A peer's weight in this pick: its weight, ramped during its slow start.
+local function weight_of(p, now, ss)
+  local w = p.weight
+  if now and p.ramp then
+    local f = (now - p.ramp) / ss
+    if f < 1 then w = w * max(RAMP_FLOOR, RAMP_FLOOR + (1 - RAMP_FLOOR) * f) end
+  end
+  return w
+end
+
 -- One pick for a try (no nginx needed): smooth weighted round robin over the peers not
 -- tried yet by this request (`tried`: peer -> true, or nil) that are admitted: closed,
 -- half-open with a free slot, and open peers past max_ejected's allowance (panic picks,
 -- counted). When every untried peer is skipped, the tried ones that are admitted. With
 -- enforce = false no peer is skipped. Returns peer, ticket (nil for a panic pick or a dry
 -- run's pick of a rejected peer); or nil, retry_after (seconds) when every peer was skipped.
-local function pick(self, tried)
+-- pick_from is the whole of it; `rejected` (with tried nil) is the peer whose breaker
+-- rejected the first round of pick's fast path, which pick_from goes on from.
+local function pick_from(self, tried, now, rejected)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
   local n = #peers
   local left = 0
@@ -635,17 +662,19 @@ local function pick(self, tried)
     ex[i], skip[i], pan[i], open[i] = t, false, false, false
     if not t then left = left + 1 end
   end
-  local now, ss = nil, self._slow_start
-  if self._ramping then
-    now = fuse.now()
-    if now >= self._ramp_end then self._ramping, now = false, nil end  -- every ramp is over
-  end
+  local ss = self._slow_start
   local known = false  -- the open set was read (only once a peer rejected the try)
   local fallback = left == 0
   if fallback then for i = 1, n do ex[i] = false end end
   -- a retry (tried is given) prefers admitted peers over panic picks: the request has
   -- failed once already, and a peer picked in panic is open
   local retry = tried ~= nil and next(tried) ~= nil
+  if rejected then  -- as the loop below does after a rejection
+    known = true
+    for i = 1, n do open[i] = is_open(peers[i].b) end
+    open[rejected] = true
+    decide(self, n)
+  end
   while true do
     local best, bestv, total = nil, -huge, 0
     if retry and known then
@@ -663,11 +692,7 @@ local function pick(self, tried)
     for i = 1, n do
       if not ex[i] and not skip[i] then
         local p = peers[i]
-        local w = p.weight
-        if now and p.ramp then
-          local f = (now - p.ramp) / ss
-          if f < 1 then w = w * max(RAMP_FLOOR, RAMP_FLOOR + (1 - RAMP_FLOOR) * f) end
-        end
+        local w = weight_of(p, now, ss)
         p.w = w
         total = total + w
         if p.cur + w > bestv then best, bestv = i, p.cur + w end
@@ -703,6 +728,34 @@ local function pick(self, tried)
   end
 end
 
+-- A request's first try (nothing tried): the first round of pick_from over every peer
+-- in one loop, which moves every peer's round robin weight at once and keeps the old
+-- one (no per-pick state to clear); a rejection puts the old weights back and goes on
+-- in pick_from.
+local function pick(self, tried)
+  local now = ramp_now(self)
+  if tried ~= nil then return pick_from(self, tried, now, nil) end
+  local peers, old, ss = self._peers, self._old, self._slow_start
+  local best, bestv, total = 1, -huge, 0
+  for i = 1, #peers do
+    local p = peers[i]
+    local w = weight_of(p, now, ss)
+    local c = p.cur
+    old[i], p.w, p.cur = c, w, c + w
+    total = total + w
+    if c + w > bestv then best, bestv = i, c + w end
+  end
+  local p = peers[best]
+  local ticket = p.b:allow()
+  if ticket or not self._enforce then
+    p.cur = p.cur - total
+    if not ticket then count(self, self._dkey) end
+    return p, ticket
+  end
+  for i = 1, #peers do peers[i].cur = old[i] end
+  return pick_from(self, nil, now, best)
+end
+
 function Pool:pick(tried)
   sync(self)
   check_open(self, 2)
@@ -732,7 +785,7 @@ local function failed(self, try, class, seconds)
   self._store:incr(peer.ckey .. class, 1, 0)
   local ticket = try.ticket
   if ticket then
-    try.ticket = nil
+    try.ticket = false
     peer.b:report(ticket, not self._on[class], seconds)
   end
 end
@@ -742,7 +795,7 @@ local function succeeded(try, ok, seconds)
   try.done = true
   local ticket = try.ticket
   if ticket and not try.peer.removed then
-    try.ticket = nil
+    try.ticket = false
     try.peer.b:report(ticket, ok, seconds)
   end
 end
@@ -802,7 +855,7 @@ local function record(self, first)
     rec = { pool = self, t = t, live = true, n = 0 }
     REQS[key] = rec
   end
-  rec.pool, rec.t, rec.live, rec.n, rec.refused = self, t, true, 0, nil
+  rec.pool, rec.t, rec.live, rec.n, rec.refused = self, t, true, 0, false
   return rec, true
 end
 
@@ -910,8 +963,8 @@ function Pool:balance()
       local k = rec.n + 1
       local try = rec[k]
       if not try then try = {}; rec[k] = try end
-      try.peer, try.ticket, try.done, try.failure = peer, ticket, false, nil
-      try.t0 = self._slow and ticket and ngx.now() or nil
+      try.peer, try.ticket, try.done, try.failure = peer, ticket or false, false, false
+      try.t0 = self._slow and ticket and ngx.now() or false
       rec.n = k
       return
     end
