@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# bench/nginx_upstream_instr.sh [LUA_DIR] -- instructions per request (user space:
+# nginx, LuaJIT, its traces, the Lua module, fuse's core) of one nginx front under
+# callgrind, for the three fronts of bench/nginx_upstream.sh part 3: fuse.upstream, the
+# Lua floor (balancer_by_lua doing only set_current_peer, an empty log_by_lua) and
+# nginx's plain round robin, over three static peers (return 200, keepalive).
+#
+# The front runs with `master_process off` (one process, the worker itself) under
+# `valgrind --tool=callgrind --instr-atstart=no`; the peers run in a second nginx, not
+# counted. Per front: 4 s of `wrk -t1 -c4` uninstrumented (the traces are compiled),
+# then the counters zeroed, instrumentation on, 6 s of `wrk -t1 -c4`, instrumentation
+# off, a dump; the dump's total over the requests wrk counted. ROUNDS (3) fresh nginx
+# starts, each printed, then the medians. LUA_DIR (default: this tree's lua/) is the
+# fuse.upstream to measure, so that two trees can be compared on one machine.
+# About 40 s a round.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
+LUA=${1:-$ROOT/lua}
+ROUNDS=${ROUNDS:-3}
+die() { echo "bench-upstream-instr: $*" >&2; exit 1; }
+[ -x "$NGINX" ] || die "nginx is not installed"
+for c in valgrind callgrind_control callgrind_annotate wrk curl bc; do
+  command -v "$c" >/dev/null || die "$c is not installed"
+done
+[ -r "$ROOT/build/fuse/core.so" ] || die "build/fuse/core.so is missing: run make first"
+[ -r "$LUA/fuse/upstream.lua" ] || die "no fuse/upstream.lua under $LUA"
+
+T=$(mktemp -d /tmp/fuse-bench-instr.XXXXXX) || die "mktemp failed"
+PIDS=()
+VP=
+stop_front() { [ -n "$VP" ] && stop_pid "$VP" TERM; wait "$VP" 2>/dev/null; VP=; }
+trap 'stop_front; cleanup_nginx "${PIDS[@]}"' EXIT
+trap 'exit 1' INT TERM HUP
+copy_fuse "$T" "$LUA"
+mkdir -p "$T/logs" "$T/temp"
+BASE=$(pick_ports 8) || die "no 8 free ports in a row"
+S1=$((BASE + 1)) S2=$((BASE + 2)) S3=$((BASE + 3)) FS=$((BASE + 4)) LS=$((BASE + 5)) RS=$((BASE + 6))
+cat > "$T/peers.conf" <<EOF
+$(nginx_load_modules)
+worker_processes 1;
+pid logs/peers.pid;
+error_log logs/peers.err crit;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_temp_paths)
+    server {
+        listen 127.0.0.1:$S1; listen 127.0.0.1:$S2; listen 127.0.0.1:$S3;
+        keepalive_requests 1000000;
+        location / { return 200 "ok\n"; }
+    }
+}
+EOF
+cat > "$T/front.conf" <<EOF
+$(nginx_load_modules)
+master_process off;
+daemon off;
+pid logs/front.pid;
+error_log logs/front.err error;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_temp_paths)
+$(nginx_lua_paths "$T")
+    lua_shared_dict fuse_upstream 1m;
+    init_by_lua_block {
+        require("fuse").init{ shared = true, capacity = 64 }
+        package.loaded.static = require("fuse.upstream").new("static",
+            { "127.0.0.1:$S1", "127.0.0.1:$S2", "127.0.0.1:$S3" }, { fails = 3, window = 10, open_for = 5 })
+    }
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_next_upstream error timeout http_500 http_502 http_503 http_504;
+    proxy_next_upstream_tries 2;
+    upstream up_static { server 0.0.0.1; balancer_by_lua_block { require("static"):balance() } keepalive 32; }
+    server { listen 127.0.0.1:$FS; location / { proxy_pass http://up_static; log_by_lua_block { require("static"):log() } } }
+    upstream lua_static {
+        server 0.0.0.1;
+        balancer_by_lua_block {
+            local i = (package.loaded.lua_rr or 0) % 3 + 1
+            package.loaded.lua_rr = i
+            require("ngx.balancer").set_current_peer("127.0.0.1", ($S1 - 1) + i)
+        }
+        keepalive 32;
+    }
+    server { listen 127.0.0.1:$LS; location / { proxy_pass http://lua_static; log_by_lua_block { } } }
+    upstream rr_static { server 127.0.0.1:$S1; server 127.0.0.1:$S2; server 127.0.0.1:$S3; keepalive 32; }
+    server { listen 127.0.0.1:$RS; location / { proxy_pass http://rr_static; } }
+}
+EOF
+chmod -R a+rX "$T"
+"$NGINX" -p "$T/" -c peers.conf || die "the peers did not start"
+PIDS+=("$(cat "$T/logs/peers.pid")")
+
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+echo "bench-upstream-instr: $(date -u +%Y-%m-%dT%H:%MZ), nginx $("$NGINX" -v 2>&1 | cut -d/ -f2), fuse.upstream from $LUA"
+f_all="" l_all="" r_all=""
+for round in $(seq "$ROUNDS"); do
+  valgrind --tool=callgrind --instr-atstart=no --smc-check=all-non-file \
+    --callgrind-out-file="$T/cg.out" "$NGINX" -p "$T/" -c front.conf > "$T/valgrind.log" 2>&1 &
+  VP=$!
+  wait_for 60 curl -s -m 1 -o /dev/null "http://127.0.0.1:$FS/" || die "the front does not answer (see $T/valgrind.log)"
+  line="   round $round:"
+  for side in f l r; do
+    case $side in f) port=$FS name=fuse.upstream ;; l) port=$LS name="Lua floor" ;; r) port=$RS name="round robin" ;; esac
+    wrk -t1 -c4 -d4s "http://127.0.0.1:$port/" > /dev/null 2>&1
+    callgrind_control -z "$VP" > /dev/null
+    callgrind_control -i on "$VP" > /dev/null
+    out=$(wrk -t1 -c4 -d6s "http://127.0.0.1:$port/" 2>&1)
+    callgrind_control -i off "$VP" > /dev/null
+    rm -f "$T"/cg.out*
+    callgrind_control -d "$side" "$VP" > /dev/null
+    wait_for 10 sh -c "ls '$T'/cg.out* > /dev/null 2>&1"
+    sleep 0.5
+    n=$(awk '/requests in/ { print $1 }' <<< "$out")
+    ir=$(callgrind_annotate "$(ls "$T"/cg.out* | head -1)" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+    per=$(echo "$ir / $n" | bc)
+    line="$line $name $per"
+    case $side in f) f_all="$f_all $per" ;; l) l_all="$l_all $per" ;; r) r_all="$r_all $per" ;; esac
+  done
+  stop_front
+  echo "$line instructions per request"
+done
+fm=$(echo "$f_all" | median) lm=$(echo "$l_all" | median) rm=$(echo "$r_all" | median)
+printf '   medians: fuse.upstream %.0f, Lua floor %.0f, round robin %.0f; fuse.upstream - floor %+.0f, floor - round robin %+.0f\n' \
+  "$fm" "$lm" "$rm" "$(echo "$fm - $lm" | bc)" "$(echo "$lm - $rm" | bc)"
