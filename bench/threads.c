@@ -120,6 +120,7 @@ static void *work(void *arg) {
           if (fz_done_limit(b, t, FZ_SUCCESS, -1.0) < 0) wrong++;
           admitted++;
         } else {
+          if (!wrong) fprintf(stderr, "threads: fz_enter_limit answered %g\n", t);
           wrong++;  /* never: 1000 permits for at most MAX_THREADS threads, a closed circuit */
         }
         continue;
