@@ -192,7 +192,8 @@ static void limit_whole(fz_breaker *b, int held, const char *where) {
 static void permit_faults(void) {
   static const char *const takes[] = { "permit-taking", "permit-taken" };
   static const char *const gives[] = { "permit-giving", "permit-given" };
-  static const char *const backs[] = { "reclaim-claimed", "reclaim-given" };
+  /* permit-refreshed: after a sum of the gives that moved `seen`, before the take */
+  static const char *const backs[] = { "reclaim-claimed", "reclaim-given", "permit-refreshed" };
   for (int i = 0; i < 2; i++) {
     g_pb = limited(takes[i]);
     ok(die_in_child(takes[i], take_then_die, g_pb), "permits: a process holding 1 died at %s of another", takes[i]);
@@ -203,7 +204,7 @@ static void permit_faults(void) {
     ok(die_in_child(gives[i], give_then_die, g_pb), "permits: a process holding 2 died at %s of one", gives[i]);
     limit_whole(g_pb, 0, gives[i]);
   }
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     g_pb = limited(backs[i]);
     ok(!die_in_child("nowhere", hold_two, g_pb), "permits: a process exited holding 2");
     ok(fz_permit_take(g_pb, 1), "the parent takes the third");
