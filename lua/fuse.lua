@@ -738,7 +738,12 @@ end
 -- fuse.new of a name with the very options (same values, same functions) as the call
 -- that made the name's object gives that object again while its breaker lives: a
 -- gateway that asks for its breaker by name per request pays a table hit, an identity
--- check and a comparison of the options, not a check of the options nor a new object.
+-- check and a comparison of the options with constant keys, not a check of the options
+-- nor a new object. The comparison reads each known option by its name and never hands
+-- the options table to anything else, so a table made in the caller's loop, as in
+-- fuse.new{ name = host, fails = 5 }, is never made under LuaJIT: the compiler sinks it
+-- (spec/22-objects_spec.lua). Counting its keys (which finds an unknown one) would make
+-- it escape: that is done at the name's creation and on one hit in CHECK_EVERY.
 local news = objmaps.new(B)  -- (lua/fuse/objects.lua)
 
 -- The count of a table's keys: LuaJIT's table.nkeys (compiled), elsewhere by hand.
@@ -752,32 +757,59 @@ local nkeys = (function()
   end
 end)()
 
-local NO_KEY = {}  -- a key no options table has
+-- One hit in CHECK_EVERY also counts the options' keys, so that an unknown key at a
+-- call site whose names were all made by another one is still raised. A prime: a
+-- handler that calls fuse.new k times per request (k < 61) has every site checked.
+local CHECK_EVERY = 61
 
--- The record of the options of a fuse.new call (opts: a copy, the name's value in it
--- never read), shared by the objects made with the same options but the name: up to
--- four options besides the name are also kept as k1 = v1 ... k4 = v4, which same_opts
--- compares with no loop (a loop there, in a request handler's loop, is compiled as an
--- inner loop of its own that each call enters and leaves).
-local function opts_record(copy, n)
-  local r = { opts = copy, n = n, few = n <= 5, k1 = NO_KEY, k2 = NO_KEY, k3 = NO_KEY, k4 = NO_KEY }
-  local i = 0
-  for k, v in pairs(copy) do
-    if k ~= "name" and i < 4 then
-      i = i + 1
-      r["k" .. i], r["v" .. i] = k, v
+-- The generated comparisons by the set of options present (its source is the same for
+-- every record of that set): sames[sig](v1, ..., vn) -> function(a) that says whether
+-- a holds v1 ... vn for those options and no value for every other known option but the
+-- name. Generated, with the values as upvalues: no loop (a loop in a request handler's
+-- trace is an inner loop that each call enters and leaves; a trace that starts at
+-- fuse.new's entry and meets one aborts, and a dozen aborts blacklist fuse.new for the
+-- life of the process) and no look-up by a key the compiler does not know.
+local sames = {}
+
+local function same_maker(copy)
+  local sig, parts, args = {}, {}, {}
+  for _, k in ipairs(options.NAMES) do
+    if k ~= "name" then
+      if copy[k] == nil then
+        parts[#parts + 1] = ("a[%q] == nil"):format(k)
+      else
+        sig[#sig + 1] = k
+        args[#args + 1] = "v" .. #sig
+        parts[#parts + 1] = ("a[%q] == v%d"):format(k, #sig)
+      end
     end
   end
-  return r
+  local key = concat(sig, ",")
+  local make = sames[key]
+  if not make then
+    local text = ("local %s = ...\nreturn function(a) return %s end")
+      :format(#args > 0 and concat(args, ", ") or "_", concat(parts, " and "))
+    make = assert((loadstring or load)(text, "=fuse.same_opts"))  -- luacheck: ignore 113
+    sames[key] = make
+  end
+  return make, sig
+end
+
+-- The record of the options of a fuse.new call (copy: a copy of them, n: their count,
+-- the name's value in it never read), shared by the objects made with the same options
+-- but the name: same(a) says whether options a are those (every known option but the
+-- name).
+local function opts_record(copy, n)
+  local make, sig = same_maker(copy)
+  local vals = {}
+  for i, k in ipairs(sig) do vals[i] = copy[k] end
+  return { opts = copy, n = n, same = make(unpack(vals, 1, #sig)) }
 end
 
 -- same_known(a, b): whether options tables a and b hold the same value (or none) for
 -- every known option but the name, compared one by one with no loop (generated from
 -- options.NAMES). With the same count of keys, and b a copy of options that passed the
--- check (known keys only), a holds exactly b's options. No loop: under LuaJIT a trace
--- that starts at fuse.new's entry (interpreted request handlers make it hot) and meets a
--- loop aborts ("inner loop in root trace"), and after a dozen aborts LuaJIT blacklists
--- fuse.new for the life of the process (spec/22-objects_spec.lua).
+-- check (known keys only), a holds exactly b's options.
 local same_known = (function()
   local parts = {}
   for _, k in ipairs(options.NAMES) do
@@ -787,17 +819,6 @@ local same_known = (function()
   return assert((loadstring or load)(text, "=fuse.same_known"))()  -- luacheck: ignore 113
 end)()
 
--- Whether opts are the options that made object br (br._opts, an opts_record).
-local function same_opts(br, opts)
-  local o = br._opts
-  if not o then return false end
-  if o.few then
-    return opts[o.k1] == o.v1 and opts[o.k2] == o.v2 and opts[o.k3] == o.v3 and opts[o.k4] == o.v4
-      and nkeys(opts) == o.n
-  end
-  return nkeys(opts) == o.n and same_known(opts, o.opts)
-end
-
 -- The options last checked for a named breaker (a copy), and the check's result: a
 -- gateway calls fuse.new with one set of options and many names, so only the name is
 -- new and only the name needs a check.
@@ -805,7 +826,7 @@ local memo_opts, memo_n, memo_o, memo_shared
 
 local function checked(opts, name)
   if memo_o and type(name) == "string" and #name >= 1 and #name <= 127 and not name:find("\0", 1, true) then
-    if nkeys(opts) == memo_n and same_known(opts, memo_opts) then  -- no loop: see same_known
+    if nkeys(opts) == memo_n and same_known(opts, memo_opts) then  -- no loop: see sames
       return { name = name, fallback = memo_o.fallback, is_failure = memo_o.is_failure,
         on_state_change = memo_o.on_state_change, max_wait = memo_o.max_wait, cfg = memo_o.cfg }
     end
@@ -819,11 +840,19 @@ local function checked(opts, name)
   return o
 end
 
+local hits = 0
+
 function _M.new(opts)
   local name = type(opts) == "table" and opts.name
   if type(name) == "string" then
     local br = news.map[name]
-    if br and same_opts(br, opts) and B.id(br._h) == br._id then return br end
+    local o = br and br._opts
+    if o and o.same(opts) and B.id(br._h) == br._id then
+      hits = hits + 1
+      if hits < CHECK_EVERY then return br end
+      hits = 0
+      if nkeys(opts) == o.n then return br end
+    end
   end
   local o = checked(opts, name)
   local br = create(o, 2)  -- not a tail call: create's errors name the caller's line

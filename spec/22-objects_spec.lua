@@ -105,10 +105,55 @@ end))
     assert.equal("fb", b:call(function() error("down") end))
   end)
 
-  it("an unknown option is still an error for a name whose object exists", function()
-    local name = unique("typo")
-    fuse.new{ name = name, fails = 5 }
-    assert.has_error(function() fuse.new{ name = name, fails = 5, fial = 1 } end)
+  -- The hit path compares the known options only (so that the JIT can sink the caller's
+  -- table); one hit in 61 also counts the keys. So an unknown key at a call site whose
+  -- names all exist already is raised within 61 calls, even when another site's calls
+  -- come between each of its own.
+  it("an unknown option for a name whose object exists is raised within 61 calls, at the caller's line",
+    function()
+      local name = unique("typo")
+      fuse.new{ name = name, fails = 5 }
+      for _, others in ipairs{ 0, 1, 2 } do  -- calls of a good site between the bad one's
+        local err, calls
+        for i = 1, 61 do
+          for _ = 1, others do fuse.new{ name = name, fails = 5 } end
+          local ok, e = pcall(function()
+            local b = fuse.new{ name = name, fails = 5, fial = 1 }  -- (not a tail call: its line)
+            return b
+          end)
+          if not ok then err, calls = e, i break end
+        end
+        assert.is_string(err, ("%d calls with another site's %d between each: no error"):format(61, others))
+        assert.matches("unknown option 'fial'", err, 1, true)
+        assert.matches("22%-objects_spec%.lua:%d+: fuse:", err)
+        assert.is_true(calls <= 61)
+      end
+      -- and at once where the call makes the name
+      local ok, err = pcall(fuse.new, { name = unique("typo"), fails = 5, fial = 1 })
+      assert.is_false(ok)
+      assert.matches("unknown option 'fial'", err, 1, true)
+    end)
+
+  it("fuse.new{ name = n, ... } of existing names in a compiled loop makes no table per call"
+    .. (jit and "" or " (skipped: not LuaJIT)"), function()
+    if not jit then return end
+    local kb = numbers(support.run_child(MANY .. [[
+local first = {}
+for i, n in ipairs(names) do first[i] = fuse.new{ name = n, fails = 5, window = 10 } end
+local function pass()
+  for i = 1, #names do
+    assert(rawequal(first[i], fuse.new{ name = names[i], fails = 5, window = 10 }))
+  end
+end
+pass()  -- compiled here
+for _ = 1, 2 do print(grew(function() for _ = 1, 4 do pass() end end)) end
+]]))
+    -- 20,000 calls: a table each (80 bytes and more) would be 1.5 MB and more; one in 61
+    -- is made, for its keys' count
+    assert.equal(2, #kb)
+    for _, k in ipairs(kb) do
+      assert.is_true(k < BOUND_KB, ("the heap grew by %d KB: the options tables were made"):format(k))
+    end
   end)
 
   it("a removed name's object is not given again, and its name made again gets another", function()
