@@ -20,10 +20,13 @@
 --   ..., one opts table         the same with one options table whose name changes: no
 --                               garbage per call, so no collector work that the retained
 --                               heap makes dearer (what the row above adds to it)
---   a fresh options table alone  the caller's share of "any name": the same table
---                               { name = n, fails = 5 } made and handed to table.nkeys
---                               (as fuse.new does, which keeps the JIT from sinking it),
---                               no fuse call: its allocation and its collection
+--   a fresh options table alone  the same table { name = n, fails = 5 } made and handed
+--                               to table.nkeys (which keeps the JIT from sinking it), no
+--                               fuse call: what the caller's table costs when it is made
+--                               (its allocation and its collection at this heap); since
+--                               fuse.new compares the options by constant keys, the JIT
+--                               sinks the table of "fuse.new existing" (it is made on one
+--                               call in 61, for the count of its keys)
 -- Growing the registry to each size times creation over its last 10%: half through
 -- fuse.new, half through the core alone (B.open), with the resident set's growth
 -- (/proc/self/statm) per breaker over each half (the core's: the registry's share; the
