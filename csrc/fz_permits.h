@@ -100,31 +100,51 @@ static inline uint32_t fzp_slot(const fzp *p) {
   return (uint32_t)(((uint64_t)(uintptr_t)p * UINT64_C(0x9E3779B97F4A7C15)) >> 61);
 }
 
-/* The thread's preferred lane of p when the thread owns it, or NULL. Owning is the name
- * (pid and tid), not the generation: while a thread lives, a lane that bears its name is
- * its own and nobody else writes it (free lanes, a dead process's and an exited thread's
- * are the only ones that change hands; a lane left by an exited thread whose tid this
- * thread reuses is adopted, as fzp_lane_slow does). Calls nothing: the fast paths stay
- * leaf code. */
-static inline fzp_lane *fzp_mine_of(fzp *p) {
-  fzp_lane *l = (fzp_lane *)(void *)((char *)p + fzp_self.off);
+static inline uint64_t fzp_bit(int lane) { return UINT64_C(1) << (24 + lane); }
+
+/* Whether the thread owns its preferred lane of p, l. Owning is the name (pid and tid),
+ * not the generation: while a thread lives, a lane that bears its name is its own and
+ * nobody else writes it (free lanes, a dead process's and an exited thread's are the
+ * only ones that change hands; a lane left by an exited thread whose tid this thread
+ * reuses is adopted, as fzp_lane_slow does). */
+static inline int fzp_preferred(const fzp_lane *l) {
   /* relaxed: the owner word of our own lane is written only by us (or by a survivor
    * once we are dead) */
-  if (__builtin_expect(at_load_rlx(&l->owner) << 20 != fzp_self.key, 0)) return NULL;
+  return at_load_rlx(&l->owner) << 20 == fzp_self.key;
+}
+
+/* The lane this thread remembers for p in its cache (one it owns that is not its
+ * preferred lane: another thread had that one), with its bit in pw, or NULL. */
+static inline fzp_lane *fzp_cached(fzp *p, uint64_t *bit) {
+  const fzp_mine *m = &fzp_cache[fzp_slot(p)];
+  if (m->p != p) return NULL;
+  fzp_lane *l = &p->lane[m->lane];
+  /* relaxed: as in fzp_preferred; the whole owner word: still the claim remembered */
+  if (at_load_rlx(&l->owner) != m->owner) return NULL;
+  *bit = fzp_bit((int)m->lane);
   return l;
+}
+
+/* The lane this thread owns in p and its bit in pw, when it knows it: its preferred
+ * lane, or one in its cache; NULL otherwise (fzp_lane_slow). Calls nothing: the fast
+ * paths stay leaf code. */
+static inline fzp_lane *fzp_mine_of(fzp *p, uint64_t *bit) {
+  fzp_lane *l = (fzp_lane *)(void *)((char *)p + fzp_self.off);
+  if (__builtin_expect(fzp_preferred(l), 1)) {
+    *bit = fzp_self.bit;
+    return l;
+  }
+  return fzp_cached(p, bit);
 }
 
 /* The lane this thread owns in p, or -1 when none could be had: the preferred lane, a
  * remembered one, or fzp_lane_slow's. */
 static inline int fzp_lane_of(fzp *p) {
-  if (fzp_mine_of(p)) return (int)fzp_self.lane;
-  const fzp_mine *m = &fzp_cache[fzp_slot(p)];
-  /* relaxed: as in fzp_mine_of */
-  if (m->p == p && at_load_rlx(&p->lane[m->lane].owner) == m->owner) return (int)m->lane;
-  return fzp_lane_slow(p);
+  uint64_t bit;
+  if (fzp_preferred(&p->lane[fzp_self.lane])) return (int)fzp_self.lane;
+  fzp_lane *l = fzp_cached(p, &bit);
+  return l ? (int)(l - p->lane) : fzp_lane_slow(p);
 }
-
-static inline uint64_t fzp_bit(int lane) { return UINT64_C(1) << (24 + lane); }
 
 /* A lane word's given count (mod 2^24). */
 static inline uint64_t fzp_given(uint64_t st) { return st >> FZP_GIVEN_SHIFT; }
@@ -174,11 +194,12 @@ static inline int fzp_take_on(fzp *p, fzp_lane *l, uint64_t bit, uint32_t limit)
   return 1;
 }
 
-/* A take's fast path: on the preferred lane, the limit not reached by `seen`. 1 taken;
- * 0 when nothing was done and fzp_take_any decides. */
+/* A take's fast path: on the preferred or a remembered lane, the limit not reached by
+ * `seen`. 1 taken; 0 when nothing was done and fzp_take_any decides. */
 static inline int fzp_take_fast(fzp *p, uint32_t limit) {
-  fzp_lane *l = fzp_mine_of(p);
-  return l && fzp_take_on(p, l, fzp_self.bit, limit);
+  uint64_t bit;
+  fzp_lane *l = fzp_mine_of(p, &bit);
+  return l && fzp_take_on(p, l, bit, limit);
 }
 
 /* One give on lane l (the caller's): one store of its own lane word. */
@@ -191,10 +212,11 @@ static inline void fzp_give_on(fzp_lane *l) {
   FZP_FAULT("permit-given");
 }
 
-/* A give's fast path, on the preferred lane: 1 given; 0 when nothing was done and
- * fzp_give_any gives it. */
+/* A give's fast path, on the preferred or a remembered lane: 1 given; 0 when nothing
+ * was done and fzp_give_any gives it. */
 static inline int fzp_give_fast(fzp *p) {
-  fzp_lane *l = fzp_mine_of(p);
+  uint64_t bit;
+  fzp_lane *l = fzp_mine_of(p, &bit);
   if (!l) return 0;
   fzp_give_on(l);
   return 1;
