@@ -24,6 +24,7 @@
 #include "fz_permits.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <string.h>
 #include <signal.h>
@@ -35,17 +36,31 @@
 #define ID22 ((UINT64_C(1) << 22) - 1)
 
 _Thread_local __attribute__((tls_model("initial-exec"))) fzp_mine fzp_cache[FZP_CACHE];
+_Thread_local __attribute__((tls_model("initial-exec"))) fzp_self_t fzp_self =
+  { 1, UINT64_C(1) << 24, offsetof(fzp, lane), 0 };  /* not known yet: lane 0's, matching no owner */
 
-static _Thread_local __attribute__((tls_model("initial-exec"))) uint64_t t_me;  /* pid22 << 22 | tid22, 0 unknown */
+/* The k-th free lane to try: one lane of each cache line first (4 lanes of 16 bytes to a
+ * line), so that the first 10 owners each write a line of their own at every give. */
+static int spread(int k) { return k % 10 * 4 + k / 10; }
+_Static_assert(FZP_LANES == 40 && sizeof(fzp_lane) == 16, "spread() knows 40 lanes of 16 bytes");
 
+/* pid22 << 22 | tid22. The thread's preferred lane is drawn from its tid through spread():
+ * threads and processes of consecutive ids (nginx's workers, one thread each) prefer
+ * different lanes on different cache lines, the same in every breaker. */
 static uint64_t me(void) {
-  if (!t_me) t_me = ((uint64_t)getpid() & ID22) << 22 | ((uint64_t)syscall(SYS_gettid) & ID22);
-  return t_me;
+  if (fzp_self.key & 1) {
+    uint64_t tid = (uint64_t)syscall(SYS_gettid);
+    int lane = spread((int)(tid % FZP_LANES));
+    fzp_self.lane = (uint32_t)lane, fzp_self.bit = fzp_bit(lane);
+    fzp_self.off = offsetof(fzp, lane) + (uint64_t)lane * sizeof(fzp_lane);
+    fzp_self.key = (((uint64_t)getpid() & ID22) << 22 | (tid & ID22)) << 20;
+  }
+  return fzp_self.key >> 20;
 }
 
 /* A forked child is another process: it owns none of its parent's lanes. */
 static void forget_lanes(void) {
-  t_me = 0;
+  fzp_self.key = 1;
   for (int i = 0; i < FZP_CACHE; i++) fzp_cache[i].p = NULL;
 }
 
@@ -95,9 +110,10 @@ static uint64_t resolve(fzp *p, int lane, uint64_t pw_seen, int use_seen) {
 static uint64_t refresh(fzp *p) {
   uint64_t g = 0, used = at_load_acq(&p->used);  /* acquire: pairs with the release in claim */
   FZP_FAULT("permit-summing");
-  /* a lane past `used` that a claim takes meanwhile is missed: its gives come after the
+  /* a lane not in `used` that a claim takes meanwhile is missed: its gives come after the
    * claim, so the sum only stays lower than the truth (a sum read later counts them) */
-  for (uint64_t i = 0; i < used && i < FZP_LANES; i++) g += fzp_given(at_load_acq(&p->lane[i].st));
+  for (uint64_t m = used & ((UINT64_C(1) << FZP_LANES) - 1); m; m &= m - 1)
+    g += fzp_given(at_load_acq(&p->lane[__builtin_ctzll(m)].st));
   g &= FZP_COUNT;
   uint64_t seen = at_load_acq(&p->seen);
   /* ahead: 0 < g - seen < 2^23 (mod 2^24); release: pairs with the acquire in fzp_take_on */
@@ -128,7 +144,7 @@ static int64_t take_back(fzp *p, int lane, uint64_t o) {
      * the protocol of a take, so a survivor killed between two leaves an exact lane */
     for (int32_t i = held; i < 0; i++) {
       uint64_t pw = at_load_rlx(&p->pw);
-      while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, lane))) {}
+      while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, fzp_bit(lane)))) {}
       FZP_FAULT("reclaim-taken");
       st = fzp_took(st);
       at_store_rel(&l->st, st);
@@ -172,22 +188,17 @@ static int claim(fzp *p, int i, uint64_t o) {
   if (!at_cas_acqrel(&p->lane[i].owner, &o, mine)) return -1;
   /* the lanes a sum reads (refresh) reach this one before it takes or gives anything
    * (acq_rel: ordered after the claim, before this thread's first take) */
-  uint64_t used = at_load_acq(&p->used);
-  while (used < (uint64_t)i + 1 && !at_cas_acqrel(&p->used, &used, (uint64_t)i + 1)) {}
+  uint64_t used = at_load_acq(&p->used), bit = UINT64_C(1) << i;
+  while (!(used & bit) && !at_cas_acqrel(&p->used, &used, used | bit)) {}
   /* an adopted lane of an exited thread: its last take settled (a free lane has none
    * pending) */
   at_store_rel(&p->lane[i].st, resolve(p, i, 0, 0));
   return remember(p, i, mine);
 }
 
-/* The k-th free lane to try: one lane of each cache line first (4 lanes of 16 bytes to a
- * line), so that the first 10 owners each write a line of their own at every give. */
-static int spread(int k) { return k % 10 * 4 + k / 10; }
-_Static_assert(FZP_LANES == 40 && sizeof(fzp_lane) == 16, "spread() knows 40 lanes of 16 bytes");
-
 /* The lane this thread owns in p, claimed when it has none: its own (not remembered),
- * a free one, an exited thread's of this process; after a look for dead owners, a
- * freed one. -1 when every lane is held by a live thread. */
+ * a free one (its preferred lane first), an exited thread's of this process; after a
+ * look for dead owners, a freed one. -1 when every lane is held by a live thread. */
 int fzp_lane_slow(fzp *p) {
   uint64_t who = me();
   for (int round = 0; round < 2; round++) {
@@ -195,8 +206,8 @@ int fzp_lane_slow(fzp *p) {
       uint64_t o = at_load_acq(&p->lane[i].owner);
       if ((o & ((UINT64_C(1) << 44) - 1)) == who) return remember(p, i, o);
     }
-    for (int k = 0; k < FZP_LANES; k++) {
-      int i = spread(k);
+    for (int k = -1; k < FZP_LANES; k++) {
+      int i = k < 0 ? (int)fzp_self.lane : spread(k);
       uint64_t o = at_load_acq(&p->lane[i].owner);
       int got = pid_of(o) ? -1 : claim(p, i, o);
       if (got >= 0) return got;
@@ -217,7 +228,7 @@ int fzp_lane_slow(fzp *p) {
 int fzp_take_any(fzp *p, uint32_t limit) {
   int lane = fzp_lane_of(p);
   if (lane < 0) return fzp_full(p, limit);
-  if (fzp_take_on(p, &p->lane[lane], lane, limit)) return 1;
+  if (fzp_take_on(p, &p->lane[lane], fzp_bit(lane), limit)) return 1;
   /* The limit looked reached from `seen`: the lanes read again, and again while that
    * moves `seen` forward. One sum is not enough: other threads' takes between the sum
    * and this take count in pw at once, their gives only in a later sum, so a take after
@@ -229,7 +240,7 @@ int fzp_take_any(fzp *p, uint32_t limit) {
   for (int i = 0; i < 64; i++) {
     uint64_t now = refresh(p);
     FZP_FAULT("permit-refreshed");
-    if (fzp_take_on(p, &p->lane[lane], lane, limit)) return 1;
+    if (fzp_take_on(p, &p->lane[lane], fzp_bit(lane), limit)) return 1;
     if (now == seen) break;
     seen = now;
   }
@@ -251,7 +262,7 @@ static int take_again(fzp *p, uint32_t limit) {
   int lane = fzp_lane_of(p);
   if (lane < 0) return 0;
   refresh(p);
-  return fzp_take_on(p, &p->lane[lane], lane, limit);
+  return fzp_take_on(p, &p->lane[lane], fzp_bit(lane), limit);
 }
 
 /* The limit was reached (or no lane could be had): look for dead owners' permits, at
@@ -279,7 +290,7 @@ void fzp_rebuild(fzp *p) {
   for (int i = 0; i < FZP_LANES; i++) {
     uint64_t st = resolve(p, i, pw, 1);
     at_store_rlx(&p->lane[i].st, st);
-    if (st || at_load_rlx(&p->lane[i].owner)) used = (uint64_t)i + 1;  /* (the copied `used` may be behind) */
+    if (st || at_load_rlx(&p->lane[i].owner)) used |= UINT64_C(1) << i;  /* (the copied `used` may be behind) */
     taken += st & FZP_COUNT;
     given += fzp_given(st);
     bits |= (st & 1) << (24 + i);

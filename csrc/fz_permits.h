@@ -51,20 +51,35 @@ typedef struct fzp {
   uint64_t full_total;       /* concurrent: calls rejected for the limit */
   uint64_t scan_at;          /* concurrent: coarse ns of the last look for dead owners */
   uint64_t seen;             /* concurrent: a sum of the lanes' given counts, mod 2^24, moves forward only */
-  uint64_t used;             /* concurrent: lanes 0..used-1 were ever claimed (the rest are 0); moves forward only */
+  uint64_t used;             /* concurrent: bit i: lane i was ever claimed (others are 0); only set */
   uint64_t spare[3];
   fzp_lane lane[FZP_LANES];
 } fzp;
 
-/* What a thread remembers of the lanes it owns: the permits' address, the lane, and the
- * owner word it claimed the lane with (the lane is still its own while that word is). */
+/* What a thread remembers of the lanes it owns that are not its preferred lane (below): the
+ * permits' address, the lane, and the owner word it claimed the lane with (the lane is
+ * still its own while that word is). */
 typedef struct fzp_mine {
   const fzp *p;
   uint64_t owner;
   uint32_t lane;
 } fzp_mine;
 
+/* The calling thread, for the fast path. key: its name in a lane's owner word (pid22 <<
+ * 22 | tid22) shifted left 20 bits, so that `owner << 20 == key` compares the name and
+ * drops the generation; 1 while not known yet (no owner word shifted gives an odd
+ * number). lane: its preferred lane, the same index in every breaker (claimed first when
+ * it is free there), drawn from its tid; off: where that lane sits in a breaker's
+ * permits (bytes); bit: its bit in pw. */
+typedef struct fzp_self_t {
+  uint64_t key;
+  uint64_t bit;
+  uint64_t off;
+  uint32_t lane;
+} fzp_self_t;
+
 extern _Thread_local __attribute__((tls_model("initial-exec"))) fzp_mine fzp_cache[FZP_CACHE];
+extern _Thread_local __attribute__((tls_model("initial-exec"))) fzp_self_t fzp_self;
 
 int fzp_lane_slow(fzp *p);
 int fzp_full(fzp *p, uint32_t limit);
@@ -85,16 +100,51 @@ static inline uint32_t fzp_slot(const fzp *p) {
   return (uint32_t)(((uint64_t)(uintptr_t)p * UINT64_C(0x9E3779B97F4A7C15)) >> 61);
 }
 
-/* The lane this thread owns in p, or -1 when none could be had. */
-static inline int fzp_lane_of(fzp *p) {
-  const fzp_mine *m = &fzp_cache[fzp_slot(p)];
+static inline uint64_t fzp_bit(int lane) { return UINT64_C(1) << (24 + lane); }
+
+/* Whether the thread owns its preferred lane of p, l. Owning is the name (pid and tid),
+ * not the generation: while a thread lives, a lane that bears its name is its own and
+ * nobody else writes it (free lanes, a dead process's and an exited thread's are the
+ * only ones that change hands; a lane left by an exited thread whose tid this thread
+ * reuses is adopted, as fzp_lane_slow does). */
+static inline int fzp_preferred(const fzp_lane *l) {
   /* relaxed: the owner word of our own lane is written only by us (or by a survivor
    * once we are dead) */
-  if (__builtin_expect(m->p == p && at_load_rlx(&p->lane[m->lane].owner) == m->owner, 1)) return (int)m->lane;
-  return fzp_lane_slow(p);
+  return at_load_rlx(&l->owner) << 20 == fzp_self.key;
 }
 
-static inline uint64_t fzp_bit(int lane) { return UINT64_C(1) << (24 + lane); }
+/* The lane this thread remembers for p in its cache (one it owns that is not its
+ * preferred lane: another thread had that one), with its bit in pw, or NULL. */
+static inline fzp_lane *fzp_cached(fzp *p, uint64_t *bit) {
+  const fzp_mine *m = &fzp_cache[fzp_slot(p)];
+  if (m->p != p) return NULL;
+  fzp_lane *l = &p->lane[m->lane];
+  /* relaxed: as in fzp_preferred; the whole owner word: still the claim remembered */
+  if (at_load_rlx(&l->owner) != m->owner) return NULL;
+  *bit = fzp_bit((int)m->lane);
+  return l;
+}
+
+/* The lane this thread owns in p and its bit in pw, when it knows it: its preferred
+ * lane, or one in its cache; NULL otherwise (fzp_lane_slow). Calls nothing: the fast
+ * paths stay leaf code. */
+static inline fzp_lane *fzp_mine_of(fzp *p, uint64_t *bit) {
+  fzp_lane *l = (fzp_lane *)(void *)((char *)p + fzp_self.off);
+  if (__builtin_expect(fzp_preferred(l), 1)) {
+    *bit = fzp_self.bit;
+    return l;
+  }
+  return fzp_cached(p, bit);
+}
+
+/* The lane this thread owns in p, or -1 when none could be had: the preferred lane, a
+ * remembered one, or fzp_lane_slow's. */
+static inline int fzp_lane_of(fzp *p) {
+  uint64_t bit;
+  if (fzp_preferred(&p->lane[fzp_self.lane])) return (int)fzp_self.lane;
+  fzp_lane *l = fzp_cached(p, &bit);
+  return l ? (int)(l - p->lane) : fzp_lane_slow(p);
+}
 
 /* A lane word's given count (mod 2^24). */
 static inline uint64_t fzp_given(uint64_t st) { return st >> FZP_GIVEN_SHIFT; }
@@ -105,10 +155,11 @@ static inline int32_t fzp_held(uint64_t st) {
   return d >= UINT32_C(1) << 23 ? (int32_t)d - (1 << 24) : (int32_t)d;
 }
 
-/* The lane word after a take: taken + 1 (mod 2^24, never carrying out of its bits),
- * which flips its low bit, the lane's parity. */
+/* The lane word after a take: taken + 1 (mod 2^24), which flips its low bit, the lane's
+ * parity. Bits 24-39 of a lane word are always 0 (every write of one is made by this or
+ * fzp_gave, whose carry falls off the top), so the carry out of taken is bit 24 alone. */
 static inline uint64_t fzp_took(uint64_t st) {
-  return (st & ~FZP_COUNT) | ((st + 1) & FZP_COUNT);
+  return (st + 1) & ~(UINT64_C(1) << 24);
 }
 
 /* The lane word after n permits were given back on it: given + n (mod 2^24). */
@@ -116,16 +167,16 @@ static inline uint64_t fzp_gave(uint64_t st, uint32_t n) {
   return st + ((uint64_t)n << FZP_GIVEN_SHIFT);
 }
 
-/* pw after a take on lane `lane`: its count + 1 (mod 2^24, never carrying into the
- * bits) and the lane's bit flipped. */
-static inline uint64_t fzp_move(uint64_t pw, int lane) {
-  return ((pw & ~FZP_COUNT) | ((pw + 1) & FZP_COUNT)) ^ fzp_bit(lane);
+/* pw after a take on the lane whose bit is `bit`: its count + 1 (mod 2^24, never
+ * carrying into the bits) and the lane's bit flipped. */
+static inline uint64_t fzp_move(uint64_t pw, uint64_t bit) {
+  return pw ^ ((((pw + 1) ^ pw) & FZP_COUNT) | bit);  /* (the bits that change) */
 }
 
-/* One take on lane `lane` (the caller's) when pw's count less `seen` is below limit:
- * 1, or 0 without a swap (the limit looks reached: the caller reads the lanes again). */
-static inline int fzp_take_on(fzp *p, fzp_lane *l, int lane, uint32_t limit) {
-  uint64_t st = at_load_rlx(&l->st);
+/* One take on lane l (the caller's, whose bit in pw is `bit`) when pw's count less
+ * `seen` is below limit: 1, or 0 without a swap (the limit looks reached: the caller
+ * reads the lanes again). */
+static inline int fzp_take_on(fzp *p, fzp_lane *l, uint64_t bit, uint32_t limit) {
   /* acquire: pairs with the release of the swap that moved seen (after the lanes it
    * summed were read with acquire): a give counted there happened before this take */
   uint64_t seen = at_load_acq(&p->seen);
@@ -134,31 +185,21 @@ static inline int fzp_take_on(fzp *p, fzp_lane *l, int lane, uint32_t limit) {
   for (;;) {
     if (((pw - seen) & FZP_COUNT) >= limit) return 0;
     /* acq_rel: as every swap of pw; the lane word's store below comes after it */
-    if (at_cas_acqrel(&p->pw, &pw, fzp_move(pw, lane))) break;
+    if (at_cas_acqrel(&p->pw, &pw, fzp_move(pw, bit))) break;
   }
   FZP_FAULT("permit-taken");
-  at_store_rel(&l->st, fzp_took(st));  /* release: after the swap, see fzp_resolve() */
+  /* (read after the swap: only this thread writes its lane word) release: after the
+   * swap, see resolve() */
+  at_store_rel(&l->st, fzp_took(at_load_rlx(&l->st)));
   return 1;
 }
 
-/* The lane this thread remembers for p and still owns, or NULL (then fzp_lane_of
- * decides). Calls nothing: the fast paths below stay leaf code. */
-static inline fzp_lane *fzp_mine_of(fzp *p, int *lane) {
-  const fzp_mine *m = &fzp_cache[fzp_slot(p)];
-  if (__builtin_expect(m->p != p, 0)) return NULL;
-  fzp_lane *l = &p->lane[m->lane];
-  /* relaxed: as in fzp_lane_of */
-  if (__builtin_expect(at_load_rlx(&l->owner) != m->owner, 0)) return NULL;
-  *lane = (int)m->lane;
-  return l;
-}
-
-/* A take's fast path: on the remembered lane, the limit not reached by `seen`. 1 taken;
- * 0 when nothing was done and fzp_take_any decides. */
+/* A take's fast path: on the preferred or a remembered lane, the limit not reached by
+ * `seen`. 1 taken; 0 when nothing was done and fzp_take_any decides. */
 static inline int fzp_take_fast(fzp *p, uint32_t limit) {
-  int lane;
-  fzp_lane *l = fzp_mine_of(p, &lane);
-  return l && fzp_take_on(p, l, lane, limit);
+  uint64_t bit;
+  fzp_lane *l = fzp_mine_of(p, &bit);
+  return l && fzp_take_on(p, l, bit, limit);
 }
 
 /* One give on lane l (the caller's): one store of its own lane word. */
@@ -171,11 +212,11 @@ static inline void fzp_give_on(fzp_lane *l) {
   FZP_FAULT("permit-given");
 }
 
-/* A give's fast path, on the remembered lane: 1 given; 0 when nothing was done and
- * fzp_give_any gives it. */
+/* A give's fast path, on the preferred or a remembered lane: 1 given; 0 when nothing
+ * was done and fzp_give_any gives it. */
 static inline int fzp_give_fast(fzp *p) {
-  int lane;
-  fzp_lane *l = fzp_mine_of(p, &lane);
+  uint64_t bit;
+  fzp_lane *l = fzp_mine_of(p, &bit);
   if (!l) return 0;
   fzp_give_on(l);
   return 1;

@@ -580,12 +580,12 @@ static double enter_full(fzp *p, int count_full) {
   return rejection(FZ_FULL, 0);
 }
 
-/* fz_enter_limit whatever its fast path could not do: no permits, a permit not taken at
- * the first try, or a call the circuit did not admit at once. */
-static __attribute__((noinline)) double enter_limit_any(fz_breaker *b, uint32_t id, int count_full, int taken) {
+/* fz_enter_limit whatever its fast path could not do: no permits, a call the circuit
+ * did not admit at once, or a permit not taken at the first try. */
+static __attribute__((noinline)) double enter_limit_any(fz_breaker *b, uint32_t id, int count_full) {
   fzp *p = permits_of(b);
   if (!p) return enter_id(b, id);
-  if (!taken && !fzp_take_any(p, permit_limit(b))) return enter_full(p, count_full);
+  if (!fzp_take_any(p, permit_limit(b))) return enter_full(p, count_full);
   double t = enter_id(b, id);
   if (t < 0) fzp_give(p);  /* a rejection holds no permit */
   return t;
@@ -593,15 +593,20 @@ static __attribute__((noinline)) double enter_limit_any(fz_breaker *b, uint32_t 
 
 /* fz_enter_id after a permit of max_concurrent (fz_permit_take's, in the same call, so
  * that a limited call pays one call into the core to enter and one to be done): a
- * rejection by the circuit gives the permit back before it returns. The fast path (the
- * thread's remembered lane, one swap, a closed circuit) calls nothing. */
+ * rejection by the circuit gives the permit back before it returns. The fast path (a
+ * closed circuit, the thread's preferred lane, one swap) calls nothing. It reads the
+ * state word and the identity before it takes the permit: in the closed state that
+ * asks the circuit nothing (no ticket is counted, no probe slot taken), so a call past
+ * the limit still touches no circuit; the call is admitted as of that read, as a call
+ * whose take came first would be as of a read just after it. */
 double fz_enter_limit(fz_breaker *b, uint32_t id, int count_full) {
   fzp *p = permits_of(b);
-  if (__builtin_expect(!p || !fzp_take_fast(p, permit_limit(b)), 0)) return enter_limit_any(b, id, count_full, 0);
   uint64_t sw = at_load_acq(&b->sw);  /* acquire: as in enter_id */
-  if (__builtin_expect((uint32_t)at_load_acq(&b->id) == id && sw_state(sw) == FZ_CLOSED, 1))
+  /* (a limit of 0, none: the take fails, and enter_limit_any takes with permit_limit's) */
+  if (__builtin_expect(p && (uint32_t)at_load_acq(&b->id) == id && sw_state(sw) == FZ_CLOSED &&
+                       fzp_take_fast(p, OPT(b, cfg.max_concurrent)), 1))
     return ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0);
-  return enter_limit_any(b, id, count_full, 1);
+  return enter_limit_any(b, id, count_full);
 }
 
 /* ---------------------------------------------------------------- outcomes */

@@ -540,11 +540,12 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
 
   -- The ticket of a call through handle h of identity id. max_concurrent: the permit
   -- first, in the core (a call past the limit touches no circuit; a rejection holds no
-  -- permit, the core gave it back). (Parenthesized: never a tail call into C.)
+  -- permit, the core gave it back). (Parenthesized: never a tail call into C.) max_wait
+  -- is tested first: without it the JIT drops the test of t (a guard in every trace).
   local function enter(h, id)
     if not limit then return (core.fz_enter_id(h, id)) end
     local t = core.fz_enter_limit(h, id, count_full)
-    if t == FULL and max_wait > 0 then t = enter_waited(h, id, max_wait) end
+    if max_wait > 0 and t == FULL then t = enter_waited(h, id, max_wait) end
     return t
   end
 

@@ -9,6 +9,7 @@
  * the manual clock. Each part names the issue it covers (issue 7).
  */
 #include "../csrc/fz.h"
+#include "../csrc/fz_permits.h"  /* fzp_self: a thread's preferred lane */
 #include "tap.h"
 #include "harness.h"   /* at, later, state, kind_of, peek */
 #include "pause.h"     /* pause_hook, run_parked, release */
@@ -308,6 +309,82 @@ static void stale_sum_refuses(void) {
   fz_breaker_free(g_lb);
 }
 
+/* Issue 18, "a preferred lane another thread owns": a thread's fast path takes and gives
+ * on its preferred lane (the same index in every breaker) only when the lane bears its
+ * name; two threads may prefer the same lane. X takes (claiming its preferred lane) and
+ * parks in its give, its lane word read; Y, made to prefer X's lane, takes and gives;
+ * X, released, stores its give. Y must have used a lane of its own: on X's lane, X's
+ * store would drop Y's take and give (running 1 for good, and the lane's parity off).
+ * Fails when fzp_mine_of does not check the owner's name. */
+static fzp_self_t g_x_self;
+static void take_then_give(void *p) {
+  (void)p;
+  fz_permit_take(g_lb, 1);
+  g_x_self = fzp_self;
+  fz_permit_give(g_lb);  /* parks at permit-giving */
+}
+static void *take_give_on_x_lane(void *p) {
+  fz_breaker *scratch = p;
+  fz_permit_take(scratch, 1), fz_permit_give(scratch);  /* (this thread's key is known) */
+  fzp_self.lane = g_x_self.lane, fzp_self.off = g_x_self.off, fzp_self.bit = g_x_self.bit;
+  if (fz_permit_take(g_lb, 1)) fz_permit_give(g_lb);
+  return NULL;
+}
+static void preferred_lane_owned(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  g_lb = fz_breaker_new(&c, NULL);
+  fz_breaker *scratch = fz_breaker_new(&c, NULL);
+  parked k;
+  ok(run_parked(&k, "permit-giving", take_then_give, NULL), "X took a permit and parked in its give");
+  is_int((int)peek(g_lb).running, 1, "running 1 (X's)");
+  pthread_t y;
+  thread_start(&y, take_give_on_x_lane, scratch);
+  pthread_join(y, NULL);
+  is_int((int)peek(g_lb).running, 1, "Y, preferring X's lane, took and gave back: running 1");
+  release(&k);
+  is_int((int)peek(g_lb).running, 0, "X's give stored: running 0");
+  ok(fz_permit_take(g_lb, 1) && fz_permit_take(g_lb, 1), "the limit is whole: 2 taken");
+  is_int(fz_permit_take(g_lb, 1), 0, "and not a third");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  fz_breaker_free(scratch);
+  fz_breaker_free(g_lb);
+}
+
+/* Issue 18: fz_enter_limit's fast path reads the state word (and the identity) before
+ * it takes the permit. A trip between the two: the call is admitted as of its read (a
+ * closed ticket of the generation before the trip, as a call that read the state just
+ * before the trip would be), and its permit is held until its outcome, which counts for
+ * nothing (its generation is gone) but gives the permit back. */
+static void enter_limited(void *p) {
+  job *j = p;
+  t_parkable = 0;  /* (a first take claims the thread's lane: the next one takes the fast path) */
+  if (fz_permit_take(j->b, 1)) fz_permit_give(j->b);
+  t_parkable = 1;
+  j->entered = fz_enter_limit(j->b, 0, 1);  /* parks at permit-taking */
+  j->rc = fz_done_limit(j->b, j->entered, FZ_FAILURE, -1);
+}
+static void trip_before_take(void) {
+  at(7000);
+  fz_config c = defaults();
+  /* 2: X's first take and give leave `seen` 1 behind, so with 1 X's take would go to the
+   * slow path (which asks the circuit after the take: X would be rejected as open) */
+  c.max_concurrent = 2;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  job jx = { b, 0, 0, 0, 0 };
+  parked k;
+  ok(run_parked(&k, "permit-taking", enter_limited, &jx), "trip before take: X read closed, parked before its take");
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  is_int(state(b), FZ_OPEN, "trip before take: meanwhile a failure tripped the circuit");
+  release(&k);
+  is_int(kind_of(jx.entered), 1, "trip before take: X was admitted as of its read (a closed ticket)");
+  is_int(jx.rc, 0, "trip before take: its failure, of a generation gone, moves nothing");
+  is_int((int)peek(b).running, 0, "trip before take: its permit was given back: running 0");
+  is_int((int)peek(b).failures_total, 1, "trip before take: failures_total 1 (the trip's)");
+  is_int(state(b), FZ_OPEN, "trip before take: still open");
+  fz_breaker_free(b);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_fault_hook = pause_hook;
@@ -321,5 +398,7 @@ int main(void) {
   totals_monotonic();
   sum_misses_new_lane();
   stale_sum_refuses();
+  preferred_lane_owned();
+  trip_before_take();
   return done_testing();
 }

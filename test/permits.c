@@ -3,14 +3,16 @@
  * itself, with threads hammering one breaker (also under TSan and ASan); permits given
  * back on other threads; an exited thread's lane; a process that dies holding permits
  * has them taken back by a survivor when the limit is reached (fork, shared registry);
- * more threads than lanes.
+ * more threads than lanes; a thread's first take on a breaker; the counts' wrap at 2^24.
  */
 #include "../csrc/fz.h"
+#include "../csrc/fz_permits.h"  /* fzp_took, fzp_move, fzp_self */
 #include "tap.h"
 #include "harness.h"
 
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -238,9 +240,50 @@ static void lanes_test(void) {
   fz_breaker_free(g_b);
 }
 
+/* ---- a thread's first take on a breaker: on a lane it claimed */
+
+static void *take_give(void *arg) {
+  fz_breaker *b = arg;
+  fz_permit_take(b, 1) ? fz_permit_give(b) : (void)0;
+  return NULL;
+}
+
+/* A new thread knows neither its name nor its preferred lane (fzp_self's key is 1, which
+ * no owner word matches): its first take claims a lane (whose gives a sum reads), and
+ * never takes on a free lane it does not own. */
+static void first_take_test(void) {
+  fz_config c = config(1);
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  in_thread(take_give, b);
+  is_int((int)peek(b).running, 0, "a new thread's first take and give: running 0");
+  ok(fz_permit_take(b, 1), "this thread takes the only permit (the new thread's give is summed)");
+  is_int(fz_permit_take(b, 1), 0, "and not a second");
+  fz_permit_give(b);
+  fz_breaker_free(b);
+  ok(fzp_self.key != 1 && fzp_self.key << 44 == 0, "this thread's key: its name shifted left 20 bits");
+  ok(fzp_self.lane < FZP_LANES && fzp_self.bit == UINT64_C(1) << (24 + fzp_self.lane) &&
+     fzp_self.off == offsetof(fzp, lane) + fzp_self.lane * sizeof(fzp_lane), "its preferred lane, bit and offset agree");
+}
+
+/* ---- the counts modulo 2^24: a take at the top of the count wraps it to 0 */
+
+static void wrap_test(void) {
+  uint64_t given = UINT64_C(0x123456) << FZP_GIVEN_SHIFT;
+  uint64_t st = fzp_took(given | FZP_COUNT);
+  ok(st == given, "a lane word's taken wraps from 2^24 - 1 to 0, bits 24-39 stay 0, given kept");
+  is_int((int)(st & 1), 0, "and its parity flips (1 -> 0)");
+  is_int((int)fzp_held(fzp_took(FZP_COUNT)), 0, "a lane that took 2^24 and gave 0 (mod 2^24) holds 0");
+  uint64_t bits = fzp_bit(0) | fzp_bit(7) | fzp_bit(39);
+  ok(fzp_move(bits | FZP_COUNT, fzp_bit(7)) == (fzp_bit(0) | fzp_bit(39)),
+     "pw's count wraps from 2^24 - 1 to 0 without carrying into lane 0's bit; lane 7's bit flips");
+  ok(fzp_move(bits | 5, fzp_bit(3)) == (bits | fzp_bit(3) | 6), "pw's count + 1, lane 3's bit set");
+}
+
 int main(void) {
   threads_test();
   cross_thread_test();
+  first_take_test();
+  wrap_test();
   if (!ok(fz_registry_init_shared(64) == FZ_OK, "a shared registry")) return done_testing();
   processes_test();
   reload_test();
