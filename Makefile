@@ -317,6 +317,10 @@ build/bench_threads: bench/threads.c build/libfzcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
 
+build/bench_atomic: bench/atomic.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< $(LDFLAGS) $(LDLIBS)
+
 build/bench_registry_c: bench/registry_c.c build/libfzcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
@@ -327,6 +331,7 @@ bench: all
 	$(LUA_ENV) $(LUAJIT) bench/bench.lua
 	$(LUA_ENV) $(LUAJIT) bench/registry.lua
 	$(LUA_ENV) $(LUAJIT) bench/limit.lua
+	$(MAKE) --no-print-directory build/bench_atomic && build/bench_atomic
 	@if [ -f bench/threads.c ]; then \
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
