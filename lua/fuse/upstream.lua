@@ -548,6 +548,19 @@ end
 local now_cached = rawget(_G, "ngx") and ngx_now()
 local counter_value = fuse._counter_value
 
+-- The read of the pool's version in the store, and what follows when it moved. Under
+-- nginx it runs interpreted (jit.off): it is the once-a-second branch of sync, and a
+-- trace made from it (a side trace of the balancer's and of the log phase's, taken after
+-- ten seconds of running) would hold the store's get and refresh, a long trace to compile
+-- for a branch that is not hot: an exit to the interpreter once a second costs less.
+-- (Outside nginx every sync reads the store: there it stays compiled.)
+local function resync(self)
+  local v = self._store:get(self._vkey)
+  if v ~= self._ver then refresh(self, v) end
+end
+local jit = rawget(_G, "jit")
+if jit and jit.off and now_cached then jit.off(resync) end
+
 -- `t`: the time now, or the current request's start time (the balancer and log phases
 -- have it at hand; ngx.now() would be one more call into nginx).
 local function sync(self, t)
@@ -559,8 +572,7 @@ local function sync(self, t)
     if c == self._seen and since < 1 and since > -1 then return end
     self._seen, self._seen_at = c, t
   end
-  local v = self._store:get(self._vkey)
-  if v ~= self._ver then refresh(self, v) end
+  return resync(self)
 end
 
 -- upstream.new(pool_name, peers, opts) -> pool
