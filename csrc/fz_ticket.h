@@ -169,14 +169,24 @@ static __attribute__((noinline)) double track_slow(fz_breaker *b, uint64_t u) {
 /* Records the admitted ticket u of fz_enter, whose low 7 bits are low; returns the
  * tracked ticket that stands for it (u itself when the thread has no lane, or 8 of its
  * tickets in a row are out). The common case, allow then report, finds the entry it
- * issued last back; the rest is in track_slow, so this stays a leaf. */
+ * issued last back. Calls that overlap in one thread (the requests of an nginx worker)
+ * find it still out: then the entry after the search cursor, which is free unless
+ * LEDGER tickets ago is still out (entry_search's first look, without its call). The
+ * rest is in track_slow, so this stays a leaf. */
 static inline __attribute__((always_inline)) double track(fz_breaker *b, uint64_t u, uint64_t low) {
   lane_tls *me = &t_ln;
   entry *en = me->en;
   if (__builtin_expect(!en, 0)) return track_slow(b, u);
   /* acquire: pairs with the swap of another thread's report, which read who and inner */
   uint64_t cur = at_load_acq(&en->tk);
-  if (__builtin_expect(!entry_free(cur), 0)) return track_slow(b, u);
+  if (__builtin_expect(!entry_free(cur), 0)) {
+    uint32_t i = (me->cursor + 1) & (LEDGER - 1);
+    en = &me->l->e[i];  /* (me->en set: the thread has a ledger) */
+    cur = at_load_acq(&en->tk);  /* acquire: as above */
+    if (__builtin_expect(!entry_free(cur), 0)) return track_slow(b, u);
+    me->cursor = me->last = i;
+    lane_point(me);
+  }
   return track_at(b, u, low, me, en);
 }
 

@@ -633,8 +633,10 @@ Breaker.__index = Breaker
 local anchor = B.name == "capi" and _VERSION == "Lua 5.1" and setmetatable({}, { __mode = "k" })
 
 local function make_breaker(h, id, name, cfg, o)
+  -- (fields a call reads are set, false when unused: a field missing from the object is
+  -- a hash search in it and then in Breaker at every read in a trace)
   local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, _opts = false,
-    rejs = false, _run = false }, Breaker)
+    rejs = false, _run = false, _held = false }, Breaker)
   if anchor and id == 0 then anchor[br] = h end
   if o.fallback ~= nil then br.fallback = o.fallback end
   if o.is_failure ~= nil then br.is_failure = o.is_failure end
@@ -1196,7 +1198,10 @@ _M.settle, _M.log = settle.settle, settle.log
 -- fuse.metrics(), and the shared counters fuse.upstream keeps (lua/fuse/metrics.lua).
 local metrics = require("fuse.metrics").new(B, each_breaker, function() if fake then sync() end end)
 _M.metrics = metrics.metrics
-_M._counter, _M._count, _M._counter_value = metrics.counter, metrics.count, metrics.counter_value
+_M._counter, _M._count = metrics.counter, metrics.count
+-- fuse._counter_value(i): under LuaJIT the core's function itself, which fuse.upstream
+-- calls at every pick: one call into C in its trace, no Lua function in between.
+_M._counter_value = B.counter_value_c or metrics.counter_value
 _M._counter_metrics = metrics.counter_metrics
 
 return _M

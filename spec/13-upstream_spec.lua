@@ -57,6 +57,22 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal("open", pool:peers()[1].state)
   end)
 
+  it("goes on with the round robin's own order when a peer opens mid-cycle, and back to its cycle", function()
+    -- the first picks come from the pool's schedule of the cycle; an open peer takes the
+    -- pick off it (the peers' round robin weights are replayed from the cycle's start):
+    -- the order is the loop's own from there (weights 1, 2, 3: "3 2 1 3 2 3" per cycle)
+    local pool = upstream.new(unique("p"), { "10.0.0.1:1", { addr = "10.0.0.1:2", weight = 2 },
+      { addr = "10.0.0.1:3", weight = 3 } }, { fails = 1 })
+    assert.equal("3 2 1 3", order(pool, 4))
+    local b = fuse.get(pool.name .. "/10.0.0.1:3")
+    b:force_open()
+    assert.equal("2 1 2 2 1 2", order(pool, 6))
+    b:reset()
+    -- a whole cycle (6 picks) admitted at the first ask, then the cycle from its start
+    assert.equal("3 2 3 3 1 2", order(pool, 6))
+    assert.equal("3 2 1 3 2 3 3 2 1 3 2 3", order(pool, 12))
+  end)
+
   it("opens a peer's breaker after `fails` failures reported through its tickets", function()
     local pool = upstream.new(unique("p"), { "10.0.0.1:1" }, { fails = 3, max_ejected = 1 })
     for _ = 1, 3 do

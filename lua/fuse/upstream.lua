@@ -261,7 +261,8 @@ local function check_opts(opts, level)
   local fs = o.fail_statuses
   if fs == nil then fs = DEFAULT_FAIL end
   if type(fs) ~= "table" then bad("fail_statuses", "a list of HTTP statuses", fs, level + 1) end
-  local set = {}
+  local set = {}  -- every status from 1 to 599 (an array: one load for a status, no hash search)
+  for c = 1, 599 do set[c] = false end
   for k, s in pairs(fs) do
     if type(k) ~= "number" or not is_int(s, 100, 599) then
       bad("fail_statuses", "a list of HTTP statuses (100 to 599)", s, level + 1)
@@ -407,14 +408,78 @@ local function build(self, list)
     if peer then
       peer.weight = p.weight
     else
+      local b = peer_breaker(self, p.addr)
+      -- allow and report: the breaker's own methods, kept in the peer (found through the
+      -- breaker, each is a search of the object and then of its metatable in a trace)
       peer = { addr = p.addr, host = p.host, port = p.port, weight = p.weight, cur = 0,
-               b = peer_breaker(self, p.addr),
+               b = b, allow = b.allow, report = b.report, removed = false, w = 0, ramp = false,
                ckey = self._pfx .. "c/" .. self.name .. "/" .. p.addr .. "/",
                rkey = self._pfx .. "r/" .. self.name .. "/" .. p.addr }
     end
     peers[i], by_addr[p.addr] = peer, peer
   end
   return peers, by_addr
+end
+
+-- The round robin's schedule. While every pick is admitted at the first ask, smooth
+-- weighted round robin from the state where each peer's `cur` is 0 goes through a fixed
+-- cycle of sum(weights) picks. The pool keeps that cycle and its position in it
+-- (self._pos): such a pick is one array read, with no loop over the peers (a loop in the
+-- pick was most of the pool's work per request under the JIT). The peers' `cur` hold the
+-- round robin's state only outside the schedule (self._pos false): from a rejection, a
+-- retry, a ramp or a change of peers on, the position's state is written into them first
+-- (replayed from the cycle's start), so the loop goes on exactly as if it had run all
+-- along. After a whole cycle of picks admitted at the first ask, the pool starts the
+-- cycle again from all-zero `cur` (a fresh start of the round robin, weights unchanged).
+local SCHED_MAX = 65536  -- the largest sum(weights) * #peers kept as a schedule
+
+-- The peers' `cur` from the schedule's position; the schedule is left.
+local function to_cur(self)
+  local pos = self._pos
+  if not pos then return end
+  self._pos, self._clean = false, 0
+  local peers, w, sched, total = self._speers, self._sw, self._sched, self._stotal
+  for i = 1, #w do peers[i].cur = 0 end
+  for k = 1, pos do
+    for i = 1, #w do peers[i].cur = peers[i].cur + w[i] end
+    local b = peers[sched[k]]
+    b.cur = b.cur - total
+  end
+end
+
+-- The schedule of the pool's peers and weights (false when sum(weights) * #peers is above
+-- SCHED_MAX); the pool starts on it when every peer's `cur` is 0.
+local function make_sched(self)
+  local peers = self._peers
+  local n, total = #peers, 0
+  for i = 1, n do total = total + peers[i].weight end
+  self._sched, self._total, self._clean = false, total, 0
+  if total * n > SCHED_MAX then return end
+  local sched, w, cur = {}, {}, {}
+  for i = 1, n do w[i], cur[i] = peers[i].weight, 0 end
+  for k = 1, total do  -- the first round of pick, with every peer admitted
+    local best, bestv = 1, -huge
+    for i = 1, n do
+      local c = cur[i] + w[i]
+      cur[i] = c
+      if c > bestv then best, bestv = i, c end
+    end
+    cur[best] = cur[best] - total
+    sched[k] = best
+  end
+  self._sched, self._sw, self._speers, self._stotal = sched, w, peers, total
+  if self._ramping then return end
+  for i = 1, n do if peers[i].cur ~= 0 then return end end
+  self._pos = 0
+end
+
+-- Sets the peer array, and what a pick reads of it kept with it: its length, the tries
+-- beyond the first that pool:balance() asks nginx for (set_more_tries), the schedule.
+local function set_array(self, peers, by_addr)
+  to_cur(self)
+  self._peers, self._by_addr, self._n = peers, by_addr, #peers
+  self._more = (self._tries or min(#peers, 3)) - 1
+  make_sched(self)
 end
 
 -- Installs a peer array; peers that left are flagged `removed` (requests in flight skip
@@ -430,7 +495,7 @@ local function install(self, peers, by_addr, remove)
       end
     end
   end
-  self._peers, self._by_addr = peers, by_addr
+  set_array(self, peers, by_addr)
 end
 
 -- The slow-start ramps, read again from the store after any version change.
@@ -441,12 +506,13 @@ local function read_ramps(self)
     local r = self._store:get(p.rkey)
     -- a new ramp starts the peer at the back of the round robin (a weight it gathered
     -- before it opened would otherwise send it a burst in every worker)
-    if r and r ~= p.ramp then p.cur = 0 end
-    p.ramp = r
+    if r and r ~= p.ramp then to_cur(self); p.cur = 0 end
+    p.ramp = r or false
     if p.ramp and (not last or p.ramp > last) then last = p.ramp end
   end
   self._ramping = last ~= nil
   self._ramp_end = last and last + self._slow_start
+  if self._ramping then to_cur(self) end  -- (a pick on the schedule reads no ramp)
 end
 
 -- Brings this worker's pool to the store's version: the list set_peers stored (by any
@@ -474,18 +540,39 @@ local function refresh(self, v)
   read_ramps(self)
 end
 
-local now_cached = nil  -- ngx.now under nginx (the event loop's cached time)
+-- ngx.now under nginx (the event loop's cached time)
+local function ngx_now()
+  local ngx = rawget(_G, "ngx")
+  return ngx.shared ~= nil and ngx.now or nil
+end
+local now_cached = rawget(_G, "ngx") and ngx_now()
+local counter_value = fuse._counter_value
 
-local function sync(self)
-  local c = CHANGES
-  if c and now_cached then
-    c = fuse._counter_value(c)
-    local t = now_cached()
-    if c == self._seen and t - self._seen_at < 1 then return end
-    self._seen, self._seen_at = c, t
-  end
+-- The read of the pool's version in the store, and what follows when it moved. Under
+-- nginx it runs interpreted (jit.off): it is the once-a-second branch of sync, and a
+-- trace made from it (a side trace of the balancer's and of the log phase's, taken after
+-- ten seconds of running) would hold the store's get and refresh, a long trace to compile
+-- for a branch that is not hot: an exit to the interpreter once a second costs less.
+-- (Outside nginx every sync reads the store: there it stays compiled.)
+local function resync(self)
   local v = self._store:get(self._vkey)
   if v ~= self._ver then refresh(self, v) end
+end
+local jit = rawget(_G, "jit")
+if jit and jit.off and now_cached then jit.off(resync) end
+
+-- `t`: the time now, or the current request's start time (the balancer and log phases
+-- have it at hand; ngx.now() would be one more call into nginx).
+local function sync(self, t)
+  local c = CHANGES
+  if c and now_cached then
+    c = counter_value(c)
+    t = t or now_cached()
+    local since = t - self._seen_at  -- (below 0: a request older than the last read's)
+    if c == self._seen and since < 1 and since > -1 then return end
+    self._seen, self._seen_at = c, t
+  end
+  return resync(self)
 end
 
 -- upstream.new(pool_name, peers, opts) -> pool
@@ -497,15 +584,15 @@ function _M.new(name, peers, opts)
   local list = check_peers(name, peers, 2)
   local store = store_for(o.dict, 2)
   changes_counter()
-  local ngx = rawget(_G, "ngx")
-  if ngx and ngx.now and ngx.shared then now_cached = ngx.now end
   local pfx = ""
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
     _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.slow_start,
     _bopts = bopts, _slow = bopts.slow ~= nil, _store = store, _pfx = pfx,
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
-    _ex = {}, _skip = {}, _pan = {}, _open = {}, _old = {}, _seen = -1, _seen_at = 0 }, Pool)
+    _ex = {}, _skip = {}, _pan = {}, _open = {}, _old = {}, _seen = -1, _seen_at = 0,
+    _closed = false, _ramping = false, _ramp_end = false, _n = 0, _more = 0,
+    _pos = false, _sched = false, _total = 0, _clean = 0 }, Pool)
   -- The phase methods are the pool's own fields: nginx runs a *_by_lua chunk in the
   -- interpreter (a chunk is a vararg function, which LuaJIT does not compile), where
   -- `pool:balance()` found through the metatable is a metamethod look-up every request.
@@ -527,7 +614,7 @@ function _M.new(name, peers, opts)
   store:incr(self._pkey, 0, 0)  -- the panic counter shows (at 0) from the start
   local ok, peers_or_err, by_addr = pcall(build, self, list)
   if not ok then error(peers_or_err, 2) end
-  self._peers, self._by_addr = peers_or_err, by_addr
+  set_array(self, peers_or_err, by_addr)
   self._list_s = encode(list)
   self._ver = store:get(self._vkey)
   read_ramps(self)
@@ -728,31 +815,71 @@ local function pick_from(self, tried, now, rejected)
   end
 end
 
--- A request's first try (nothing tried): the first round of pick_from over every peer
--- in one loop, which moves every peer's round robin weight at once and keeps the old
--- one (no per-pick state to clear); a rejection puts the old weights back and goes on
--- in pick_from.
+-- A pick. A request's first try (nothing tried) on the schedule is its next entry. Else
+-- the first round of pick_from over every peer in one loop, which moves every peer's
+-- round robin weight at once; a rejection takes the weights back (the old ones, kept
+-- while a ramp makes weights fractional) and goes on in pick_from.
 local function pick(self, tried)
+  local pos = self._pos  -- (never while a ramp is on: see read_ramps)
+  if pos and tried == nil then
+    local i = self._sched[pos + 1]
+    local p = self._peers[i]
+    local ticket = p.allow(p.b)
+    if ticket or not self._enforce then
+      self._pos = (pos + 1) % self._total  -- (no branch: a branch taken once a cycle is a side trace)
+      if not ticket then count(self, self._dkey) end
+      return p, ticket
+    end
+    to_cur(self)
+    return pick_from(self, nil, nil, i)
+  end
   local now = ramp_now(self)
-  if tried ~= nil then return pick_from(self, tried, now, nil) end
-  local peers, old, ss = self._peers, self._old, self._slow_start
+  to_cur(self)
+  if tried ~= nil then
+    self._clean = 0
+    return pick_from(self, tried, now, nil)
+  end
+  local peers = self._peers
   local best, bestv, total = 1, -huge, 0
-  for i = 1, #peers do
-    local p = peers[i]
-    local w = weight_of(p, now, ss)
-    local c = p.cur
-    old[i], p.w, p.cur = c, w, c + w
-    total = total + w
-    if c + w > bestv then best, bestv = i, c + w end
+  if now == nil then  -- no ramp: each weight is the peer's own
+    for i = 1, self._n do
+      local p = peers[i]
+      local w = p.weight
+      local c = p.cur + w
+      p.cur, total = c, total + w
+      if c > bestv then best, bestv = i, c end
+    end
+  else
+    local old, ss = self._old, self._slow_start
+    for i = 1, self._n do
+      local p = peers[i]
+      local w = weight_of(p, now, ss)
+      local c = p.cur
+      old[i], p.cur = c, c + w
+      total = total + w
+      if c + w > bestv then best, bestv = i, c + w end
+    end
   end
   local p = peers[best]
-  local ticket = p.b:allow()
+  local ticket = p.allow(p.b)
   if ticket or not self._enforce then
     p.cur = p.cur - total
     if not ticket then count(self, self._dkey) end
+    local clean = now == nil and self._sched and self._clean + 1 or 0
+    if clean >= self._total then  -- a whole cycle admitted at the first ask: the schedule again
+      for i = 1, self._n do peers[i].cur = 0 end
+      self._pos, clean = 0, 0
+    end
+    self._clean = clean
     return p, ticket
   end
-  for i = 1, #peers do peers[i].cur = old[i] end
+  self._clean = 0
+  if now == nil then
+    -- (whole numbers: exact; after a ramp made them fractional, within a rounding)
+    for i = 1, self._n do local q = peers[i]; q.cur = q.cur - q.weight end
+  else
+    for i = 1, self._n do peers[i].cur = self._old[i] end
+  end
   return pick_from(self, nil, now, best)
 end
 
@@ -796,7 +923,8 @@ local function succeeded(try, ok, seconds)
   local ticket = try.ticket
   if ticket and not try.peer.removed then
     try.ticket = false
-    try.peer.b:report(ticket, ok, seconds)
+    local peer = try.peer
+    peer.report(peer.b, ticket, ok, seconds)
   end
 end
 
@@ -815,9 +943,48 @@ end
 
 ---------------------------------------------------------------------------- nginx phases
 
+-- Under nginx, nginx's functions are upvalues set once, here: an upvalue never assigned
+-- again is a constant to the JIT, where one assigned later (at a first call) costs a load
+-- and a guard at every use in every trace. The common case of each phase calls the C
+-- functions behind four of lua-resty-core's functions (their declarations are resty.core's,
+-- made when it loaded) with the request the phase already holds: the start time, the
+-- response status, whether nginx is retrying, and set_more_tries, whose Lua function
+-- makes a string of nginx's warning at every call when proxy_next_upstream_tries is below
+-- `tries`. Any other answer (a retry, an error) goes to the public function, which says it
+-- as before. Outside nginx, or where resty.core has no such declaration, the public
+-- functions throughout.
 local ngx = rawget(_G, "ngx")
-local balancer, get_last_failure, set_current_peer, set_more_tries
-local cast, intptr, get_request, start_time
+local NGX = ngx ~= nil and ngx.shared ~= nil and ngx.req ~= nil and pcall(require, "ngx.balancer")
+local function c_fn(name)  -- a function resty.core declared, or nil
+  local ok, f = pcall(function() return require("ffi").C[name] end)
+  return ok and f or nil
+end
+local balancer = NGX and require "ngx.balancer" or nil
+local get_last_failure = balancer and balancer.get_last_failure
+local set_current_peer = balancer and balancer.set_current_peer
+local set_more_tries = balancer and balancer.set_more_tries
+local cast = NGX and require("ffi").cast or nil
+local intptr = NGX and require("ffi").typeof("intptr_t") or nil
+local get_request = NGX and require("resty.core.base").get_request or nil
+local req_start_time = NGX and ngx.req.start_time or nil
+local c_start_time = NGX and c_fn("ngx_http_lua_ffi_req_start_time") or nil
+local c_resp_status = NGX and c_fn("ngx_http_lua_ffi_get_resp_status") or nil
+local c_last_failure = NGX and c_fn("ngx_http_lua_ffi_balancer_get_last_failure") or nil
+local c_more_tries = NGX and c_fn("ngx_http_lua_ffi_balancer_set_more_tries") or nil
+local int_out = NGX and require("ffi").new("int[1]") or nil
+local err_out = NGX and require("ffi").new("char *[1]") or nil
+
+-- The request's start time (r: the request, from get_request()).
+local function start_time(r)
+  if c_start_time then return c_start_time(r) end
+  return req_start_time()
+end
+
+-- The response status (r: the request), as ngx.status reads it.
+local function resp_status(r)
+  if c_resp_status then return c_resp_status(r) end
+  return ngx.status
+end
 
 -- This worker's request records (see the top of this file): request address -> record.
 -- A record stays for the next request at its address; SWEEP_EVERY new addresses, the
@@ -825,16 +992,6 @@ local cast, intptr, get_request, start_time
 -- log phase that never ran for them).
 local REQS, made = {}, 0
 local SWEEP_EVERY, STALE_AFTER = 1024, 600
-
-local function ngx_init()
-  balancer = require "ngx.balancer"
-  get_last_failure, set_current_peer = balancer.get_last_failure, balancer.set_current_peer
-  set_more_tries = balancer.set_more_tries
-  local ffi = require "ffi"
-  cast, intptr = ffi.cast, ffi.typeof("intptr_t")
-  get_request = require("resty.core.base").get_request
-  start_time = ngx.req.start_time
-end
 
 local function sweep(now)
   for k, rec in pairs(REQS) do
@@ -844,11 +1001,12 @@ local function sweep(now)
 end
 
 -- The record of this request's tries at this pool's upstream: its own (`fresh` false),
--- or a cleared one (true) when this is the upstream's first try or the record was lost.
-local function record(self, first)
-  local key, t = tonumber(cast(intptr, get_request())), start_time()
+-- or a cleared one (true) when this is the upstream's first try or the record was lost;
+-- and the request's start time.
+local function record(self, first, r)
+  local key, t = tonumber(cast(intptr, r)), start_time(r)
   local rec = REQS[key]
-  if rec and not first and rec.live and rec.t == t and rec.pool == self then return rec, false end
+  if rec and not first and rec.live and rec.t == t and rec.pool == self then return rec, false, t end
   if not rec then
     made = made + 1
     if made > SWEEP_EVERY then sweep(t) end
@@ -856,17 +1014,20 @@ local function record(self, first)
     REQS[key] = rec
   end
   rec.pool, rec.t, rec.live, rec.n, rec.refused = self, t, true, 0, false
-  return rec, true
+  return rec, true, t
 end
 
--- The record pool:log() judges, taken (no longer live); nil when this request has none.
+-- The record pool:log() judges, taken (no longer live), with the request; nil when this
+-- request has none.
 local function take(self)
-  if not get_request then return nil end  -- this worker never balanced
-  local rec = REQS[tonumber(cast(intptr, get_request()))]
+  if not get_request then return nil end  -- not under nginx
+  local r = get_request()
+  if r == nil then return nil end
+  local rec = REQS[tonumber(cast(intptr, r))]
   if not rec or not rec.live or rec.pool ~= self then return nil end
   rec.live = false
-  if rec.t ~= start_time() then return nil end  -- an earlier request's, at the same address
-  return rec
+  if rec.t ~= start_time(r) then return nil end  -- an earlier request's, at the same address
+  return rec, r
 end
 
 local function retry_after_header(seconds)
@@ -933,13 +1094,20 @@ end
 
 -- pool:balance(), in balancer_by_lua*: runs once per try.
 function Pool:balance()
-  if not balancer then ngx_init() end
-  local state, code = get_last_failure()  -- nil on the upstream's first try
-  local rec, fresh = record(self, state == nil)
+  if not balancer then error("fuse.upstream: pool:balance() runs in nginx's balancer_by_lua*", 2) end
+  local r = get_request()
+  if r == nil then return get_last_failure() end  -- (raises: no request)
+  local state, code = nil, nil  -- nil on the upstream's first try
+  if c_last_failure == nil or c_last_failure(r, int_out, err_out) ~= 0 then
+    state, code = get_last_failure()
+  end
+  local rec, fresh, t = record(self, state == nil, r)
   if fresh then
     if state == nil then
-      local more = self:tries() - 1
-      if more > 0 then set_more_tries(more) end
+      local more = self._more
+      if more > 0 and (c_more_tries == nil or c_more_tries(r, more, err_out) ~= 0) then
+        set_more_tries(more)
+      end
     end
   else
     judge_previous(self, rec, state, code)
@@ -950,12 +1118,12 @@ function Pool:balance()
     for k = 1, rec.n do tried[rec[k].peer] = true end
     for p in pairs(rec.refused or {}) do tried[p] = true end
   end
-  sync(self)
+  sync(self, t)
   if self._closed then
     ngx.log(ngx.ERR, "fuse.upstream: pool '", self.name, "' is closed (pool:close()): no peer for this request")
     return ngx.exit(ngx.ERROR)
   end
-  for _ = 1, #self._peers + 1 do
+  for _ = 1, self._n + 1 do
     local peer, ticket = pick(self, tried)
     if not peer then return no_peer(ticket) end
     local ok, err = set_current_peer(peer.host, peer.port)
@@ -999,9 +1167,9 @@ end
 -- pool:log(), in log_by_lua*: reports every try of this request to its peer's breaker,
 -- with the try's upstream response time (for `slow`), and counts failure classes.
 function Pool:log()
-  local rec = take(self)
+  local rec, r = take(self)
   if not rec or rec.n == 0 then return end
-  sync(self)  -- peers removed meanwhile (any worker) get no report
+  sync(self, rec.t)  -- peers removed meanwhile (any worker) get no report
   local fail, slow = self._fail, self._slow
   if rec.n == 1 then  -- one try (the common case)
     local try = rec[1]
@@ -1012,7 +1180,7 @@ function Pool:log()
     -- `=code` redirected it since (then such a ticket is counted as a success, where
     -- ngx.ctx's reset lost it before). A probe's verdict closes or re-opens its peer:
     -- probes, and every other status, are judged from $upstream_status.
-    local s, t = ngx.status, try.ticket
+    local s, t = resp_status(r), try.ticket
     if not slow and s >= 100 and s < 499 and not fail[s] and (not t or floor(t / 2) % 4 ~= 2) then
       return succeeded(try, true, nil)
     end
