@@ -774,16 +774,17 @@ local CHECK_EVERY = 61
 -- life of the process) and no look-up by a key the compiler does not know.
 local sames = {}
 
-local function same_maker(copy)
-  local sig, parts, args = {}, {}, {}
+-- The comparison of options with the options copy (every known option but the name).
+local function same_as(copy)
+  local sig, vals, parts, args = {}, {}, {}, {}
   for _, k in ipairs(options.NAMES) do
     if k ~= "name" then
       if copy[k] == nil then
         parts[#parts + 1] = ("a[%q] == nil"):format(k)
       else
-        sig[#sig + 1] = k
-        args[#args + 1] = "v" .. #sig
-        parts[#parts + 1] = ("a[%q] == v%d"):format(k, #sig)
+        local n = #sig + 1
+        sig[n], vals[n], args[n] = k, copy[k], "v" .. n
+        parts[#parts + 1] = ("a[%q] == v%d"):format(k, n)
       end
     end
   end
@@ -795,7 +796,7 @@ local function same_maker(copy)
     make = assert((loadstring or load)(text, "=fuse.same_opts"))  -- luacheck: ignore 113
     sames[key] = make
   end
-  return make, sig
+  return make(unpack(vals, 1, #sig))
 end
 
 -- The record of the options of a fuse.new call (copy: a copy of them, n: their count,
@@ -803,10 +804,7 @@ end
 -- but the name: same(a) says whether options a are those (every known option but the
 -- name).
 local function opts_record(copy, n)
-  local make, sig = same_maker(copy)
-  local vals = {}
-  for i, k in ipairs(sig) do vals[i] = copy[k] end
-  return { opts = copy, n = n, same = make(unpack(vals, 1, #sig)) }
+  return { opts = copy, n = n, same = same_as(copy) }
 end
 
 -- same_known(a, b): whether options tables a and b hold the same value (or none) for
