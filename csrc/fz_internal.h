@@ -27,10 +27,10 @@ void fzi_reconfigure(fz_breaker *b, const fz_config *c);
 void fzi_permits_copy(fz_breaker *to, fz_breaker *from);  /* a copy made by a reload */
 
 /* A registry slot's ring area: the count-window ring (room for FZ_MAX_COUNT_WINDOW),
- * then the breaker's permits (max_concurrent, csrc/fz_permits.h: 704 bytes, touched only
+ * then the breaker's permits (max_concurrent, csrc/fz_permits.h: 2,624 bytes, touched only
  * by a breaker with the option). */
 #define FZ_RING_BYTES ((size_t)FZ_MAX_COUNT_WINDOW * sizeof(uint32_t))
-#define FZ_PERMITS_BYTES ((size_t)704)
+#define FZ_PERMITS_BYTES ((size_t)2624)
 
 /* ---- the breaker's words: for the files of the core (fz_state.c, fz_clock.c,
  * fz_config.c, fz_permits.c), which define FZ_BREAKER_WORDS before including this. */

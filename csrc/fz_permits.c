@@ -24,7 +24,9 @@
 #include "fz_permits.h"
 
 #include <errno.h>
+#include <linux/membarrier.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
 #include <signal.h>
@@ -37,20 +39,41 @@
 
 _Thread_local __attribute__((tls_model("initial-exec"))) fzp_mine fzp_cache[FZP_CACHE];
 _Thread_local __attribute__((tls_model("initial-exec"))) fzp_self_t fzp_self =
-  { 1, UINT64_C(1) << 24, offsetof(fzp, lane), 0 };  /* not known yet: lane 0's, matching no owner */
+  { 1, UINT64_C(1) << 24, offsetof(fzp, lane), 0, 0 };  /* not known yet: lane 0's, matching no owner */
+_Static_assert(sizeof(fzp_lane) == 64, "a lane is alone on its cache line");
 
-/* The k-th free lane to try: one lane of each cache line first (4 lanes of 16 bytes to a
- * line), so that the first 10 owners each write a line of their own at every give. */
-static int spread(int k) { return k % 10 * 4 + k / 10; }
-_Static_assert(FZP_LANES == 40 && sizeof(fzp_lane) == 16, "spread() knows 40 lanes of 16 bytes");
+/* Whether this process is registered for membarrier's global expedited barrier (so that
+ * its lanes may keep spare permits, which takers take with that barrier): 1 yes, -1 no,
+ * 0 not asked yet (in the process whose pid is g_fence_pid). FUSE_PERMITS_NOFENCE=1 in
+ * the environment says no (the fallback of a kernel without it, for tests). */
+static int g_fence, g_fence_pid;
 
-/* pid22 << 22 | tid22. The thread's preferred lane is drawn from its tid through spread():
- * threads and processes of consecutive ids (nginx's workers, one thread each) prefer
- * different lanes on different cache lines, the same in every breaker. */
+static long membarrier(int cmd) { return syscall(SYS_membarrier, cmd, 0, 0); }
+
+static int fence_ok(void) {
+  int pid = (int)getpid();
+  if (__atomic_load_n(&g_fence_pid, __ATOMIC_ACQUIRE) == pid) return __atomic_load_n(&g_fence, __ATOMIC_RELAXED) > 0;
+  const char *no = getenv("FUSE_PERMITS_NOFENCE");
+  long q = membarrier(MEMBARRIER_CMD_QUERY);
+  int ok = !(no && *no && *no != '0') && q > 0 && (q & MEMBARRIER_CMD_GLOBAL_EXPEDITED) &&
+           membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
+  __atomic_store_n(&g_fence, ok ? 1 : -1, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_fence_pid, pid, __ATOMIC_RELEASE);
+  return ok;
+}
+
+/* Every thread of every registered process passes a full barrier: 1, or 0 (the call
+ * failed: nothing may be taken from a lane then). */
+static int fence_all(void) { return membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0; }
+
+/* pid22 << 22 | tid22. The thread's preferred lane is its tid modulo 40: threads and
+ * processes of consecutive ids (nginx's workers, one thread each) prefer different
+ * lanes (each on a cache line of its own), the same in every breaker. */
 static uint64_t me(void) {
   if (fzp_self.key & 1) {
     uint64_t tid = (uint64_t)syscall(SYS_gettid);
-    int lane = spread((int)(tid % FZP_LANES));
+    int lane = (int)(tid % FZP_LANES);
+    fzp_self.nofence = !fence_ok();
     fzp_self.lane = (uint32_t)lane, fzp_self.bit = fzp_bit(lane);
     fzp_self.off = offsetof(fzp, lane) + (uint64_t)lane * sizeof(fzp_lane);
     fzp_self.key = (((uint64_t)getpid() & ID22) << 22 | (tid & ID22)) << 20;
@@ -58,7 +81,8 @@ static uint64_t me(void) {
   return fzp_self.key >> 20;
 }
 
-/* A forked child is another process: it owns none of its parent's lanes. */
+/* A forked child is another process: it owns none of its parent's lanes, and registers
+ * for the barrier itself. */
 static void forget_lanes(void) {
   fzp_self.key = 1;
   for (int i = 0; i < FZP_CACHE; i++) fzp_cache[i].p = NULL;
@@ -96,11 +120,15 @@ static int remember(fzp *p, int lane, uint64_t o) {
  * first (acquire: pairs with the release of the writer's store after its swap, so pw as
  * that swap left it is seen below), then pw.
  */
-static uint64_t resolve(fzp *p, int lane, uint64_t pw_seen, int use_seen) {
-  uint64_t st = at_load_acq(&p->lane[lane].st);
-  uint64_t pw = use_seen ? pw_seen : at_load_acq(&p->pw);
+static uint64_t settled(const fzp *p, int lane, uint64_t st, uint64_t pw) {
+  (void)p;
   unsigned bit = (unsigned)(pw >> (24 + lane) & 1), parity = (unsigned)(st & 1);
   return bit == parity ? st : fzp_took(st);
+}
+
+static uint64_t resolve(fzp *p, int lane, uint64_t pw_seen, int use_seen) {
+  uint64_t st = at_load_acq(&p->lane[lane].st);
+  return settled(p, lane, st, use_seen ? pw_seen : at_load_acq(&p->pw));
 }
 
 /* The sum of the lanes' given counts (mod 2^24), each read with acquire (pairs with the
@@ -131,33 +159,49 @@ static int64_t take_back(fzp *p, int lane, uint64_t o) {
    * is dead in turn, and the next one finishes (resolve settles its takes too) */
   if (!at_cas_acqrel(&l->owner, &o, owner(gen_of(o), me()))) return 0;
   FZP_FAULT("reclaim-claimed");
-  uint64_t st = resolve(p, lane, 0, 0);
-  int32_t held = fzp_held(st);
-  if (held > 0) {
-    /* one store gives them all back: a survivor killed before it leaves the lane as it
-     * was, after it a lane holding nothing (release: as a give) */
-    at_store_rel(&l->st, fzp_gave(st, (uint32_t)held));
-    FZP_FAULT("reclaim-given");
-  } else {
-    /* less than nothing: permits its process took on other lanes were given back on
-     * this one; as many takes on it (no limit: the count is only made right), each
-     * the protocol of a take, so a survivor killed between two leaves an exact lane */
-    for (int32_t i = held; i < 0; i++) {
-      uint64_t pw = at_load_rlx(&p->pw);
-      while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, fzp_bit(lane)))) {}
-      FZP_FAULT("reclaim-taken");
-      st = fzp_took(st);
-      at_store_rel(&l->st, st);
+  /* its calls died with it (relaxed: the owner word's release below publishes it; a
+   * survivor killed after this leaves it for the next, who stores it again) */
+  at_store_rlx(&l->run, 0);
+  /* Nobody else writes the lane now but a taker of spare permits, whose swaps of the lane
+   * word are whole moves (a mark, or a give of permits it holds): each write here is a
+   * swap from the word it settled, done again on the word that taker left. */
+  int64_t back = 0;
+  for (;;) {
+    uint64_t raw = at_load_acq(&l->st), st = settled(p, lane, raw, at_load_acq(&p->pw));
+    int32_t held = fzp_held(st);
+    if (held > 0) {
+      /* one swap gives them all back, the mark cleared: a survivor killed before it
+       * leaves the lane as it was, after it a lane holding nothing (release: as a give) */
+      if (!at_cas_acqrel(&l->st, &raw, fzp_gave(st & ~FZP_RV, (uint32_t)held))) continue;
+      back += held;
+      FZP_FAULT("reclaim-given");
+      break;
     }
-    if (held == 0) at_store_rel(&l->st, st);  /* a take its owner's death left unwritten */
+    if (held == 0) {
+      /* a take its owner's death left unwritten, and the mark, settled */
+      if (st != raw || (st & FZP_RV)) {
+        if (!at_cas_acqrel(&l->st, &raw, st & ~FZP_RV)) continue;
+      }
+      break;
+    }
+    /* less than nothing: permits its process took on other lanes were given back on this
+     * one; one take on it (no limit: the count is only made right), the protocol of a
+     * take, so a survivor killed between two leaves an exact lane; again until none */
+    if (st != raw && !at_cas_acqrel(&l->st, &raw, st)) continue;  /* its owner's take, written */
+    uint64_t pw = at_load_rlx(&p->pw);
+    while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, fzp_bit(lane)))) {}
+    FZP_FAULT("reclaim-taken");
+    back--;
+    raw = st;
+    while (!at_cas_acqrel(&l->st, &raw, fzp_took(raw))) {}
   }
   /* release: the next owner sees the settled lane word (parity of the lane's bit) */
   at_store_rel(&l->owner, owner(gen_of(o) + 1, 0));
-  return held;
+  return back;
 }
 
 /* Looks for lanes of dead owners: a dead process's are taken back, an exited thread's
- * that hold nothing are freed. Lanes holding fewer permits than zero go first (a process
+ * that run nothing (and hold nothing below zero) are taken back and freed. Lanes holding fewer permits than zero go first (a process
  * whose threads gave back permits taken on other threads): the count never drops below
  * what the live processes hold. Returns the permits taken back. */
 static int64_t scan(fzp *p) {
@@ -172,7 +216,8 @@ static int64_t scan(fzp *p) {
       if ((pass == 0) != (held <= 0)) continue;
       if (pid == mypid) {
         uint64_t want = o;
-        if (held == 0 && thread_dead(pid, tid) && at_cas_acqrel(&p->lane[i].owner, &want, owner(gen_of(o), me())))
+        if (held >= 0 && at_load_acq(&p->lane[i].run) == 0 && thread_dead(pid, tid) &&
+            at_cas_acqrel(&p->lane[i].owner, &want, owner(gen_of(o), me())))
           back += take_back(p, i, owner(gen_of(o), me()));
         continue;
       }
@@ -191,8 +236,10 @@ static int claim(fzp *p, int i, uint64_t o) {
   uint64_t used = at_load_acq(&p->used), bit = UINT64_C(1) << i;
   while (!(used & bit) && !at_cas_acqrel(&p->used, &used, used | bit)) {}
   /* an adopted lane of an exited thread: its last take settled (a free lane has none
-   * pending) */
-  at_store_rel(&p->lane[i].st, resolve(p, i, 0, 0));
+   * pending), a mark cleared (the taker's swap then fails), FZP_NS as this process can
+   * be fenced or not (a process's threads all alike) */
+  uint64_t raw = at_load_acq(&p->lane[i].st), ns = fzp_self.nofence ? FZP_NS : 0;
+  while (!at_cas_acqrel(&p->lane[i].st, &raw, (settled(p, i, raw, at_load_acq(&p->pw)) & ~(FZP_RV | FZP_NS)) | ns)) {}
   return remember(p, i, mine);
 }
 
@@ -207,7 +254,7 @@ int fzp_lane_slow(fzp *p) {
       if ((o & ((UINT64_C(1) << 44) - 1)) == who) return remember(p, i, o);
     }
     for (int k = -1; k < FZP_LANES; k++) {
-      int i = k < 0 ? (int)fzp_self.lane : spread(k);
+      int i = k < 0 ? (int)fzp_self.lane : k;
       uint64_t o = at_load_acq(&p->lane[i].owner);
       int got = pid_of(o) ? -1 : claim(p, i, o);
       if (got >= 0) return got;
@@ -223,46 +270,140 @@ int fzp_lane_slow(fzp *p) {
   return -1;
 }
 
-/* A take, whatever the fast path could not do: find or claim the lane, try again, read
- * the lanes again when the limit looks reached, then fzp_full. 1 taken, 0 not. */
-int fzp_take_any(fzp *p, uint32_t limit) {
+/* The owner of lane l, finding it marked by a taker of spare permits: gives back what
+ * the lane holds beyond its calls and the one it is admitting, and clears the mark (the
+ * taker's own swap then fails). 1 if the lane was marked. */
+static int settle(fzp_lane *l) {
+  uint64_t st = at_load_acq(&l->st);
+  if (!(st & FZP_RV)) return 0;
+  int64_t keep = (int64_t)at_load_rlx(&l->run) + 1;
+  while (st & FZP_RV) {
+    int64_t spare = (int64_t)fzp_held(st) - keep;
+    /* acq_rel: as a give (the calls that ended on those permits happened before) */
+    if (at_cas_acqrel(&l->st, &st, fzp_gave(st & ~FZP_RV, spare > 0 ? (uint32_t)spare : 0))) break;
+  }
+  return 1;
+}
+
+/* The owner of lane l gives back every permit it holds beyond its calls (the limit fell
+ * below what is out: a reload lowered it). */
+static void trim(fzp_lane *l) {
+  uint64_t st = at_load_acq(&l->st);
+  for (;;) {
+    int64_t spare = (int64_t)fzp_held(st) - (int64_t)at_load_rlx(&l->run);
+    if (spare <= 0 || at_cas_acqrel(&l->st, &st, fzp_gave(st, (uint32_t)spare))) return;
+  }
+}
+
+/*
+ * The limit was reached: the permits other lanes hold and run nothing on are taken from
+ * them. Each lane that looks spare (a peek: held - run > 0) is marked (FZP_RV, a swap of
+ * its lane word; one already marked is taken as it is); then one global membarrier: every
+ * thread of every registered process passes a full barrier, so an owner's call either
+ * loaded its lane word after the mark (and fails, see fzp_run_on) or stored its run
+ * before the barrier, where it is read now (acquire: pairs with the release of a give).
+ * The spare, held - run, is given back with one swap from the marked word, which fails
+ * when the owner settled it first (settle) or anything else moved it. Returns the lanes
+ * marked: each was settled by this or by its owner, who gives back its spare too, so a
+ * take after any is worth trying. Lanes marked FZP_NS are not taken from.
+ */
+static int steal(fzp *p, int mine) {
+  uint64_t used = at_load_acq(&p->used) & ((UINT64_C(1) << FZP_LANES) - 1), marked = 0, was[FZP_LANES];
+  for (uint64_t m = used; m; m &= m - 1) {
+    int i = __builtin_ctzll(m);
+    fzp_lane *l = &p->lane[i];
+    if (i == mine) continue;
+    uint64_t st = at_load_acq(&l->st);
+    if ((st & FZP_NS) || (int64_t)fzp_held(st) - (int64_t)at_load_rlx(&l->run) <= 0) continue;
+    if (!(st & FZP_RV) && !at_cas_acqrel(&l->st, &st, st | FZP_RV)) continue;
+    was[i] = st | FZP_RV, marked |= UINT64_C(1) << i;
+  }
+  if (!marked) return 0;
+  FZP_FAULT("steal-marked");
+  int fenced = fence_all();
+  FZP_FAULT("steal-fenced");
+  for (uint64_t m = marked; m; m &= m - 1) {
+    int i = __builtin_ctzll(m);
+    fzp_lane *l = &p->lane[i];
+    uint64_t st = was[i];
+    int64_t spare = fenced ? (int64_t)fzp_held(st) - (int64_t)at_load_acq(&l->run) : 0;
+    /* acq_rel: as a give; the mark cleared whether anything is given or not */
+    at_cas_acqrel(&l->st, &st, fzp_gave(st & ~FZP_RV, spare > 0 ? (uint32_t)spare : 0));
+  }
+  FZP_FAULT("steal-given");
+  return __builtin_popcountll(marked);
+}
+
+/* One more take, after permits were given back (no recursion into fzp_full). */
+static int take_again(fzp *p, uint32_t limit) {
   int lane = fzp_lane_of(p);
-  if (lane < 0) return fzp_full(p, limit);
-  if (fzp_take_on(p, &p->lane[lane], fzp_bit(lane), limit)) return 1;
-  /* The limit looked reached from `seen`: the lanes read again, and again while that
-   * moves `seen` forward. One sum is not enough: other threads' takes between the sum
-   * and this take count in pw at once, their gives only in a later sum, so a take after
-   * one sum can find the limit "reached" while far fewer permits are held (seen under
-   * load: 2 threads, 1,000 permits, a full rejection). A sum that moves nothing means
-   * no give happened since the last: the limit is reached. Bounded, for callers that
-   * keep taking and giving faster than the sums. */
+  if (lane < 0) return 0;
+  refresh(p);
+  return fzp_take_on(p, &p->lane[lane], fzp_bit(lane), limit);
+}
+
+/* One permit onto lane `lane` (the caller's), whatever it takes: the swap; when the limit
+ * looks reached, the lanes read again, and again while that moves `seen` forward. One
+ * sum is not enough: other threads' takes between the sum and this take count in pw at
+ * once, their gives only in a later sum, so a take after one sum can find the limit
+ * "reached" while far fewer permits are held (seen under load: 2 threads, 1,000
+ * permits, a full rejection). A sum that moves nothing means no give happened since the
+ * last. Then the spare permits of other lanes (steal), then dead owners' (fzp_full). 1
+ * taken, 0 the limit is reached. */
+static int take_onto(fzp *p, int lane, uint32_t limit) {
+  fzp_lane *l = &p->lane[lane];
+  if (fzp_take_on(p, l, fzp_bit(lane), limit)) return 1;
   uint64_t seen = at_load_acq(&p->seen);
   for (int i = 0; i < 64; i++) {
     uint64_t now = refresh(p);
     FZP_FAULT("permit-refreshed");
-    if (fzp_take_on(p, &p->lane[lane], fzp_bit(lane), limit)) return 1;
+    if (fzp_take_on(p, l, fzp_bit(lane), limit)) return 1;
     if (now == seen) break;
     seen = now;
   }
+  if (steal(p, lane) > 0 && take_again(p, limit)) return 1;
   return fzp_full(p, limit);
 }
 
-/* A give whose lane was not remembered: found or claimed, or laneless. */
+/* A take, whatever the fast path could not do: find or claim the lane; a mark settled;
+ * a permit taken onto the lane when it holds none spare; the call admitted on it. A lane
+ * of a process that cannot be fenced takes a permit for each call. 1 taken, 0 not. */
+int fzp_take_any(fzp *p, uint32_t limit) {
+  int lane = fzp_lane_of(p);
+  if (lane < 0) return fzp_full(p, limit);
+  fzp_lane *l = &p->lane[lane];
+  if (fzp_self.nofence) {
+    if (!take_onto(p, lane, limit)) return 0;
+    at_store_rlx(&l->run, at_load_rlx(&l->run) + 1);
+    return 1;
+  }
+  /* bounded: each round that does not admit took a permit that a taker of spare ones
+   * took in turn (it was admitted: the limit is in use) */
+  for (int round = 0; round < 8; round++) {
+    if (fzp_run_on(p, l, limit)) return 1;
+    if (settle(l)) continue;
+    uint64_t st = at_load_acq(&l->st);
+    if ((int64_t)fzp_held(st) > (int64_t)at_load_rlx(&l->run)) trim(l);  /* spare, yet over the limit */
+    if (!take_onto(p, lane, limit)) return 0;
+  }
+  return 0;
+}
+
+/* A give whose lane was not remembered: found or claimed, or laneless; a process that
+ * cannot be fenced gives the permit back too. */
 void fzp_give_any(fzp *p) {
   int lane = fzp_lane_of(p);
   if (lane < 0) {
     fzp_give_laneless(p);
     return;
   }
-  fzp_give_on(&p->lane[lane]);
-}
-
-/* One more take, after permits were taken back (no recursion into fzp_full). */
-static int take_again(fzp *p, uint32_t limit) {
-  int lane = fzp_lane_of(p);
-  if (lane < 0) return 0;
-  refresh(p);
-  return fzp_take_on(p, &p->lane[lane], fzp_bit(lane), limit);
+  fzp_lane *l = &p->lane[lane];
+  fzp_give_on(l);
+  if (fzp_self.nofence) {
+    uint64_t st = at_load_rlx(&l->st);
+    /* acq_rel: as a give (release) */
+    while (!at_cas_acqrel(&l->st, &st, fzp_gave(st, 1))) {}
+  }
 }
 
 /* The limit was reached (or no lane could be had): look for dead owners' permits, at
@@ -288,7 +429,7 @@ void fzp_give_laneless(fzp *p) {
 void fzp_rebuild(fzp *p) {
   uint64_t pw = at_load_rlx(&p->pw), bits = 0, taken = 0, given = 0, used = 0;
   for (int i = 0; i < FZP_LANES; i++) {
-    uint64_t st = resolve(p, i, pw, 1);
+    uint64_t st = resolve(p, i, pw, 1) & ~FZP_RV;  /* (a mark of the old registry's taker) */
     at_store_rlx(&p->lane[i].st, st);
     if (st || at_load_rlx(&p->lane[i].owner)) used |= UINT64_C(1) << i;  /* (the copied `used` may be behind) */
     taken += st & FZP_COUNT;
@@ -300,15 +441,12 @@ void fzp_rebuild(fzp *p) {
   at_store_rlx(&p->used, used);
 }
 
-/* Permits held now: the takes less the lanes' gives; a count caught below zero (see
- * scan) reads 0. */
+/* Calls running now: the lanes' runs added up (a dead owner's until taken back); a sum
+ * caught below zero (a call ended on another thread read before its start) reads 0. */
 uint32_t fzp_running(const fzp *p) {
-  /* the gives first, then pw: a give read here had its take before it, so in pw */
-  uint64_t g = 0;
-  for (int i = 0; i < FZP_LANES; i++) g += fzp_given(at_load_acq(&p->lane[i].st));
-  uint64_t pw = at_load_acq(&p->pw);
-  uint64_t c = (pw - g) & FZP_COUNT;
-  return c >= UINT64_C(1) << 23 ? 0 : (uint32_t)c;
+  int64_t n = 0;
+  for (int i = 0; i < FZP_LANES; i++) n += (int64_t)at_load_acq(&p->lane[i].run);
+  return n <= 0 ? 0 : (uint32_t)n;
 }
 
 /* ---------------------------------------------------------------- permits */

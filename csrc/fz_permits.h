@@ -9,20 +9,31 @@
  * In one paragraph: the permit word `pw` holds the count of permits ever taken (low 24
  * bits, modulo 2^24) and one parity bit per lane (bits 24..63). Every thread that takes
  * or gives permits of a breaker owns one of its FZP_LANES lanes (claimed with a
- * compare-and-swap of the lane's owner word: generation, pid, tid) and is the lane's only
- * writer. Its lane word counts the permits taken and the permits given back on the lane
- * (each modulo 2^24) and the parity its bit in pw has. A take is one compare-and-swap of
- * pw that moves the count AND flips the lane's bit, then a store of the lane word; a
- * give is one store of the lane word (no read-modify-write of a shared word: a call
- * pays one atomic, not two). The permits held are pw's count minus the sum of the lanes'
- * given counts; a take compares against `seen`, a sum of them read earlier (never more
- * than the true sum: the gives counted there happened), and reads the lanes again only
- * when that says the limit is reached. A process killed at any instruction leaves a lane
- * whose last take is resolved exactly: the bit in pw differs from the lane's parity if
- * and only if the swap happened and the lane word was not written after it. So a
+ * compare-and-swap of the lane's owner word: generation, pid, tid). Its lane word counts
+ * the permits taken onto the lane and the permits given back from it (each modulo 2^24)
+ * and the parity its bit in pw has; the permits it holds are its own to run calls on.
+ * The lane's `run` counts the calls running on it, written by the owner only. A call is
+ * admitted on a permit the lane already holds (run + 1 <= held) with no read-modify-write
+ * at all: a store of run, then a load of the lane word; the lane keeps the permit when
+ * the call ends (run - 1). Only a lane short of permits takes one: one compare-and-swap of
+ * pw that moves the count AND flips the lane's bit, then the lane word (a
+ * compare-and-swap: others may mark it). The permits held are pw's count minus the sum
+ * of the lanes' given counts; a take compares against `seen`, a sum of them read earlier
+ * (never more than the true sum), and reads the lanes again only when that says the
+ * limit is reached. Then the permits other lanes hold and run nothing on (spare) are
+ * taken from them: the taker marks their lane words (FZP_RV), makes every thread of
+ * every process that owns lanes pass a full barrier (membarrier(2), global expedited),
+ * reads their run, and gives back what is spare, unless the owner (who sees the mark at
+ * its next call and gives its spare back itself) did first. The barrier is what makes a
+ * plain store of run safe: a call whose load of the lane word missed the mark had its
+ * store of run seen by the taker. A process that cannot register for that barrier
+ * marks its lanes FZP_NS: each of its calls takes a permit and gives it back, as a lane
+ * without spare, and nobody takes from it. A process killed at any instruction leaves a
+ * lane whose last take is resolved exactly: the bit in pw differs from the lane's parity
+ * if and only if the swap happened and the lane word was not written after it. So a
  * survivor that finds the owner dead (kill(pid, 0) fails with ESRCH; only looked for
  * when the limit is reached) knows exactly how many permits the lane holds, and gives
- * them back with one store of the lane word.
+ * them back with one compare-and-swap of the lane word.
  */
 #ifndef FZ_PERMITS_H
 #define FZ_PERMITS_H
@@ -35,15 +46,22 @@
 #define FZP_COUNT ((UINT64_C(1) << 24) - 1)        /* a count: modulo 2^24 */
 #define FZP_CACHE 8                                /* a thread's remembered lanes */
 #define FZP_GIVEN_SHIFT 40
+#define FZP_RV (UINT64_C(1) << 32)                 /* st: marked: a taker wants its spare permits */
+#define FZP_NS (UINT64_C(1) << 33)                 /* st: its owner cannot be fenced: no spare kept, none taken */
 
-/* The lane word: taken (bits 0-23) | given (bits 40-63), each modulo 2^24 (given at the
- * top, so that a give is one add whose carry falls off the word). The lane holds taken -
- * given (less than 0 when permits taken on other threads of its process were given back
- * on it). The parity of the lane is the low bit of taken: each take flips it and the
- * lane's bit in pw alike. */
+/* The lane word: taken (bits 0-23) | FZP_RV (32) | FZP_NS (33) | given (bits 40-63),
+ * taken and given each modulo 2^24 (given at the top, so that a give is one add whose
+ * carry falls off the word). The lane holds taken - given (less than 0 when permits taken
+ * on other threads of its process were given back on it, see run). The parity of the
+ * lane is the low bit of taken: each take flips it and the lane's bit in pw alike.
+ * run: the calls running on the lane, as a signed number (a call admitted on one thread
+ * and ended on another makes one lane +1 and the other -1: the process's lanes add up).
+ * A lane alone on its cache line: run is written at every call. */
 typedef struct fzp_lane {
-  uint64_t owner;  /* concurrent: gen20 << 44 | pid22 << 22 | tid22; pid 0: free */
-  uint64_t st;     /* concurrent: written by the owner only (or by who took it from a dead one) */
+  _Alignas(64) uint64_t owner;  /* concurrent: gen20 << 44 | pid22 << 22 | tid22; pid 0: free */
+  uint64_t st;     /* concurrent: compare-and-swap by the owner, a taker of spare permits, a survivor */
+  uint64_t run;    /* concurrent: stored by the owner only (or reset by a survivor), read by takers */
+  uint64_t pad[5];
 } fzp_lane;
 
 typedef struct fzp {
@@ -76,6 +94,7 @@ typedef struct fzp_self_t {
   uint64_t bit;
   uint64_t off;
   uint32_t lane;
+  uint32_t nofence;  /* its process could not register for membarrier: FZP_NS lanes */
 } fzp_self_t;
 
 extern _Thread_local __attribute__((tls_model("initial-exec"))) fzp_mine fzp_cache[FZP_CACHE];
@@ -156,8 +175,9 @@ static inline int32_t fzp_held(uint64_t st) {
 }
 
 /* The lane word after a take: taken + 1 (mod 2^24), which flips its low bit, the lane's
- * parity. Bits 24-39 of a lane word are always 0 (every write of one is made by this or
- * fzp_gave, whose carry falls off the top), so the carry out of taken is bit 24 alone. */
+ * parity. Bits 24-31 and 34-39 of a lane word are always 0 (every write of one is made by
+ * this or fzp_gave, whose carry falls off the top), so the carry out of taken is bit 24
+ * alone; FZP_RV and FZP_NS are kept. */
 static inline uint64_t fzp_took(uint64_t st) {
   return (st + 1) & ~(UINT64_C(1) << 24);
 }
@@ -173,9 +193,9 @@ static inline uint64_t fzp_move(uint64_t pw, uint64_t bit) {
   return pw ^ ((((pw + 1) ^ pw) & FZP_COUNT) | bit);  /* (the bits that change) */
 }
 
-/* One take on lane l (the caller's, whose bit in pw is `bit`) when pw's count less
- * `seen` is below limit: 1, or 0 without a swap (the limit looks reached: the caller
- * reads the lanes again). */
+/* One permit taken onto lane l (the caller's, whose bit in pw is `bit`) when pw's count
+ * less `seen` is below limit: 1, or 0 without a swap (the limit looks reached: the caller
+ * reads the lanes again). The lane then holds one more; a call runs on it by fzp_run_on. */
 static inline int fzp_take_on(fzp *p, fzp_lane *l, uint64_t bit, uint32_t limit) {
   /* acquire: pairs with the release of the swap that moved seen (after the lanes it
    * summed were read with acquire): a give counted there happened before this take */
@@ -184,40 +204,63 @@ static inline int fzp_take_on(fzp *p, fzp_lane *l, uint64_t bit, uint32_t limit)
   FZP_FAULT("permit-taking");
   for (;;) {
     if (((pw - seen) & FZP_COUNT) >= limit) return 0;
-    /* acq_rel: as every swap of pw; the lane word's store below comes after it */
+    /* acq_rel: as every swap of pw; the lane word's swap below comes after it */
     if (at_cas_acqrel(&p->pw, &pw, fzp_move(pw, bit))) break;
   }
   FZP_FAULT("permit-taken");
-  /* (read after the swap: only this thread writes its lane word) release: after the
-   * swap, see resolve() */
-  at_store_rel(&l->st, fzp_took(at_load_rlx(&l->st)));
+  /* acq_rel (its release: after the swap, see resolve()); a compare-and-swap, not a store:
+   * a taker of spare permits may mark the word or give from it meanwhile */
+  uint64_t st = at_load_rlx(&l->st);
+  while (!at_cas_acqrel(&l->st, &st, fzp_took(st))) {}
   return 1;
 }
 
-/* A take's fast path: on the preferred or a remembered lane, the limit not reached by
- * `seen`. 1 taken; 0 when nothing was done and fzp_take_any decides. */
+/* One call admitted on a permit lane l (the caller's) holds: 1; 0 with nothing changed
+ * when the lane holds none spare, is marked, cannot be fenced, or the limit fell below
+ * what is out (a reload lowered it). No read-modify-write: run is stored, then the lane
+ * word loaded, in this order (the compiler's; the processor's is a taker's membarrier,
+ * see docs/isolation.md): a taker that marked the lane either is seen here, or sees this
+ * run. */
+static inline int fzp_run_on(fzp *p, fzp_lane *l, uint32_t limit) {
+  int64_t r = (int64_t)at_load_rlx(&l->run) + 1;
+  /* relaxed: only this thread writes it; what orders it is the barrier */
+  at_store_rlx(&l->run, (uint64_t)r);
+  FZP_FAULT("permit-running");
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  /* relaxed: the permits this lane holds were taken by this thread (or given to it by its
+   * process's adoption), and a taker's marks only make it fail */
+  uint64_t st = at_load_rlx(&l->st);
+  uint64_t out = (at_load_rlx(&p->pw) - at_load_rlx(&p->seen)) & FZP_COUNT;
+  if (__builtin_expect(!(st & (FZP_RV | FZP_NS)) && r <= fzp_held(st) && out <= limit, 1)) return 1;
+  at_store_rlx(&l->run, (uint64_t)(r - 1));
+  return 0;
+}
+
+/* A take's fast path: on the preferred or a remembered lane, a permit it holds. 1 taken;
+ * 0 when nothing was done and fzp_take_any decides. */
 static inline int fzp_take_fast(fzp *p, uint32_t limit) {
   uint64_t bit;
   fzp_lane *l = fzp_mine_of(p, &bit);
-  return l && fzp_take_on(p, l, bit, limit);
+  return l && fzp_run_on(p, l, limit);
 }
 
-/* One give on lane l (the caller's): one store of its own lane word. */
+/* One call ended on lane l (the caller's): one store of its run. The lane keeps the
+ * permit. */
 static inline void fzp_give_on(fzp_lane *l) {
-  uint64_t st = at_load_rlx(&l->st);
+  int64_t r = (int64_t)at_load_rlx(&l->run);
   FZP_FAULT("permit-giving");
-  /* release: the call's own work happens before its permit shows as given (pairs with
-   * the acquire loads of the lanes in a sum) */
-  at_store_rel(&l->st, fzp_gave(st, 1));
+  /* release: the call's own work happens before its permit shows as spare (pairs with
+   * the acquire load of run by a taker of spare permits) */
+  at_store_rel(&l->run, (uint64_t)(r - 1));
   FZP_FAULT("permit-given");
 }
 
-/* A give's fast path, on the preferred or a remembered lane: 1 given; 0 when nothing
- * was done and fzp_give_any gives it. */
+/* A give's fast path, on the preferred or a remembered lane of a thread that can be
+ * fenced: 1 given; 0 when nothing was done and fzp_give_any gives it. */
 static inline int fzp_give_fast(fzp *p) {
   uint64_t bit;
   fzp_lane *l = fzp_mine_of(p, &bit);
-  if (!l) return 0;
+  if (!l || fzp_self.nofence) return 0;
   fzp_give_on(l);
   return 1;
 }

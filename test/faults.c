@@ -177,6 +177,16 @@ static void hold_across(fz_breaker *b) {
   fz_fault_hook = hook;
 }
 
+/* A child that took a permit and gave it back (its lane keeps it, spare), then dies in
+ * a call on it (permit-running: run stored, the lane word not yet read). */
+static void spare_then_die(fz_breaker *b) {
+  void (*hook)(const char *) = fz_fault_hook;
+  fz_fault_hook = NULL;
+  if (fz_permit_take(b, 1)) fz_permit_give(b);
+  fz_fault_hook = hook;
+  fz_permit_take(b, 1);
+}
+
 /* After a death: the parent can take exactly what it does not hold, then no more. */
 static void limit_whole(fz_breaker *b, int held, const char *where) {
   int got = take_up_to(b, PK - held);
@@ -212,6 +222,20 @@ static void permit_faults(void) {
     ok(die_in_child(backs[i], take_when_full, g_pb), "permits: a process died at %s, taking back the first one's",
        backs[i]);
     limit_whole(g_pb, 1, backs[i]);
+  }
+  g_pb = limited("permit-running");
+  ok(die_in_child("permit-running", spare_then_die, g_pb), "permits: a process holding 1 spare died in a call on it");
+  limit_whole(g_pb, 0, "permit-running");
+  /* the parent's lane holds all K spare; a child taking marks it and dies at each point
+   * of taking spare permits: the parent's next calls settle the mark (or find the permits
+   * given back) */
+  static const char *const steals[] = { "steal-marked", "steal-fenced", "steal-given" };
+  for (int i = 0; i < 3; i++) {
+    g_pb = limited(steals[i]);
+    ok(take_up_to(g_pb, PK) == PK, "permits: the parent takes all %d", PK);
+    for (int j = 0; j < PK; j++) fz_permit_give(g_pb);
+    ok(die_in_child(steals[i], take_when_full, g_pb), "permits: a process died at %s, taking the parent's spare", steals[i]);
+    limit_whole(g_pb, 0, steals[i]);
   }
   /* a lane at -1 beside one at +2, of a dead process: taken back at "reclaim-taken" by
    * a second one that dies there; the parent, holding 2, can take exactly 1 */
@@ -292,7 +316,7 @@ static void registry_faults(void) {
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  if (fz_registry_init(16, 1, 1.0) != FZ_OK) {
+  if (fz_registry_init(32, 1, 1.0) != FZ_OK) {
     printf("Bail out! no shared registry\n");
     return 1;
   }

@@ -361,7 +361,7 @@ static void enter_limited(void *p) {
   t_parkable = 0;  /* (a first take claims the thread's lane: the next one takes the fast path) */
   if (fz_permit_take(j->b, 1)) fz_permit_give(j->b);
   t_parkable = 1;
-  j->entered = fz_enter_limit(j->b, 0, 1);  /* parks at permit-taking */
+  j->entered = fz_enter_limit(j->b, 0, 1);  /* parks at permit-running */
   j->rc = fz_done_limit(j->b, j->entered, FZ_FAILURE, -1);
 }
 static void trip_before_take(void) {
@@ -373,7 +373,7 @@ static void trip_before_take(void) {
   fz_breaker *b = fz_breaker_new(&c, NULL);
   job jx = { b, 0, 0, 0, 0 };
   parked k;
-  ok(run_parked(&k, "permit-taking", enter_limited, &jx), "trip before take: X read closed, parked before its take");
+  ok(run_parked(&k, "permit-running", enter_limited, &jx), "trip before take: X read closed, parked in its take");
   fz_done(b, fz_enter(b), FZ_FAILURE, -1);
   is_int(state(b), FZ_OPEN, "trip before take: meanwhile a failure tripped the circuit");
   release(&k);
@@ -383,6 +383,64 @@ static void trip_before_take(void) {
   is_int((int)peek(b).failures_total, 1, "trip before take: failures_total 1 (the trip's)");
   is_int(state(b), FZ_OPEN, "trip before take: still open");
   fz_breaker_free(b);
+}
+
+/* Issue 18, spare permits: a call is admitted on a permit its lane holds by a store of
+ * the lane's run, then a load of its lane word; a taker of spare permits marks the lane,
+ * makes every thread pass a barrier (membarrier), then reads run. X holds the only
+ * permit, spare (it took and gave it), starts a call and parks between the store and the
+ * load; main's take finds the limit reached and X's lane spare by a peek, marks it,
+ * fences, and reads X's run: 1, nothing spare, so main is refused; X, released, sees the
+ * mark, settles it keeping its permit, and is admitted. Fails when run is stored after
+ * the load (main takes X's permit from under it: 2 calls inside a limit of 1). */
+static int g_x_running;
+static void call_on_spare(void *p) {
+  (void)p;
+  t_parkable = 0;
+  if (fz_permit_take(g_lb, 1)) fz_permit_give(g_lb);
+  t_parkable = 1;
+  g_x_took = fz_permit_take(g_lb, 1);  /* parks at permit-running */
+  g_x_running = (int)peek(g_lb).running;
+  if (g_x_took) fz_permit_give(g_lb);
+}
+static void run_before_mark(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 1;
+  g_lb = fz_breaker_new(&c, NULL);
+  parked k;
+  ok(run_parked(&k, "permit-running", call_on_spare, NULL), "spare: X holds the only permit spare, parked in a call on it");
+  is_int(fz_permit_take(g_lb, 1), 0, "spare: main is refused (X's run, read after the fence, says the permit is in use)");
+  release(&k);
+  is_int(g_x_took, 1, "spare: X was admitted on its permit");
+  is_int(g_x_running, 1, "spare: one call running while X's ran");
+  ok(fz_permit_take(g_lb, 1), "spare: main then takes the permit X's lane kept (X's thread is gone)");
+  is_int(fz_permit_take(g_lb, 1), 0, "spare: and not a second");
+  fz_permit_give(g_lb);
+  fz_breaker_free(g_lb);
+}
+
+/* Issue 18, spare permits: a taker that marked a lane parks before its fence; the lane's
+ * owner, calling meanwhile, sees the mark and gives back its spare itself (settle,
+ * keeping the permit of its call), so the taker's own give-back finds the word moved and
+ * fails; the taker must still take the permit the owner gave back. Main holds 2 spare;
+ * X takes and parks after marking main's lane; main's call is admitted; X must get the
+ * other permit. Fails when a taker whose give-back failed goes on to the dead-owner scan
+ * (it is refused: a full rejection with one permit of two free). */
+static void mark_settled_by_owner(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  g_lb = fz_breaker_new(&c, NULL);
+  ok(fz_permit_take(g_lb, 1) && fz_permit_take(g_lb, 1), "settle: main takes both permits");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  parked k;
+  ok(run_parked(&k, "steal-marked", do_take, NULL), "settle: X, taking, marked main's spare lane and parked before its fence");
+  ok(fz_permit_take(g_lb, 1), "settle: main's call is admitted (it saw the mark and gave its spare back)");
+  release(&k);
+  is_int(g_x_took, 1, "settle: X got the permit main gave back");
+  is_int(fz_permit_take(g_lb, 1), 0, "settle: and no third");
+  is_int((int)peek(g_lb).running, 2, "settle: running 2 (main's and X's, whose thread is gone holding it)");
+  fz_permit_give(g_lb);
+  fz_breaker_free(g_lb);
 }
 
 int main(void) {
@@ -400,5 +458,7 @@ int main(void) {
   stale_sum_refuses();
   preferred_lane_owned();
   trip_before_take();
+  run_before_mark();
+  mark_settled_by_owner();
   return done_testing();
 }
