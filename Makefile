@@ -236,6 +236,7 @@ suites: all build/5.4/fuse/core.so $(TEST_BINS)
 	@$(RUNTAP) races build/races
 	@$(RUNTAP) regcore build/regcore
 	@$(foreach t,$(EXTRA_TESTS),$(RUNTAP) $(t) build/$(t);)
+	@$(RUNTAP) permits-nofence env FUSE_PERMITS_NOFENCE=1 build/permits
 	@$(RUNTAP) check-cdef sh tools/checkcdef.sh --tap
 	@$(RUNTAP) busted $(BUSTED_RUN) $(BUSTED_ARGS) -o TAP spec/
 	@$(RUNTAP) busted-5.1 $(LUA51) $(BUSTED_SCRIPT) $(BUSTED_ARGS) --tags=capi -o TAP spec/
@@ -308,6 +309,7 @@ tsan: build/tsan/stress build/tsan/ops_core build/tsan/interleave build/tsan/reg
 	@bash tools/runtap build/tsan/logs registry env $(TSAN_ENV) build/tsan/registry
 	@bash tools/runtap build/tsan/logs races env $(TSAN_ENV) build/tsan/races
 	@bash tools/runtap build/tsan/logs regcore env $(TSAN_ENV) build/tsan/regcore
+	@bash tools/runtap build/tsan/logs permits-nofence env $(TSAN_ENV) FUSE_PERMITS_NOFENCE=1 build/tsan/permits
 	@bash tools/runtap build/tsan/logs permits env $(TSAN_ENV) build/tsan/permits
 	@$(call san_verdict,build/tsan/logs)
 

@@ -345,9 +345,11 @@ const char *fz_counter_name(int i);
  *   options; a reload may change the number): 1 when fewer than that many were held,
  *   else 0: the call is rejected, and with count_full counted in full_total and
  *   rejections_total (a caller that will wait and try again passes 0 until its last
- *   try); the circuit does not move. Give every permit taken back exactly once with fz_permit_give. Lock-free: one
- *   compare-and-swap on the breaker's permit word, and plain stores to the calling
- *   thread's lane (claimed at its first take, see csrc/fz_permits.h). Safe from any
+ *   try); the circuit does not move. Give every permit taken back exactly once with fz_permit_give. Lock-free: a
+ *   store and a load of the calling thread's lane (claimed at its first take, see
+ *   csrc/fz_permits.h) while it keeps a permit from an earlier call; else one
+ *   compare-and-swap on the breaker's permit word; at the limit, the spare permits of
+ *   other lanes taken with one membarrier(2) system call. Safe from any
  *   thread and process sharing the breaker; a process killed at any instruction leaves
  *   nothing that shrinks the limit for good: when the limit is reached (at most every
  *   0.2 s a breaker) the lanes of dead processes are found (kill(pid, 0) answers ESRCH)
@@ -365,7 +367,8 @@ const char *fz_counter_name(int i);
  *   on the same handle (a call whose permit is another breaker's gives it back with
  *   fz_permit_give on that one, and reports with fz_done).
  * fz_permit_give(b): gives back a permit fz_permit_take gave, from any thread (a thread
- *   of another process than the taker's: no). Never fails. Lock-free. Permits survive the
+ *   of another process than the taker's: no). Never fails. Lock-free: one store of the
+ *   thread's lane (its lane keeps the permit for its next call). Permits survive the
  *   removal, eviction or reuse of a registry slot: a call of the breaker that was there
  *   gives its permit back into the same count, which the slot's next breaker inherits.
  *

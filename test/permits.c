@@ -186,6 +186,40 @@ static void processes_test(void) {
   close(pipefd[0]), close(pipefd[1]);
 }
 
+/* ---- lanes that keep spare permits and lanes that cannot (FZP_NS) share one limit */
+
+/* This process's mode: a lane that keeps its permits between calls (membarrier
+ * registered), unless FUSE_PERMITS_NOFENCE=1 (make check runs this file both ways). The
+ * parent's lane keeps all K spare; a child that cannot be fenced (the variable set before
+ * its first take) takes all K (from the parent's lane, through the barrier, which it may
+ * issue unregistered), gives them back on its own lane, and exits; the parent takes all
+ * K again. */
+static void mixed_test(void) {
+  const char *no = getenv("FUSE_PERMITS_NOFENCE");
+  int want_nofence = no && *no && *no != '0';
+  fz_breaker *b = shared_breaker("permits-mixed", K);
+  ok(take_all(b, K) == K, "mixed: the parent takes all %d", K);
+  for (int i = 0; i < K; i++) fz_permit_give(b);
+  if (want_nofence) is_int((int)fzp_self.nofence, 1, "mixed: FUSE_PERMITS_NOFENCE=1: this process's lanes keep no spare");
+  else diag("this process's lanes keep spare permits: %s", fzp_self.nofence ? "no (no membarrier)" : "yes");
+  is_int((int)peek(b).running, 0, "mixed: running 0, the parent's lane keeping its permits");
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("FUSE_PERMITS_NOFENCE", "1", 1);
+    int n = take_all(b, K), extra = fz_permit_take(b, 1);
+    int nofence = (int)fzp_self.nofence;
+    for (int i = 0; i < n + extra; i++) fz_permit_give(b);
+    _exit(n == K && !extra && nofence ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ok(WIFEXITED(status) && WEXITSTATUS(status) == 0, "mixed: a child that cannot be fenced took all %d, not one more, and gave them back", K);
+  ok(take_all(b, K) == K, "mixed: the parent takes all %d again", K);
+  is_int(fz_permit_take(b, 1), 0, "mixed: and not one more");
+  for (int i = 0; i < K; i++) fz_permit_give(b);
+}
+
 /* ---- a reload that changes the capacity copies the registry: the permits go along */
 
 static void reload_test(void) {
@@ -286,6 +320,7 @@ int main(void) {
   wrap_test();
   if (!ok(fz_registry_init_shared(64) == FZ_OK, "a shared registry")) return done_testing();
   processes_test();
+  mixed_test();
   reload_test();
   lanes_test();
   return done_testing();
