@@ -230,7 +230,9 @@ static inline int fzp_run_on(fzp *p, fzp_lane *l, uint32_t limit) {
   /* relaxed: the permits this lane holds were taken by this thread (or given to it by its
    * process's adoption), and a taker's marks only make it fail */
   uint64_t st = at_load_rlx(&l->st);
-  uint64_t out = (at_load_rlx(&p->pw) - at_load_rlx(&p->seen)) & FZP_COUNT;
+  /* pw with acquire, then seen: a seen at least as new as the one pw's last take compared
+   * with (a seen older than that would make the limit look exceeded) */
+  uint64_t out = (at_load_acq(&p->pw) - at_load_rlx(&p->seen)) & FZP_COUNT;
   if (__builtin_expect(!(st & (FZP_RV | FZP_NS)) && r <= fzp_held(st) && out <= limit, 1)) return 1;
   at_store_rlx(&l->run, (uint64_t)(r - 1));
   return 0;
