@@ -59,7 +59,7 @@ typedef struct fz_stats {
   uint64_t successes_total, failures_total, slow_total, rejections_total, opens_total;
   uint64_t generation;
   uint64_t full_total;    /* calls rejected for max_concurrent (counted in rejections_total too) */
-  uint32_t running;       /* permits held now */
+  uint32_t running;       /* calls holding a permit now */
   uint32_t spare;
 } fz_stats;
 
