@@ -28,6 +28,10 @@ local objmaps = require "fuse.objects"
 local error, ipairs, pairs, pcall, select, setmetatable, tostring, type = error, ipairs, pairs, pcall,
   select, setmetatable, tostring, type
 local getmetatable = getmetatable
+-- A breaker method's check of self: debug.getmetatable reads the metatable alone, where
+-- getmetatable also looks for a __metatable field in it (no breaker's has one, so both say
+-- the same), a hash search in every call's trace.
+local meta_of = debug and debug.getmetatable or getmetatable
 local floor = math.floor
 local huge = math.huge
 local show = options.show  -- how every message shows a value
@@ -883,13 +887,13 @@ local function not_a_breaker(method, self)
 end
 
 function Breaker:call(fn, ...)
-  if getmetatable(self) ~= Breaker then not_a_breaker("call", self) end
+  if meta_of(self) ~= Breaker then not_a_breaker("call", self) end
   check_callable(fn, "call", 2)
   return run_for(self, fn)(self, fn, ...)
 end
 
 function Breaker:wrap(fn, fallback)
-  if getmetatable(self) ~= Breaker then not_a_breaker("wrap", self) end
+  if meta_of(self) ~= Breaker then not_a_breaker("wrap", self) end
   check_callable(fn, "wrap", 2)
   local go = run_for(self, fn)
   if fallback ~= nil then
@@ -936,7 +940,7 @@ local function settle_allowed(br, ticket, _, outcome)
 end
 
 function Breaker:allow()
-  if getmetatable(self) ~= Breaker then not_a_breaker("allow", self) end
+  if meta_of(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
   local limit, ph = self.cfg.max_concurrent > 0, nil
   if limit then
@@ -973,7 +977,7 @@ end
 -- an idle eviction retired that breaker while the call ran, it counts into the name's
 -- breaker now (`late`).
 function Breaker:report(ticket, ok, seconds)
-  if getmetatable(self) ~= Breaker then not_a_breaker("report", self) end
+  if meta_of(self) ~= Breaker then not_a_breaker("report", self) end
   if type(ticket) ~= "number" then error("fuse: report needs the ticket from allow, got " .. show(ticket), 2) end
   local outcome = ok == true and SUCCESS or ok == false and FAILURE or ok == nil and IGNORE
   if not outcome then error("fuse: report's ok must be true, false or nil, got " .. show(ok), 2) end
@@ -1008,7 +1012,7 @@ function Breaker:report(ticket, ok, seconds)
 end
 
 function Breaker:state()
-  if getmetatable(self) ~= Breaker then not_a_breaker("state", self) end
+  if meta_of(self) ~= Breaker then not_a_breaker("state", self) end
   if fake then sync() end
   -- removed or evicted, and its name not there again: as the fresh breaker its next call
   -- would make (a read never creates one)
@@ -1025,7 +1029,7 @@ function Breaker:state()
 end
 
 function Breaker:stats()
-  if getmetatable(self) ~= Breaker then not_a_breaker("stats", self) end
+  if meta_of(self) ~= Breaker then not_a_breaker("stats", self) end
   if fake then sync() end
   local s = {}
   -- gone, and its name not there again: the stats of a fresh breaker, never another's
@@ -1045,7 +1049,7 @@ end
 local function manual(method)
   local act = B[method .. "_id"]
   return function(self)
-    if getmetatable(self) ~= Breaker then not_a_breaker(method, self) end
+    if meta_of(self) ~= Breaker then not_a_breaker(method, self) end
     if fake then sync() end
     local code = manual_act(self, act)
     if code then fire(self.on_state_change, self.name, code) end
@@ -1057,7 +1061,7 @@ Breaker.reset = manual("reset")
 -- b:force_open([seconds]): forced_open until reset, or for `seconds`, then probes decide.
 local MAX_FORCE_OPEN = 2764800
 function Breaker:force_open(seconds)
-  if getmetatable(self) ~= Breaker then not_a_breaker("force_open", self) end
+  if meta_of(self) ~= Breaker then not_a_breaker("force_open", self) end
   if seconds ~= nil and (type(seconds) ~= "number" or not (seconds > 0 and seconds <= MAX_FORCE_OPEN)) then
     error("fuse: force_open's seconds must be a number in (0, " .. MAX_FORCE_OPEN .. "], got "
       .. show(seconds), 2)

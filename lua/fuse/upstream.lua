@@ -17,7 +17,10 @@
 --
 -- Per request, a record of this worker's REQS, keyed by the request's address (lua-resty-
 -- core's get_request()) and checked against its start time, holds the tries:
--- { pool, t, live, n, [k] = { peer, ticket, t0, done, failure } }. It is not ngx.ctx: that
+-- { pool, t, n, refused, [k] = { peer, ticket, t0, done, failure } }, where `pool` is
+-- false once the log phase took the record (no longer live), and the first try is the
+-- record itself (rec[1] == rec: its fields beside the record's, one table less to reach
+-- in either phase). It is not ngx.ctx: that
 -- costs a table, a pool cleanup and two FFI look-ups per request, and the records are
 -- reused by the next request at the same address, so a healthy request allocates nothing.
 -- Their fields never go back to nil (false instead): a key set to nil and set again is a
@@ -952,7 +955,8 @@ end
 -- makes a string of nginx's warning at every call when proxy_next_upstream_tries is below
 -- `tries`. Any other answer (a retry, an error) goes to the public function, which says it
 -- as before. Outside nginx, or where resty.core has no such declaration, the public
--- functions throughout.
+-- functions throughout. (set_current_peer stays the public function: code that wraps it,
+-- as test/upstream-pools.conf does, sees every peer the pool sets.)
 local ngx = rawget(_G, "ngx")
 local NGX = ngx ~= nil and ngx.shared ~= nil and ngx.req ~= nil and pcall(require, "ngx.balancer")
 local function c_fn(name)  -- a function resty.core declared, or nil
@@ -986,18 +990,61 @@ local function resp_status(r)
   return ngx.status
 end
 
--- This worker's request records (see the top of this file): request address -> record.
--- A record stays for the next request at its address; SWEEP_EVERY new addresses, the
--- records that are not live go, and so do live ones older than STALE_AFTER seconds (a
--- log phase that never ran for them).
-local REQS, made = {}, 0
+-- This worker's request records (see the top of this file), by request address (`key`,
+-- a number). They live in SLOTS, an array indexed by ten bits of the address: one array
+-- read, where a table keyed by the address costs a hash of a number and a search (about
+-- 20 instructions more in each phase). A record stays in its slot for the next request
+-- at its address, or for another address once it is not live (its log phase ran) or
+-- older than STALE_AFTER seconds (a log phase that never ran for it). A request whose
+-- slot holds another live request's record keeps its own in REQS, by address, until its
+-- log phase; SWEEP_EVERY records made there, those not live and the stale go.
+local SLOTS, SLOT_MASK = {}, 1023
+for i = 1, SLOT_MASK + 1 do SLOTS[i] = false end  -- (an array: filled as used, a hash)
+local REQS, in_reqs, made = {}, 0, 0
 local SWEEP_EVERY, STALE_AFTER = 1024, 600
+local band, bxor, rshift = NGX and bit.band, NGX and bit.bxor, NGX and bit.rshift
+
+local function slot_of(key)  -- bits 4 to 13 of the address and 14 to 23 (r is 16-aligned)
+  return band(bxor(rshift(key, 4), rshift(key, 14)), SLOT_MASK) + 1
+end
 
 local function sweep(now)
+  in_reqs = 0
   for k, rec in pairs(REQS) do
-    if not rec.live or now - rec.t > STALE_AFTER then REQS[k] = nil end
+    if not rec.pool or now - rec.t > STALE_AFTER then REQS[k] = nil else in_reqs = in_reqs + 1 end
   end
   made = 0
+end
+
+-- A record with every field it will hold (its first try's too), so that none is a new key
+-- later.
+local function new_record(key, t)
+  local rec = { key = key, pool = false, t = t, n = 0, refused = false,
+                peer = false, ticket = false, done = false, failure = false, t0 = false }
+  rec[1] = rec
+  return rec
+end
+
+-- The record of address `key` when slot i holds another address's or none: the one in
+-- REQS; else the slot's, taken over when it is not live or stale; else a new one in REQS.
+local function other_record(i, key, t)
+  local rec = in_reqs > 0 and REQS[key] or nil
+  if rec then return rec end
+  rec = SLOTS[i]
+  if not rec then
+    rec = new_record(key, t)
+    SLOTS[i] = rec
+    return rec
+  end
+  if not rec.pool or t - rec.t > STALE_AFTER then
+    rec.key = key
+    return rec
+  end
+  made = made + 1
+  if made > SWEEP_EVERY then sweep(t) end
+  rec = new_record(key, t)
+  REQS[key], in_reqs = rec, in_reqs + 1
+  return rec
 end
 
 -- The record of this request's tries at this pool's upstream: its own (`fresh` false),
@@ -1005,27 +1052,30 @@ end
 -- and the request's start time.
 local function record(self, first, r)
   local key, t = tonumber(cast(intptr, r)), start_time(r)
-  local rec = REQS[key]
-  if rec and not first and rec.live and rec.t == t and rec.pool == self then return rec, false, t end
-  if not rec then
-    made = made + 1
-    if made > SWEEP_EVERY then sweep(t) end
-    rec = { pool = self, t = t, live = true, n = 0 }
-    REQS[key] = rec
-  end
-  rec.pool, rec.t, rec.live, rec.n, rec.refused = self, t, true, 0, false
+  local i = slot_of(key)
+  local rec = SLOTS[i]
+  if not rec or rec.key ~= key then rec = other_record(i, key, t) end
+  if not first and rec.pool == self and rec.t == t then return rec, false, t end
+  rec.pool, rec.t, rec.n, rec.refused = self, t, 0, false
   return rec, true, t
 end
 
--- The record pool:log() judges, taken (no longer live), with the request; nil when this
--- request has none.
+-- The record pool:log() judges, taken (no longer live; out of REQS), with the request;
+-- nil when this request has none.
 local function take(self)
   if not get_request then return nil end  -- not under nginx
   local r = get_request()
   if r == nil then return nil end
-  local rec = REQS[tonumber(cast(intptr, r))]
-  if not rec or not rec.live or rec.pool ~= self then return nil end
-  rec.live = false
+  local key = tonumber(cast(intptr, r))
+  local rec = SLOTS[slot_of(key)]
+  if not rec or rec.key ~= key then
+    rec = in_reqs > 0 and REQS[key] or nil
+    if not rec or rec.pool ~= self then return nil end
+    REQS[key], in_reqs = nil, in_reqs - 1
+  elseif rec.pool ~= self then
+    return nil
+  end
+  rec.pool = false
   if rec.t ~= start_time(r) then return nil end  -- an earlier request's, at the same address
   return rec, r
 end
@@ -1092,6 +1142,30 @@ local function judge_previous(self, rec, state, code)
   end
 end
 
+-- nginx refused `peer` (set_current_peer failed with `err`): a failure of that peer, and
+-- the try goes to another one. Returns the peer nginx took and its ticket, or nil and the
+-- retry_after of no_peer; raises when nginx refused #peers + 1 of them. (A function of
+-- its own: a loop in pool:balance() would be an inner loop of its trace, which LuaJIT
+-- refuses to record.)
+local function other_peer(self, rec, tried, peer, ticket, err)
+  for refused = 1, self._n + 1 do
+    ngx.log(ngx.WARN, "fuse.upstream: pool '", self.name, "': nginx refused peer ", peer.addr,
+      " (set_current_peer: ", tostring(err), "), counted as a connect failure of its breaker")
+    failed(self, { peer = peer, ticket = ticket }, "connect", nil)
+    rec.refused = rec.refused or {}
+    rec.refused[peer] = true
+    tried = tried or {}
+    tried[peer] = true
+    if refused > self._n then break end
+    peer, ticket = pick(self, tried)
+    if not peer then return nil, ticket end
+    local ok
+    ok, err = set_current_peer(peer.host, peer.port)
+    if ok then return peer, ticket end
+  end
+  error("fuse.upstream: pool '" .. self.name .. "': nginx refused every peer (set_current_peer failed)")
+end
+
 -- pool:balance(), in balancer_by_lua*: runs once per try.
 function Pool:balance()
   if not balancer then error("fuse.upstream: pool:balance() runs in nginx's balancer_by_lua*", 2) end
@@ -1123,29 +1197,19 @@ function Pool:balance()
     ngx.log(ngx.ERR, "fuse.upstream: pool '", self.name, "' is closed (pool:close()): no peer for this request")
     return ngx.exit(ngx.ERROR)
   end
-  for _ = 1, self._n + 1 do
-    local peer, ticket = pick(self, tried)
+  local peer, ticket = pick(self, tried)
+  if not peer then return no_peer(ticket) end
+  local ok, err = set_current_peer(peer.host, peer.port)
+  if not ok then
+    peer, ticket = other_peer(self, rec, tried, peer, ticket, err)
     if not peer then return no_peer(ticket) end
-    local ok, err = set_current_peer(peer.host, peer.port)
-    if ok then
-      local k = rec.n + 1
-      local try = rec[k]
-      if not try then try = {}; rec[k] = try end
-      try.peer, try.ticket, try.done, try.failure = peer, ticket or false, false, false
-      try.t0 = self._slow and ticket and ngx.now() or false
-      rec.n = k
-      return
-    end
-    -- nginx refused the peer: a failure of that peer, and the try goes to another one
-    ngx.log(ngx.WARN, "fuse.upstream: pool '", self.name, "': nginx refused peer ", peer.addr,
-      " (set_current_peer: ", tostring(err), "), counted as a connect failure of its breaker")
-    failed(self, { peer = peer, ticket = ticket }, "connect", nil)
-    rec.refused = rec.refused or {}
-    rec.refused[peer] = true
-    tried = tried or {}
-    tried[peer] = true
   end
-  error("fuse.upstream: pool '" .. self.name .. "': nginx refused every peer (set_current_peer failed)")
+  local k = rec.n + 1
+  local try = k == 1 and rec or rec[k]  -- (the first try is the record)
+  if not try then try = {}; rec[k] = try end
+  try.peer, try.ticket, try.done, try.failure = peer, ticket or false, false, false
+  try.t0 = self._slow and ticket and ngx.now() or false
+  rec.n = k
 end
 
 -- The comma/colon-separated per-try values of an $upstream_* variable, in order.
@@ -1171,24 +1235,27 @@ function Pool:log()
   if not rec or rec.n == 0 then return end
   sync(self, rec.t)  -- peers removed meanwhile (any worker) get no report
   local fail, slow = self._fail, self._slow
-  if rec.n == 1 then  -- one try (the common case)
-    local try = rec[1]
-    if try.done then return end
+  if rec.n == 1 then  -- one try (the common case): the record itself
+    if rec.done then return end
     -- A plain success of a try counted in the closed window needs no $upstream_*
     -- variable (reading one costs more than the rest of the pool's work): the response's
     -- status is the upstream's for a request proxied once, unless an error_page with
     -- `=code` redirected it since (then such a ticket is counted as a success, where
     -- ngx.ctx's reset lost it before). A probe's verdict closes or re-opens its peer:
     -- probes, and every other status, are judged from $upstream_status.
-    local s, t = resp_status(r), try.ticket
+    -- The record is taken (no longer live): nothing reads its done and ticket again, which
+    -- succeeded() would set.
+    local s, t = resp_status(r), rec.ticket
     if not slow and s >= 100 and s < 499 and not fail[s] and (not t or floor(t / 2) % 4 ~= 2) then
-      return succeeded(try, true, nil)
+      local peer = rec.peer
+      if t and not peer.removed then peer.report(peer.b, t, true, nil) end
+      return
     end
   end
   local var = ngx.var
   local status = var.upstream_status
   if rec.n == 1 then  -- one try, one upstream: no list to split
-    local try = rec[1]
+    local try = rec
     local code = tonumber(status)
     if code ~= nil then  -- a list ("502, 200") is no number
       if not try.ticket and not fail[code] and code ~= 502 and code ~= 504 then return end
