@@ -639,8 +639,9 @@ local anchor = B.name == "capi" and _VERSION == "Lua 5.1" and setmetatable({}, {
 local function make_breaker(h, id, name, cfg, o)
   -- (fields a call reads are set, false when unused: a field missing from the object is
   -- a hash search in it and then in Breaker at every read in a trace)
+  -- (_limit: max_concurrent is set, read by allow as one field, not two)
   local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, _opts = false,
-    rejs = false, _run = false, _held = false }, Breaker)
+    rejs = false, _run = false, _held = false, _limit = cfg.max_concurrent > 0 }, Breaker)
   if anchor and id == 0 then anchor[br] = h end
   if o.fallback ~= nil then br.fallback = o.fallback end
   if o.is_failure ~= nil then br.is_failure = o.is_failure end
@@ -942,7 +943,7 @@ end
 function Breaker:allow()
   if meta_of(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
-  local limit, ph = self.cfg.max_concurrent > 0, nil
+  local limit, ph = self._limit, nil
   if limit then
     if permit(self._h, self.max_wait or 0) == 0 then return nil, rej_of(self, 4) end
     ph = self._h

@@ -590,7 +590,8 @@ function _M.new(name, peers, opts)
   local pfx = ""
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
     _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.slow_start,
-    _bopts = bopts, _slow = bopts.slow ~= nil, _store = store, _pfx = pfx,
+    _bopts = bopts, _slow = bopts.slow ~= nil, _plain = bopts.slow == nil and o.fail, _store = store,
+    _pfx = pfx,
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
     _ex = {}, _skip = {}, _pan = {}, _open = {}, _old = {}, _seen = -1, _seen_at = 0,
@@ -1234,7 +1235,6 @@ function Pool:log()
   local rec, r = take(self)
   if not rec or rec.n == 0 then return end
   sync(self, rec.t)  -- peers removed meanwhile (any worker) get no report
-  local fail, slow = self._fail, self._slow
   if rec.n == 1 then  -- one try (the common case): the record itself
     if rec.done then return end
     -- A plain success of a try counted in the closed window needs no $upstream_*
@@ -1245,13 +1245,17 @@ function Pool:log()
     -- probes, and every other status, are judged from $upstream_status.
     -- The record is taken (no longer live): nothing reads its done and ticket again, which
     -- succeeded() would set.
-    local s, t = resp_status(r), rec.ticket
-    if not slow and s >= 100 and s < 499 and not fail[s] and (not t or floor(t / 2) % 4 ~= 2) then
-      local peer = rec.peer
-      if t and not peer.removed then peer.report(peer.b, t, true, nil) end
-      return
+    local plain = self._plain  -- (fail_statuses' array when there is no `slow` rule, else false)
+    if plain then
+      local s, t = resp_status(r), rec.ticket
+      if s >= 100 and s < 499 and not plain[s] and (not t or floor(t / 2) % 4 ~= 2) then
+        local peer = rec.peer
+        if t and not peer.removed then peer.report(peer.b, t, true, nil) end
+        return
+      end
     end
   end
+  local fail, slow = self._fail, self._slow
   local var = ngx.var
   local status = var.upstream_status
   if rec.n == 1 then  -- one try, one upstream: no list to split
