@@ -13,7 +13,8 @@
 #   pools  test/upstream-pools.conf: the other pools (max_ejected, weights, slow, statuses,
 #          refused, timeouts, probes = 2, two sick of three, a peer nginx refuses at run
 #          time (set_current_peer wrapped on the test's word), failure classes, fail_on,
-#          enforce = false, slow_start, 300 pools and close), 4 workers
+#          enforce = false, slow_start, 300 pools and close, requests at once sharing
+#          one request-record slot), 4 workers
 # Each check's line carries its evidence (counts, states, codes, worker pids).
 # Needs nginx with the Lua module, lua-resty-core, curl, wrk (for the load phases). Under
 # CI=true a missing tool fails the suite. A watchdog stops it after 600 s. KEEP=1 keeps
@@ -470,6 +471,30 @@ if command -v promtool >/dev/null; then
   check "pools /metrics (with fuse_upstream_panic_total) passes promtool check metrics" \
     promtool check metrics < "$T/m2.txt"
 fi
+
+# ---------------------------------------------------------------- requests sharing a record slot
+# The pools nginx keeps one request-record slot per worker (FUSE_UPSTREAM_RECORD_SLOTS = 1
+# in its config), so requests at once in a worker keep their records by address. Pool
+# "col": B answers 500 and never trips, each of its tries retried on A or C, 16
+# connections for 3 s. Every try must reach its own peer's breaker: B's failures equal
+# B's hits, A's and C's successes their hits (a record taken by another request would
+# count a try twice, on the wrong peer, or not at all). Read once every log phase ran:
+# until the counts agree, at most 10 s (a mix-up never agrees: the check shows them).
+allmode 'mode=ok&reset=1'
+mode "$B" 'mode=fail&reset=1'
+wrk -t 2 -c 16 -d 3s "http://127.0.0.1:$POOLS/p/col" > "$T/wrk-col.out" 2>&1
+col_n=$(awk '/requests in/ { print $1 }' "$T/wrk-col.out")
+col_bad=$(awk '/Non-2xx/ { print $5 }' "$T/wrk-col.out"); col_bad=${col_bad:-0}
+col_f() { pstate "col/127.0.0.1:$1" | cut -d' ' -f"$2"; }
+col_now() { echo "$(col_f "$A" 3) $(col_f "$B" 2) $(col_f "$C" 3) $(hits "$A") $(hits "$B") $(hits "$C")"; }
+col_agree() {
+  read -r sa fb sc ha hb hc <<< "$(col_now)"
+  [ "$fb" = "$hb" ] && [ "$sa" = "$ha" ] && [ "$sc" = "$hc" ]
+}
+wait_for 10 col_agree
+check "requests at once sharing a record slot ($col_n in 3 s, 16 connections, non-2xx $col_bad): B's failures $fb = its hits $hb, A's and C's successes $sa + $sc = their hits $ha + $hc" \
+  eval '[ "${col_n:-0}" -gt 100 ] && [ "$col_bad" = 0 ] && [ "$hb" -gt 0 ] && [ "$fb" = "$hb" ] && [ "$sa" = "$ha" ] && [ "$sc" = "$hc" ]'
+mode "$B" 'mode=ok&reset=1'
 
 # ---------------------------------------------------------------- the fake peers' gauge
 # A reset while two requests are in flight at E, a third one after it (level 3 above the

@@ -999,7 +999,16 @@ end
 -- older than STALE_AFTER seconds (a log phase that never ran for it). A request whose
 -- slot holds another live request's record keeps its own in REQS, by address, until its
 -- log phase; SWEEP_EVERY records made there, those not live and the stale go.
-local SLOTS, SLOT_MASK = {}, 1023
+-- (FUSE_UPSTREAM_RECORD_SLOTS, a global set before this module is loaded, a power of two
+-- up to 1024, is for tests: test/upstream-pools.conf sets 1, so that every two requests
+-- at once in a worker share a slot and its checks exercise the records kept in REQS.)
+local SLOT_MASK = 1023
+do
+  local n, p = tonumber(rawget(_G, "FUSE_UPSTREAM_RECORD_SLOTS")), 1
+  while n and p < n and p < 1024 do p = p * 2 end
+  if n == p then SLOT_MASK = n - 1 end
+end
+local SLOTS = {}
 for i = 1, SLOT_MASK + 1 do SLOTS[i] = false end  -- (an array: filled as used, a hash)
 local REQS, in_reqs, made = {}, 0, 0
 local SWEEP_EVERY, STALE_AFTER = 1024, 600
