@@ -113,22 +113,22 @@ static int remember(fzp *p, int lane, uint64_t o) {
 }
 
 /*
- * The lane word of `lane` with its last take settled, for a lane whose writer is gone (or
- * is the caller): a take whose swap happened but whose lane word was not written shows
- * as the lane's bit in pw differing from the lane's parity (only this lane's writer flips
- * that bit, one take at a time, and writes the lane word after). Reads the lane word
- * first (acquire: pairs with the release of the writer's store after its swap, so pw as
- * that swap left it is seen below), then pw.
+ * Lane word st of `lane` with its last take settled against pw, for a lane whose writer
+ * is gone (or is the caller): a take whose swap happened but whose lane word was not
+ * written shows as the lane's bit in pw differing from the lane's parity (only this
+ * lane's writer flips that bit, one take at a time, and writes the lane word after).
+ * Callers read the lane word first (acquire: pairs with the release of the writer's swap
+ * after its swap of pw, so pw as that swap left it is seen), then pw.
  */
-static uint64_t settled(const fzp *p, int lane, uint64_t st, uint64_t pw) {
-  (void)p;
+static uint64_t settled(int lane, uint64_t st, uint64_t pw) {
   unsigned bit = (unsigned)(pw >> (24 + lane) & 1), parity = (unsigned)(st & 1);
   return bit == parity ? st : fzp_took(st);
 }
 
+/* The lane word of `lane`, read now, settled against pw (read after it, or pw_seen). */
 static uint64_t resolve(fzp *p, int lane, uint64_t pw_seen, int use_seen) {
   uint64_t st = at_load_acq(&p->lane[lane].st);
-  return settled(p, lane, st, use_seen ? pw_seen : at_load_acq(&p->pw));
+  return settled(lane, st, use_seen ? pw_seen : at_load_acq(&p->pw));
 }
 
 /* The sum of the lanes' given counts (mod 2^24), each read with acquire (pairs with the
@@ -167,7 +167,7 @@ static int64_t take_back(fzp *p, int lane, uint64_t o) {
    * swap from the word it settled, done again on the word that taker left. */
   int64_t back = 0;
   for (;;) {
-    uint64_t raw = at_load_acq(&l->st), st = settled(p, lane, raw, at_load_acq(&p->pw));
+    uint64_t raw = at_load_acq(&l->st), st = settled(lane, raw, at_load_acq(&p->pw));
     int32_t held = fzp_held(st);
     if (held > 0) {
       /* one swap gives them all back, the mark cleared: a survivor killed before it
@@ -239,7 +239,7 @@ static int claim(fzp *p, int i, uint64_t o) {
    * pending), a mark cleared (the taker's swap then fails), FZP_NS as this process can
    * be fenced or not (a process's threads all alike) */
   uint64_t raw = at_load_acq(&p->lane[i].st), ns = fzp_self.nofence ? FZP_NS : 0;
-  while (!at_cas_acqrel(&p->lane[i].st, &raw, (settled(p, i, raw, at_load_acq(&p->pw)) & ~(FZP_RV | FZP_NS)) | ns)) {}
+  while (!at_cas_acqrel(&p->lane[i].st, &raw, (settled(i, raw, at_load_acq(&p->pw)) & ~(FZP_RV | FZP_NS)) | ns)) {}
   return remember(p, i, mine);
 }
 

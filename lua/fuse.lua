@@ -639,7 +639,7 @@ local anchor = B.name == "capi" and _VERSION == "Lua 5.1" and setmetatable({}, {
 local function make_breaker(h, id, name, cfg, o)
   -- (fields a call reads are set, false when unused: a field missing from the object is
   -- a hash search in it and then in Breaker at every read in a trace)
-  -- (_limit: max_concurrent is set, read by allow as one field, not two)
+  -- (_limit: max_concurrent is set; what allow and the guards read)
   local br = setmetatable({ _h = h, _id = id, name = name, cfg = cfg, _opts = false,
     rejs = false, _run = false, _held = false, _limit = cfg.max_concurrent > 0 }, Breaker)
   if anchor and id == 0 then anchor[br] = h end
@@ -658,7 +658,7 @@ end
 local plain_runs = {}
 local function shared_run(br, direct)
   local cfg, fallback, is_failure, listener = br.cfg, br.fallback, br.is_failure, br.on_state_change
-  local slow, limit, max_wait = cfg.slow > 0, cfg.max_concurrent > 0, br.max_wait or 0
+  local slow, limit, max_wait = cfg.slow > 0, br._limit, br.max_wait or 0
   local runs
   if fallback == nil and is_failure == nil and listener == nil then runs = plain_runs
   elseif br._opts then
@@ -900,7 +900,7 @@ function Breaker:wrap(fn, fallback)
   if fallback ~= nil then
     local cfg = self.cfg
     go = make_run(fallback, self.is_failure, self.on_state_change, not TRAMPOLINE or is_direct(fn),
-      cfg.slow > 0, cfg.max_concurrent > 0, self.max_wait or 0)
+      cfg.slow > 0, self._limit, self.max_wait or 0)
   end
   return function(...) return go(self, fn, ...) end
 end
