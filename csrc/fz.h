@@ -181,6 +181,7 @@ enum { FZ_COUNTERS_MAX = 256 };
 int fz_counter_open(const char *name, size_t len);
 void fz_counter_add(int i, double n);
 double fz_counter_value(int i);
+const uint64_t *fz_counter_word(int i);
 const char *fz_counter_name(int i);
 /* FZ_CDEF_END */
 
@@ -457,6 +458,8 @@ const char *fz_counter_name(int i);
  *   every slot is taken. Counters are never removed.
  * fz_counter_add(i, n): adds n (a whole number >= 1) to counter i; a bad i is ignored.
  * fz_counter_value(i): its value (0 for a bad i).
+ * fz_counter_word(i): the word that holds it (NULL for a bad i), for a reader that loads
+ *   it itself (LuaJIT: one load in a trace, no call); aligned, so a plain load is whole.
  * fz_counter_name(i): its name, or NULL when slot i holds no counter (0 <= i < MAX).
  */
 

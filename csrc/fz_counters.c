@@ -142,6 +142,11 @@ double fz_counter_value(int i) {
   return (double)at_load_rlx(&table[i].value);
 }
 
+const uint64_t *fz_counter_word(int i) {
+  if (i < 0 || i >= FZ_COUNTERS_MAX) return NULL;
+  return &table[i].value;
+}
+
 const char *fz_counter_name(int i) {
   if (i < 0 || i >= FZ_COUNTERS_MAX) return NULL;
   if (at_load_acq(&table[i].state) != READY) return NULL;  /* acquire: pairs with publish's release */

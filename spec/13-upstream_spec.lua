@@ -201,6 +201,31 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.truthy(retry_after > 0)
   end)
 
+  it("a retry goes first to an untried peer whose window counts no failure", function()
+    local P = { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }
+    local pool = upstream.new(unique("p"), P, { fails = 5 })
+    local b2 = fuse.get(pool.name .. "/" .. P[2])
+    local t = b2:allow()
+    b2:report(t, false)                       -- peer 2: one failure, still closed
+    assert.equal("closed", b2:state())
+    local retries = {}
+    for _ = 1, 20 do                          -- retries after a try on peer 1
+      local r, rt = pool:pick({ [pool._peers[1]] = true })
+      retries[r.addr] = (retries[r.addr] or 0) + 1
+      r.b:report(rt, true)
+    end
+    assert.same({ [P[3]] = 20 }, retries)     -- (round robin would give peer 2 half of them)
+    -- the clean peer not admitted: the retry goes to the untried peer with failures
+    fuse.get(pool.name .. "/" .. P[3]):force_open()
+    local r = pool:pick({ [pool._peers[1]] = true })
+    assert.equal(P[2], r.addr)
+    -- a first try (nothing tried) is the round robin's, failures or not
+    fuse.get(pool.name .. "/" .. P[3]):reset()
+    local firsts = order(pool, 6)
+    local _, twos = firsts:gsub("2", "")
+    assert.equal(2, twos, firsts)             -- peer 2 keeps its share of first tries
+  end)
+
   it("enforce = false: breakers trip, but every peer is still picked (a dry run, counted)", function()
     local name = unique("p")
     local pool = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { fails = 2, enforce = false })

@@ -78,5 +78,10 @@ int main(void) {
   fz_counter_add(-1, 1);
   fz_counter_add(FZ_COUNTERS_MAX, 1);
   is_dbl(fz_counter_value(-1), 0, 0, "a bad index reads 0 and adds nowhere");
+  const uint64_t *w = fz_counter_word(c);
+  ok(w != NULL && (double)*w == fz_counter_value(c), "fz_counter_word is the word fz_counter_value reads");
+  fz_counter_add(c, 3);
+  is_dbl((double)*w, (double)PROCS * ADDS + 3, 0, "and it shows the next add");
+  ok(fz_counter_word(-1) == NULL && fz_counter_word(FZ_COUNTERS_MAX) == NULL, "a bad index has no word");
   return done_testing();
 }

@@ -155,6 +155,7 @@ enum { FZ_COUNTERS_MAX = 256 };
 int fz_counter_open(const char *name, size_t len);
 void fz_counter_add(int i, double n);
 double fz_counter_value(int i);
+const uint64_t *fz_counter_word(int i);
 const char *fz_counter_name(int i);
 ]=],
 }

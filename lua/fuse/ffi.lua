@@ -182,6 +182,11 @@ function _M.counter_open(name) return C.fz_counter_open(name, #name) end
 function _M.counter_add(i, n) C.fz_counter_add(i, n) end
 function _M.counter_value(i) return C.fz_counter_value(i) end
 _M.counter_value_c = C.fz_counter_value  -- (the C function itself, for fuse._counter_value)
+function _M.counter_word(i)  -- the counter's word, for fuse._counter_word
+  local w = C.fz_counter_word(i)
+  if w == nil then return nil end
+  return w
+end
 function _M.counter_name(i)
   local s = C.fz_counter_name(i)
   if s == nil then return nil end

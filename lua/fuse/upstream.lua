@@ -352,14 +352,17 @@ end
 
 -- Every change of a pool's version (a list stored, a close, a slow-start ramp) also adds
 -- one to fuse's shared counter CHANGES (csrc/fz_counters.c: lock-free, one mapping for
--- every worker). A pick reads that counter (one atomic load) and reads the pool's version
+-- every worker). A pick reads that counter (under LuaJIT one load of its word, CHANGES_WORD,
+-- in the trace; else one call into the core) and reads the pool's version
 -- in the shared dict only when it moved, or when a second has passed since the last read
 -- (a counter mapping that a reload did not share, or none left: see sync).
 local CHANGES = false  -- the counter's index; false before the first pool, nil when none
+local CHANGES_WORD = nil  -- its word (a uint64_t pointer) under LuaJIT
 local function changes_counter()
   if CHANGES == false then
     local ok, i = pcall(fuse._counter, "fuse_upstream_changes")
     CHANGES = ok and i or nil
+    CHANGES_WORD = CHANGES and fuse._counter_word and fuse._counter_word(CHANGES) or nil
   end
   return CHANGES
 end
@@ -569,7 +572,8 @@ if jit and jit.off and now_cached then jit.off(resync) end
 local function sync(self, t)
   local c = CHANGES
   if c and now_cached then
-    c = counter_value(c)
+    local w = CHANGES_WORD
+    if w then c = tonumber(w[0]) else c = counter_value(c) end
     t = t or now_cached()
     local since = t - self._seen_at  -- (below 0: a request older than the last read's)
     if c == self._seen and since < 1 and since > -1 then return end
@@ -743,8 +747,9 @@ end
 -- enforce = false no peer is skipped. Returns peer, ticket (nil for a panic pick or a dry
 -- run's pick of a rejected peer); or nil, retry_after (seconds) when every peer was skipped.
 -- pick_from is the whole of it; `rejected` (with tried nil) is the peer whose breaker
--- rejected the first round of pick's fast path, which pick_from goes on from.
-local function pick_from(self, tried, now, rejected)
+-- rejected the first round of pick's fast path, which pick_from goes on from. `only`:
+-- the untried peers or none (nil, retry_after), never back to the tried ones.
+local function pick_from(self, tried, now, rejected, only)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
   local n = #peers
   local left = 0
@@ -756,7 +761,10 @@ local function pick_from(self, tried, now, rejected)
   local ss = self._slow_start
   local known = false  -- the open set was read (only once a peer rejected the try)
   local fallback = left == 0
-  if fallback then for i = 1, n do ex[i] = false end end
+  if fallback then
+    if only then return nil, huge end
+    for i = 1, n do ex[i] = false end
+  end
   -- a retry (tried is given) prefers admitted peers over panic picks: the request has
   -- failed once already, and a peer picked in panic is open
   local retry = tried ~= nil and next(tried) ~= nil
@@ -790,6 +798,7 @@ local function pick_from(self, tried, now, rejected)
       end
     end
     if not best then
+      if only then return nil, huge end
       if not fallback then  -- every untried peer skipped: back to the tried ones
         fallback = true
         for i = 1, n do ex[i] = false end
@@ -819,6 +828,34 @@ local function pick_from(self, tried, now, rejected)
   end
 end
 
+-- A retry's pick (`tried`: the peers this request tried): first among the untried peers
+-- whose breaker counts no failure in its window, when there is one (a peer that has just
+-- failed other requests is likely to fail this one: with two sick peers of three, the
+-- retry of a try that failed on one goes to the healthy peer, not to the other sick one
+-- while neither has tripped yet); when none of those is admitted, as any retry. The
+-- breakers' counts are read only here, on a retry.
+local function pick_retry(self, tried, now)
+  local peers = self._peers
+  local avoid, clean = nil, false
+  for i = 1, #peers do
+    local p = peers[i]
+    if not tried[p] then
+      if p.b:stats().failures > 0 then
+        avoid = avoid or {}
+        avoid[p] = true
+      else
+        clean = true
+      end
+    end
+  end
+  if avoid and clean then
+    for p in pairs(tried) do avoid[p] = true end
+    local p, ticket = pick_from(self, avoid, now, nil, true)
+    if p then return p, ticket end
+  end
+  return pick_from(self, tried, now, nil)
+end
+
 -- A pick. A request's first try (nothing tried) on the schedule is its next entry. Else
 -- the first round of pick_from over every peer in one loop, which moves every peer's
 -- round robin weight at once; a rejection takes the weights back (the old ones, kept
@@ -841,7 +878,8 @@ local function pick(self, tried)
   to_cur(self)
   if tried ~= nil then
     self._clean = 0
-    return pick_from(self, tried, now, nil)
+    if next(tried) == nil then return pick_from(self, tried, now, nil) end
+    return pick_retry(self, tried, now)
   end
   local peers = self._peers
   local best, bestv, total = 1, -huge, 0
