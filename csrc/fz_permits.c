@@ -172,7 +172,7 @@ static int64_t take_back(fzp *p, int lane, uint64_t o) {
     if (held > 0) {
       /* one swap gives them all back, the mark cleared: a survivor killed before it
        * leaves the lane as it was, after it a lane holding nothing (release: as a give) */
-      if (!at_cas_acqrel(&l->st, &raw, fzp_gave(st & ~FZP_RV, (uint32_t)held))) continue;
+      if (!at_cas_acqrel(&l->st, &raw, fzp_gave(st & ~FZP_MARK, (uint32_t)held))) continue;
       back += held;
       FZP_FAULT("reclaim-given");
       break;
@@ -180,7 +180,7 @@ static int64_t take_back(fzp *p, int lane, uint64_t o) {
     if (held == 0) {
       /* a take its owner's death left unwritten, and the mark, settled */
       if (st != raw || (st & FZP_RV)) {
-        if (!at_cas_acqrel(&l->st, &raw, st & ~FZP_RV)) continue;
+        if (!at_cas_acqrel(&l->st, &raw, st & ~FZP_MARK)) continue;
       }
       break;
     }
@@ -239,7 +239,7 @@ static int claim(fzp *p, int i, uint64_t o) {
    * pending), a mark cleared (the taker's swap then fails), FZP_NS as this process can
    * be fenced or not (a process's threads all alike) */
   uint64_t raw = at_load_acq(&p->lane[i].st), ns = fzp_self.nofence ? FZP_NS : 0;
-  while (!at_cas_acqrel(&p->lane[i].st, &raw, (settled(i, raw, at_load_acq(&p->pw)) & ~(FZP_RV | FZP_NS)) | ns)) {}
+  while (!at_cas_acqrel(&p->lane[i].st, &raw, (settled(i, raw, at_load_acq(&p->pw)) & ~(FZP_MARK | FZP_NS)) | ns)) {}
   return remember(p, i, mine);
 }
 
@@ -280,7 +280,7 @@ static int settle(fzp_lane *l) {
   while (st & FZP_RV) {
     int64_t spare = (int64_t)fzp_held(st) - keep;
     /* acq_rel: as a give (the calls that ended on those permits happened before) */
-    if (at_cas_acqrel(&l->st, &st, fzp_gave(st & ~FZP_RV, spare > 0 ? (uint32_t)spare : 0))) break;
+    if (at_cas_acqrel(&l->st, &st, fzp_gave(st & ~FZP_MARK, spare > 0 ? (uint32_t)spare : 0))) break;
   }
   return 1;
 }
@@ -297,8 +297,9 @@ static void trim(fzp_lane *l) {
 
 /*
  * The limit was reached: the permits other lanes hold and run nothing on are taken from
- * them. Each lane that looks spare (a peek: held - run > 0) is marked (FZP_RV, a swap of
- * its lane word; one already marked is taken as it is); then one global membarrier: every
+ * them. Each lane that looks spare (a peek: held - run > 0) is marked (FZP_RV and this
+ * taker's tag, a swap of its lane word; one marked by another taker is marked again with
+ * this one's tag); then one global membarrier: every
  * thread of every registered process passes a full barrier, so an owner's call either
  * loaded its lane word after the mark (and fails, see fzp_run_on) or stored its run
  * before the barrier, where it is read now (acquire: pairs with the release of a give).
@@ -315,8 +316,16 @@ static int steal(fzp *p, int mine) {
     if (i == mine) continue;
     uint64_t st = at_load_acq(&l->st);
     if ((st & FZP_NS) || (int64_t)fzp_held(st) - (int64_t)at_load_rlx(&l->run) <= 0) continue;
-    if (!(st & FZP_RV) && !at_cas_acqrel(&l->st, &st, st | FZP_RV)) continue;
-    was[i] = st | FZP_RV, marked |= UINT64_C(1) << i;
+    FZP_FAULT("steal-peeked");
+    /* this taker's own mark, over another's (a taker still at it, or killed at it): the
+     * other's give-back, a swap from the word it marked, then fails. A mark is never
+     * made again with the same tag while its taker waits to swap (the tag is the
+     * taker's lane), so that swap cannot succeed on a word that only looks the same:
+     * an owner that settles with nothing spare leaves the word as it was before the
+     * mark, and a plain mark bit would make it what the first taker marked again. */
+    uint64_t mark = (st & ~FZP_MARK) | FZP_RV | (uint64_t)(mine + 1) << FZP_TAG_SHIFT;
+    if (!at_cas_acqrel(&l->st, &st, mark)) continue;
+    was[i] = mark, marked |= UINT64_C(1) << i;
   }
   if (!marked) return 0;
   FZP_FAULT("steal-marked");
@@ -327,8 +336,9 @@ static int steal(fzp *p, int mine) {
     fzp_lane *l = &p->lane[i];
     uint64_t st = was[i];
     int64_t spare = fenced ? (int64_t)fzp_held(st) - (int64_t)at_load_acq(&l->run) : 0;
+    FZP_FAULT("steal-read");
     /* acq_rel: as a give; the mark cleared whether anything is given or not */
-    at_cas_acqrel(&l->st, &st, fzp_gave(st & ~FZP_RV, spare > 0 ? (uint32_t)spare : 0));
+    at_cas_acqrel(&l->st, &st, fzp_gave(st & ~FZP_MARK, spare > 0 ? (uint32_t)spare : 0));
   }
   FZP_FAULT("steal-given");
   return __builtin_popcountll(marked);
@@ -429,7 +439,7 @@ void fzp_give_laneless(fzp *p) {
 void fzp_rebuild(fzp *p) {
   uint64_t pw = at_load_rlx(&p->pw), bits = 0, taken = 0, given = 0, used = 0;
   for (int i = 0; i < FZP_LANES; i++) {
-    uint64_t st = resolve(p, i, pw, 1) & ~FZP_RV;  /* (a mark of the old registry's taker) */
+    uint64_t st = resolve(p, i, pw, 1) & ~FZP_MARK;  /* (a mark of the old registry's taker) */
     at_store_rlx(&p->lane[i].st, st);
     if (st || at_load_rlx(&p->lane[i].owner)) used |= UINT64_C(1) << i;  /* (the copied `used` may be behind) */
     taken += st & FZP_COUNT;

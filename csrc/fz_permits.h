@@ -48,8 +48,11 @@
 #define FZP_GIVEN_SHIFT 40
 #define FZP_RV (UINT64_C(1) << 32)                 /* st: marked: a taker wants its spare permits */
 #define FZP_NS (UINT64_C(1) << 33)                 /* st: its owner cannot be fenced: no spare kept, none taken */
+#define FZP_TAG_SHIFT 34                           /* st: with FZP_RV, the marking taker's lane + 1 (bits 34-39) */
+#define FZP_MARK (FZP_RV | UINT64_C(0x3f) << FZP_TAG_SHIFT)  /* st: a mark and its taker */
 
-/* The lane word: taken (bits 0-23) | FZP_RV (32) | FZP_NS (33) | given (bits 40-63),
+/* The lane word: taken (bits 0-23) | FZP_RV (32) | FZP_NS (33) | the marking taker's
+ * lane + 1 (34-39, while FZP_RV is set) | given (bits 40-63),
  * taken and given each modulo 2^24 (given at the top, so that a give is one add whose
  * carry falls off the word). The lane holds taken - given (less than 0 when permits taken
  * on other threads of its process were given back on it, see run). The parity of the
@@ -175,9 +178,9 @@ static inline int32_t fzp_held(uint64_t st) {
 }
 
 /* The lane word after a take: taken + 1 (mod 2^24), which flips its low bit, the lane's
- * parity. Bits 24-31 and 34-39 of a lane word are always 0 (every write of one is made by
- * this or fzp_gave, whose carry falls off the top), so the carry out of taken is bit 24
- * alone; FZP_RV and FZP_NS are kept. */
+ * parity. Bits 24-31 of a lane word are always 0 (every write of one is made by this or
+ * fzp_gave, whose carry falls off the top), so the carry out of taken is bit 24 alone;
+ * FZP_RV, FZP_NS and the mark's tag are kept. */
 static inline uint64_t fzp_took(uint64_t st) {
   return (st + 1) & ~(UINT64_C(1) << 24);
 }

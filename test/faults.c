@@ -229,8 +229,9 @@ static void permit_faults(void) {
   /* the parent's lane holds all K spare; a child taking marks it and dies at each point
    * of taking spare permits: the parent's next calls settle the mark (or find the permits
    * given back) */
-  static const char *const steals[] = { "steal-marked", "steal-fenced", "steal-given" };
-  for (int i = 0; i < 3; i++) {
+  static const char *const steals[] = { "steal-peeked", "steal-marked", "steal-fenced", "steal-read",
+                                        "steal-given" };
+  for (int i = 0; i < 5; i++) {
     g_pb = limited(steals[i]);
     ok(take_up_to(g_pb, PK) == PK, "permits: the parent takes all %d", PK);
     for (int j = 0; j < PK; j++) fz_permit_give(g_pb);

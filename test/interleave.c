@@ -443,6 +443,43 @@ static void mark_settled_by_owner(void) {
   fz_breaker_free(g_lb);
 }
 
+/* Issue 18, a mark made again: a taker's give-back is one swap from the word it marked,
+ * with the spare it read after its fence. Main holds 2 permits and runs 1 call; A, taking,
+ * marks main's lane, fences, reads run 1 (1 spare) and parks before its swap. Main's
+ * next call sees the mark and settles it keeping both (nothing spare: the word is as it
+ * was before the mark) and is admitted; main ends one call; B, taking, peeks (1 spare)
+ * and parks; main's call is admitted (2 running on 2); B marks the lane again and parks
+ * before its fence. A, released, must not give back the permit its old read called
+ * spare: its swap must fail on B's mark. Fails when every mark is the same bit (the word
+ * is again what A marked: A gives back 1 of main's 2 busy permits and takes it, 3 calls
+ * inside a limit of 2). */
+static void take_into(void *p) { *(int *)p = fz_permit_take(g_lb, 1); }
+
+static void mark_made_again(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  g_lb = fz_breaker_new(&c, NULL);
+  ok(fz_permit_take(g_lb, 1) && fz_permit_take(g_lb, 1), "mark again: main takes both permits");
+  fz_permit_give(g_lb);
+  int a_took = -1, b_took = -1;
+  parked ka, kb;
+  ok(run_parked(&ka, "steal-read", take_into, &a_took), "mark again: A marked main's lane, read its run after the fence and parked before its give-back");
+  ok(fz_permit_take(g_lb, 1), "mark again: main's call is admitted (it settled A's mark, nothing spare)");
+  fz_permit_give(g_lb);
+  ok(run_parked(&kb, "steal-peeked", take_into, &b_took), "mark again: B peeked main's lane (1 spare) and parked");
+  ok(fz_permit_take(g_lb, 1), "mark again: main's call is admitted (2 running on its 2 permits)");
+  ok(repark(&kb, "steal-marked"), "mark again: B marked main's lane again and parked before its fence");
+  release(&ka);
+  is_int(a_took, 0, "mark again: A is refused (its give-back failed on B's mark)");
+  release(&kb);
+  is_int(b_took, 0, "mark again: B is refused (after its fence main's run is 2: nothing spare)");
+  is_int((int)peek(g_lb).running, 2, "mark again: running 2, main's calls alone");
+  is_int(fz_permit_take(g_lb, 1), 0, "mark again: main's third take is refused");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  is_int((int)peek(g_lb).running, 0, "mark again: running 0 at the end");
+  fz_breaker_free(g_lb);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_fault_hook = pause_hook;
@@ -460,5 +497,6 @@ int main(void) {
   trip_before_take();
   run_before_mark();
   mark_settled_by_owner();
+  mark_made_again();
   return done_testing();
 }
