@@ -63,8 +63,17 @@ static int fence_ok(void) {
 }
 
 /* Every thread of every registered process passes a full barrier: 1, or 0 (the call
- * failed: nothing may be taken from a lane then). */
-static int fence_all(void) { return membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0; }
+ * failed: nothing may be taken from a lane then). fzp_fence_fails (tests only) makes it
+ * fail, as a seccomp filter that allows the registration but not the barrier would. */
+#ifdef FZ_FAULTS
+int fzp_fence_fails;
+#endif
+static int fence_all(void) {
+#ifdef FZ_FAULTS
+  if (__atomic_load_n(&fzp_fence_fails, __ATOMIC_RELAXED)) return 0;
+#endif
+  return membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0;
+}
 
 /* pid22 << 22 | tid22. The thread's preferred lane is its tid modulo 40: threads and
  * processes of consecutive ids (nginx's workers, one thread each) prefer different
@@ -306,7 +315,8 @@ static void trim(fzp_lane *l) {
  * The spare, held - run, is given back with one swap from the marked word, which fails
  * when the owner settled it first (settle) or anything else moved it. Returns the lanes
  * marked: each was settled by this or by its owner, who gives back its spare too, so a
- * take after any is worth trying. Lanes marked FZP_NS are not taken from.
+ * take after any is worth trying. Lanes marked FZP_NS are not taken from. When the
+ * barrier fails, the marks are left for their owners to settle, and 0 is returned.
  */
 static int steal(fzp *p, int mine) {
   uint64_t used = at_load_acq(&p->used) & ((UINT64_C(1) << FZP_LANES) - 1), marked = 0, was[FZP_LANES];
@@ -331,11 +341,14 @@ static int steal(fzp *p, int mine) {
   FZP_FAULT("steal-marked");
   int fenced = fence_all();
   FZP_FAULT("steal-fenced");
+  /* no barrier: nothing can be given back from here, and the marks stay, so that each
+   * owner gives back its spare itself at its next call (settle) */
+  if (!fenced) return 0;
   for (uint64_t m = marked; m; m &= m - 1) {
     int i = __builtin_ctzll(m);
     fzp_lane *l = &p->lane[i];
     uint64_t st = was[i];
-    int64_t spare = fenced ? (int64_t)fzp_held(st) - (int64_t)at_load_acq(&l->run) : 0;
+    int64_t spare = (int64_t)fzp_held(st) - (int64_t)at_load_acq(&l->run);
     FZP_FAULT("steal-read");
     /* acq_rel: as a give; the mark cleared whether anything is given or not */
     at_cas_acqrel(&l->st, &st, fzp_gave(st & ~FZP_MARK, spare > 0 ? (uint32_t)spare : 0));

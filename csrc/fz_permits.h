@@ -104,6 +104,9 @@ extern _Thread_local __attribute__((tls_model("initial-exec"))) fzp_mine fzp_cac
 extern _Thread_local __attribute__((tls_model("initial-exec"))) fzp_self_t fzp_self;
 
 int fzp_lane_slow(fzp *p);
+#ifdef FZ_FAULTS
+extern int fzp_fence_fails;  /* tests: the global barrier fails while set */
+#endif
 int fzp_full(fzp *p, uint32_t limit);
 void fzp_give_laneless(fzp *p);
 void fzp_rebuild(fzp *p);

@@ -480,6 +480,35 @@ static void mark_made_again(void) {
   fz_breaker_free(g_lb);
 }
 
+/* Issue 18, a barrier that fails (a seccomp filter may allow membarrier's registration
+ * and not the barrier): a taker cannot give back anything, and leaves its marks for the
+ * owners. Main holds 2 spare in a limit of 2; X's take fails its barrier and is refused;
+ * main's next call sees the mark and gives back the permit it does not need; X's next
+ * take gets it. Fails when a taker whose barrier failed clears its marks (main's call
+ * then runs on its own 2 permits, and X is refused again: 1 of 2 permits idle for good). */
+extern int fzp_fence_fails;
+static void failed_barrier(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  g_lb = fz_breaker_new(&c, NULL);
+  ok(fz_permit_take(g_lb, 1) && fz_permit_take(g_lb, 1), "no barrier: main takes both permits");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  __atomic_store_n(&fzp_fence_fails, 1, __ATOMIC_RELAXED);
+  int x_took = -1;
+  parked k;
+  ok(run_parked(&k, "steal-fenced", take_into, &x_took), "no barrier: X, taking, marked main's lane and its barrier failed");
+  release(&k);
+  is_int(x_took, 0, "no barrier: X is refused (nothing could be given back without the barrier)");
+  ok(fz_permit_take(g_lb, 1), "no barrier: main's call is admitted (it saw the mark and gave back its spare)");
+  ok(run_parked(&k, "nowhere", take_into, &x_took) == 0, "no barrier: X takes again");
+  release(&k);
+  is_int(x_took, 1, "no barrier: X got the permit main gave back");
+  is_int(fz_permit_take(g_lb, 1), 0, "no barrier: and no third");
+  __atomic_store_n(&fzp_fence_fails, 0, __ATOMIC_RELAXED);
+  fz_permit_give(g_lb);
+  fz_breaker_free(g_lb);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_fault_hook = pause_hook;
@@ -498,5 +527,6 @@ int main(void) {
   run_before_mark();
   mark_settled_by_owner();
   mark_made_again();
+  failed_barrier();
   return done_testing();
 }
