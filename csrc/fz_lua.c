@@ -495,6 +495,15 @@ static int l_peek(lua_State *L) {
   return 0;
 }
 
+/* failures(h): the failures in the window, as peek reads them (no table). */
+static int l_failures(lua_State *L) {
+  fz_breaker *b = check_breaker(L, 1);
+  fz_stats s;
+  fz_stats_peek(b, &s);
+  lua_pushnumber(L, (lua_Number)s.failures);
+  return 1;
+}
+
 static int l_init_shared(lua_State *L) {
   lua_pushinteger(L, fz_registry_init_shared((uint32_t)check_int(L, 1, 0, UINT32_MAX)));
   return 1;
@@ -619,7 +628,7 @@ static const luaL_Reg FUNCS[] = {
   { "count", l_count }, { "at", l_at }, { "name_of", l_name_of }, { "config", l_config },
   { "enter", l_enter }, { "allow", l_allow }, { "done", l_done }, { "state", l_state },
   { "retry_after", l_retry_after },
-  { "stats", l_stats }, { "peek", l_peek }, { "init_shared", l_init_shared },
+  { "stats", l_stats }, { "peek", l_peek }, { "failures", l_failures }, { "init_shared", l_init_shared },
   { "is_shared", l_is_shared }, { "capacity", l_capacity },
   { "remove", l_remove }, { "id", l_id }, { "reconfigure", l_reconfigure }, { "live", l_live },
   { "init", l_init }, { "idle", l_idle }, { "full_add", l_full_add },

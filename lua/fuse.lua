@@ -1047,6 +1047,14 @@ function Breaker:stats()
   return s
 end
 
+-- fuse._failures(b): the failures in b's window, without a stats table (fuse.upstream
+-- reads it for each untried peer of a retry); 0 for a breaker gone with its name.
+function _M._failures(br)
+  if fake then sync() end
+  local h = readable(br)
+  return h and B.failures(h) or 0
+end
+
 local function manual(method)
   local act = B[method .. "_id"]
   return function(self)

@@ -130,6 +130,12 @@ function _M.peek(h, t)
   fill(t)
 end
 
+-- The failures in the window, as peek reads them (no table).
+function _M.failures(h)
+  C.fz_stats_peek(h, stats_buf)
+  return stats_buf.failures
+end
+
 function _M.init_shared(capacity) return (C.fz_registry_init_shared(capacity)) end
 function _M.init(capacity, shared, idle) return (C.fz_registry_init(capacity, shared and 1 or 0, idle)) end
 function _M.idle() return (C.fz_registry_idle()) end
