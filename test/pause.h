@@ -9,8 +9,9 @@
  *   ... what the other thread does meanwhile ...
  *   release(&k);                    the parked thread goes on; joined
  *
- * Only a thread started by run_parked parks (t_parkable), once, at its armed point;
- * two such threads may be parked at once, each with its own `parked`.
+ * Only a thread started by run_parked parks (t_parkable), once per point it is armed
+ * with (run_parked's, then each repark's); several such threads may be parked at once,
+ * each with its own `parked`.
  */
 #ifndef PAUSE_H
 #define PAUSE_H
