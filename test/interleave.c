@@ -15,7 +15,10 @@
 #include "pause.h"     /* pause_hook, run_parked, release */
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -509,6 +512,69 @@ static void failed_barrier(void) {
   fz_breaker_free(g_lb);
 }
 
+/* Issue 18, random pauses: 8 threads take and give on one breaker (limit 3) while each
+ * fault point of the permits code (take, give, steal, take-back) may yield or sleep up to
+ * 50 us, a random choice per point and thread: every window between two steps of the
+ * protocol is widened at random, as a loaded machine does now and then. The threads count
+ * who is inside. (Without the taker's tag in its mark, the ABA of "mark again" shows here
+ * too, as entries past the limit.) CHAOS_ITERS: takes per thread (default 10000). */
+enum { CHAOS_THREADS = 8, CHAOS_LIMIT = 3 };
+static _Thread_local uint64_t t_chaos;
+static fz_breaker *g_cb;
+static int g_c_in, g_c_over, g_c_max;
+static long g_c_iters, g_c_taken[CHAOS_THREADS + 1];
+
+static void chaos_hook(const char *where) {
+  if (strncmp(where, "permit", 6) && strncmp(where, "steal", 5) && strncmp(where, "reclaim", 7)) return;
+  uint64_t x = t_chaos;
+  x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+  t_chaos = x;
+  unsigned r = (unsigned)(x % 12);
+  if (r == 0) {
+    sched_yield();
+  } else if (r == 1) {
+    struct timespec ts = { 0, (long)((x >> 32) % 50000) };
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void *chaos_worker(void *arg) {
+  intptr_t me = (intptr_t)arg;
+  t_chaos = (uint64_t)me * UINT64_C(0x9E3779B97F4A7C15) + 1;
+  for (long i = 0; i < g_c_iters; i++) {
+    if (!fz_permit_take(g_cb, 1)) continue;
+    g_c_taken[me]++;
+    int in = __atomic_add_fetch(&g_c_in, 1, __ATOMIC_SEQ_CST);
+    if (in > CHAOS_LIMIT) __atomic_add_fetch(&g_c_over, 1, __ATOMIC_SEQ_CST);
+    int m = __atomic_load_n(&g_c_max, __ATOMIC_RELAXED);
+    while (in > m && !__atomic_compare_exchange_n(&g_c_max, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    if (i % 3 == 0) sched_yield();
+    __atomic_sub_fetch(&g_c_in, 1, __ATOMIC_SEQ_CST);
+    fz_permit_give(g_cb);
+  }
+  return NULL;
+}
+
+static void random_pauses(void) {
+  fz_config c = defaults();
+  c.max_concurrent = CHAOS_LIMIT;
+  g_cb = fz_breaker_new(&c, NULL);
+  const char *env = getenv("CHAOS_ITERS");
+  g_c_iters = env ? atol(env) : 10000;
+  fz_fault_hook = chaos_hook;
+  pthread_t th[CHAOS_THREADS];
+  threads_start(th, CHAOS_THREADS, chaos_worker, 1);
+  threads_join(th, CHAOS_THREADS);
+  fz_fault_hook = pause_hook;
+  long taken = 0;
+  for (int i = 1; i <= CHAOS_THREADS; i++) taken += g_c_taken[i];
+  is_int(g_c_over, 0, "random pauses: %d threads, %ld takes each, %ld admitted: never more than %d inside",
+         CHAOS_THREADS, g_c_iters, taken, CHAOS_LIMIT);
+  diag("random pauses: at most %d inside at once", g_c_max);
+  is_int((int)peek(g_cb).running, 0, "random pauses: every permit given back, running 0");
+  fz_breaker_free(g_cb);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_fault_hook = pause_hook;
@@ -528,5 +594,6 @@ int main(void) {
   mark_settled_by_owner();
   mark_made_again();
   failed_barrier();
+  random_pauses();
   return done_testing();
 }
