@@ -16,6 +16,9 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -521,7 +524,8 @@ static void failed_barrier(void) {
 enum { CHAOS_THREADS = 8, CHAOS_LIMIT = 3 };
 static _Thread_local uint64_t t_chaos;
 static fz_breaker *g_cb;
-static int g_c_in, g_c_over, g_c_max;
+typedef struct chaos_count { int in, over, max; } chaos_count;
+static chaos_count g_c_local, *g_c = &g_c_local;  /* in shared memory for processes */
 static long g_c_iters, g_c_taken[CHAOS_THREADS + 1];
 
 static void chaos_hook(const char *where) {
@@ -540,16 +544,16 @@ static void chaos_hook(const char *where) {
 
 static void *chaos_worker(void *arg) {
   intptr_t me = (intptr_t)arg;
-  t_chaos = (uint64_t)me * UINT64_C(0x9E3779B97F4A7C15) + 1;
+  t_chaos = ((uint64_t)me * UINT64_C(0x9E3779B97F4A7C15) ^ (uint64_t)getpid() << 32) | 1;
   for (long i = 0; i < g_c_iters; i++) {
     if (!fz_permit_take(g_cb, 1)) continue;
     g_c_taken[me]++;
-    int in = __atomic_add_fetch(&g_c_in, 1, __ATOMIC_SEQ_CST);
-    if (in > CHAOS_LIMIT) __atomic_add_fetch(&g_c_over, 1, __ATOMIC_SEQ_CST);
-    int m = __atomic_load_n(&g_c_max, __ATOMIC_RELAXED);
-    while (in > m && !__atomic_compare_exchange_n(&g_c_max, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    int in = __atomic_add_fetch(&g_c->in, 1, __ATOMIC_SEQ_CST);
+    if (in > CHAOS_LIMIT) __atomic_add_fetch(&g_c->over, 1, __ATOMIC_SEQ_CST);
+    int m = __atomic_load_n(&g_c->max, __ATOMIC_RELAXED);
+    while (in > m && !__atomic_compare_exchange_n(&g_c->max, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     if (i % 3 == 0) sched_yield();
-    __atomic_sub_fetch(&g_c_in, 1, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&g_c->in, 1, __ATOMIC_SEQ_CST);
     fz_permit_give(g_cb);
   }
   return NULL;
@@ -568,11 +572,56 @@ static void random_pauses(void) {
   fz_fault_hook = pause_hook;
   long taken = 0;
   for (int i = 1; i <= CHAOS_THREADS; i++) taken += g_c_taken[i];
-  is_int(g_c_over, 0, "random pauses: %d threads, %ld takes each, %ld admitted: never more than %d inside",
+  is_int(g_c->over, 0, "random pauses: %d threads, %ld takes each, %ld admitted: never more than %d inside",
          CHAOS_THREADS, g_c_iters, taken, CHAOS_LIMIT);
-  diag("random pauses: at most %d inside at once", g_c_max);
+  diag("random pauses: at most %d inside at once", g_c->max);
   is_int((int)peek(g_cb).running, 0, "random pauses: every permit given back, running 0");
   fz_breaker_free(g_cb);
+}
+
+/* The same across processes, as nginx's workers: a breaker in a shared registry, 4
+ * processes (this one and 3 children, each registering for the barrier itself) of 2
+ * threads each, the count of who is inside in shared memory. */
+enum { CHAOS_PROCS = 4 };
+static void random_pauses_processes(void) {
+  if (!ok(fz_registry_init_shared(64) == FZ_OK, "random pauses, processes: a shared registry")) return;
+  fz_config c = defaults();
+  c.max_concurrent = CHAOS_LIMIT;
+  int st;
+  g_cb = fz_registry_open("chaos", 5, &c, &st);
+  g_c = mmap(NULL, sizeof *g_c, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (!ok(g_cb != NULL && g_c != MAP_FAILED, "random pauses, processes: a shared breaker, a shared count")) return;
+  memset(g_c, 0, sizeof *g_c);
+  const char *env = getenv("CHAOS_ITERS");
+  g_c_iters = (env ? atol(env) : 10000) / 2;
+  fflush(stdout);
+  pid_t kids[CHAOS_PROCS - 1];
+  for (int k = 0; k < CHAOS_PROCS - 1; k++) {
+    kids[k] = fork();
+    if (kids[k] == 0) {
+      fz_fault_hook = chaos_hook;
+      pthread_t th[2];
+      threads_start(th, 2, chaos_worker, 1);
+      threads_join(th, 2);
+      _exit(0);
+    }
+  }
+  fz_fault_hook = chaos_hook;
+  pthread_t th[2];
+  threads_start(th, 2, chaos_worker, 1);
+  threads_join(th, 2);
+  fz_fault_hook = pause_hook;
+  int good = 1;
+  for (int k = 0; k < CHAOS_PROCS - 1; k++) {
+    int status = 0;
+    waitpid(kids[k], &status, 0);
+    good = good && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  ok(good, "random pauses, processes: %d children of 2 threads ran to their end", CHAOS_PROCS - 1);
+  is_int(g_c->over, 0, "random pauses, processes: %d processes of 2 threads, %ld takes each: never more than %d inside",
+         CHAOS_PROCS, g_c_iters, CHAOS_LIMIT);
+  diag("random pauses, processes: at most %d inside at once", g_c->max);
+  is_int((int)peek(g_cb).running, 0, "random pauses, processes: every permit given back, running 0");
 }
 
 int main(void) {
@@ -595,5 +644,6 @@ int main(void) {
   mark_made_again();
   failed_barrier();
   random_pauses();
+  random_pauses_processes();
   return done_testing();
 }
