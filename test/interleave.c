@@ -524,9 +524,11 @@ static void failed_barrier(void) {
 enum { CHAOS_THREADS = 8, CHAOS_LIMIT = 3 };
 static _Thread_local uint64_t t_chaos;
 static fz_breaker *g_cb;
-typedef struct chaos_count { int in, over, max; } chaos_count;
+typedef struct chaos_count { int in, over, max; long admitted; } chaos_count;
 static chaos_count g_c_local, *g_c = &g_c_local;  /* in shared memory for processes */
 static long g_c_iters, g_c_taken[CHAOS_THREADS + 1];
+static int g_c_calls;  /* 1: whole guarded calls (fz_enter_limit, fz_done_limit), not bare permits */
+static uint32_t g_c_id;  /* the breaker's registry id (0: an anonymous one) */
 
 static void chaos_hook(const char *where) {
   if (strncmp(where, "permit", 6) && strncmp(where, "steal", 5) && strncmp(where, "reclaim", 7)) return;
@@ -546,22 +548,28 @@ static void *chaos_worker(void *arg) {
   intptr_t me = (intptr_t)arg;
   t_chaos = ((uint64_t)me * UINT64_C(0x9E3779B97F4A7C15) ^ (uint64_t)getpid() << 32) | 1;
   for (long i = 0; i < g_c_iters; i++) {
-    if (!fz_permit_take(g_cb, 1)) continue;
+    double t = 0;
+    if (g_c_calls ? (t = fz_enter_limit(g_cb, g_c_id, 1)) < 0 : !fz_permit_take(g_cb, 1)) continue;
     g_c_taken[me]++;
+    __atomic_add_fetch(&g_c->admitted, 1, __ATOMIC_RELAXED);
     int in = __atomic_add_fetch(&g_c->in, 1, __ATOMIC_SEQ_CST);
     if (in > CHAOS_LIMIT) __atomic_add_fetch(&g_c->over, 1, __ATOMIC_SEQ_CST);
     int m = __atomic_load_n(&g_c->max, __ATOMIC_RELAXED);
     while (in > m && !__atomic_compare_exchange_n(&g_c->max, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     if (i % 3 == 0) sched_yield();
     __atomic_sub_fetch(&g_c->in, 1, __ATOMIC_SEQ_CST);
-    fz_permit_give(g_cb);
+    if (g_c_calls) fz_done_limit(g_cb, t, i % 5 ? FZ_SUCCESS : FZ_IGNORE, -1);
+    else fz_permit_give(g_cb);
   }
   return NULL;
 }
 
-static void random_pauses(void) {
+static void random_pauses(int calls) {
   fz_config c = defaults();
   c.max_concurrent = CHAOS_LIMIT;
+  g_c_calls = calls;
+  memset(g_c, 0, sizeof *g_c);
+  memset(g_c_taken, 0, sizeof g_c_taken);
   g_cb = fz_breaker_new(&c, NULL);
   const char *env = getenv("CHAOS_ITERS");
   g_c_iters = env ? atol(env) : 10000;
@@ -572,10 +580,12 @@ static void random_pauses(void) {
   fz_fault_hook = pause_hook;
   long taken = 0;
   for (int i = 1; i <= CHAOS_THREADS; i++) taken += g_c_taken[i];
-  is_int(g_c->over, 0, "random pauses: %d threads, %ld takes each, %ld admitted: never more than %d inside",
-         CHAOS_THREADS, g_c_iters, taken, CHAOS_LIMIT);
-  diag("random pauses: at most %d inside at once", g_c->max);
-  is_int((int)peek(g_cb).running, 0, "random pauses: every permit given back, running 0");
+  const char *what = calls ? "guarded calls" : "permits";
+  ok(g_c->over == 0 && taken > 0, "random pauses (%s): %d threads, %ld takes each, %ld admitted: never more than %d inside (%d past it)",
+     what, CHAOS_THREADS, g_c_iters, taken, CHAOS_LIMIT, g_c->over);
+  diag("random pauses (%s): at most %d inside at once", what, g_c->max);
+  is_int((int)peek(g_cb).running, 0, "random pauses (%s): every permit given back, running 0", what);
+  if (calls) is_int(state(g_cb), FZ_CLOSED, "random pauses (guarded calls): successes and ignored calls leave it closed");
   fz_breaker_free(g_cb);
 }
 
@@ -588,7 +598,8 @@ static void random_pauses_processes(void) {
   fz_config c = defaults();
   c.max_concurrent = CHAOS_LIMIT;
   int st;
-  g_cb = fz_registry_open("chaos", 5, &c, &st);
+  g_c_calls = 1;  /* (as nginx's workers make them) */
+  g_cb = fz_registry_open_id("chaos", 5, &c, &st, &g_c_id);
   g_c = mmap(NULL, sizeof *g_c, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (!ok(g_cb != NULL && g_c != MAP_FAILED, "random pauses, processes: a shared breaker, a shared count")) return;
   memset(g_c, 0, sizeof *g_c);
@@ -618,8 +629,9 @@ static void random_pauses_processes(void) {
     good = good && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   ok(good, "random pauses, processes: %d children of 2 threads ran to their end", CHAOS_PROCS - 1);
-  is_int(g_c->over, 0, "random pauses, processes: %d processes of 2 threads, %ld takes each: never more than %d inside",
-         CHAOS_PROCS, g_c_iters, CHAOS_LIMIT);
+  ok(g_c->over == 0 && g_c->admitted > 0,
+     "random pauses, processes: %d processes of 2 threads, %ld guarded calls each, %ld admitted: never more than %d inside (%d past it)",
+     CHAOS_PROCS, g_c_iters, g_c->admitted, CHAOS_LIMIT, g_c->over);
   diag("random pauses, processes: at most %d inside at once", g_c->max);
   is_int((int)peek(g_cb).running, 0, "random pauses, processes: every permit given back, running 0");
 }
@@ -643,7 +655,8 @@ int main(void) {
   mark_settled_by_owner();
   mark_made_again();
   failed_barrier();
-  random_pauses();
+  random_pauses(0);
+  random_pauses(1);
   random_pauses_processes();
   return done_testing();
 }
