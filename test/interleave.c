@@ -589,6 +589,52 @@ static void random_pauses(int calls) {
   fz_breaker_free(g_cb);
 }
 
+/* The same while a reload moves the limit between 3 and 2 every 200 us (the lanes then
+ * hold more than the limit: each gives back its spare, trim): never more than 3 inside;
+ * at the end, with the limit at 2, exactly 2 can be taken. */
+static int g_c_stop;
+static void *chaos_reloader(void *arg) {
+  (void)arg;
+  fz_config c = defaults();
+  for (int k = 0; !__atomic_load_n(&g_c_stop, __ATOMIC_ACQUIRE); k++) {
+    c.max_concurrent = k % 2 ? 2 : CHAOS_LIMIT;
+    fz_breaker_reconfigure(g_cb, &c);
+    struct timespec ts = { 0, 200000 };
+    nanosleep(&ts, NULL);
+  }
+  return NULL;
+}
+
+static void random_pauses_reload(void) {
+  fz_config c = defaults();
+  c.max_concurrent = CHAOS_LIMIT;
+  g_c_calls = 1, g_c_id = 0;
+  memset(g_c, 0, sizeof *g_c);
+  g_cb = fz_breaker_new(&c, NULL);
+  const char *env = getenv("CHAOS_ITERS");
+  g_c_iters = env ? atol(env) : 10000;
+  g_c_stop = 0;
+  pthread_t rl, th[CHAOS_THREADS];
+  thread_start(&rl, chaos_reloader, NULL);
+  fz_fault_hook = chaos_hook;
+  threads_start(th, CHAOS_THREADS, chaos_worker, 1);
+  threads_join(th, CHAOS_THREADS);
+  fz_fault_hook = pause_hook;
+  __atomic_store_n(&g_c_stop, 1, __ATOMIC_RELEASE);
+  pthread_join(rl, NULL);
+  ok(g_c->over == 0 && g_c->admitted > 0,
+     "random pauses, limit moving between %d and 2: %d threads, %ld guarded calls each, %ld admitted: never more than %d inside (%d past it)",
+     CHAOS_LIMIT, CHAOS_THREADS, g_c_iters, g_c->admitted, CHAOS_LIMIT, g_c->over);
+  diag("random pauses, limit moving: at most %d inside at once", g_c->max);
+  is_int((int)peek(g_cb).running, 0, "random pauses, limit moving: every permit given back, running 0");
+  c.max_concurrent = 2;
+  fz_breaker_reconfigure(g_cb, &c);
+  ok(fz_permit_take(g_cb, 1) && fz_permit_take(g_cb, 1), "random pauses, limit moving: at 2 at the end, 2 are taken");
+  is_int(fz_permit_take(g_cb, 1), 0, "random pauses, limit moving: and not a third");
+  fz_permit_give(g_cb), fz_permit_give(g_cb);
+  fz_breaker_free(g_cb);
+}
+
 /* The same across processes, as nginx's workers: a breaker in a shared registry, 4
  * processes (this one and 3 children, each registering for the barrier itself) of 2
  * threads each, the count of who is inside in shared memory. */
@@ -657,6 +703,7 @@ int main(void) {
   failed_barrier();
   random_pauses(0);
   random_pauses(1);
+  random_pauses_reload();
   random_pauses_processes();
   return done_testing();
 }
