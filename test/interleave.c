@@ -635,6 +635,85 @@ static void random_pauses_reload(void) {
   fz_breaker_free(g_cb);
 }
 
+/* The state machine under random pauses: 8 threads make calls that fail one time in
+ * three on a breaker that trips at once (fails = 1) and admits 2 probes after 1 ms open,
+ * while every fault point of the core (trip, probe, close, record) may yield or sleep.
+ * The threads count the probes of one half-open period running at once: never more
+ * than `probes`, whatever interleaving the pauses make (probe_timeout is 10 s, so no
+ * probe is timed out meanwhile). Probes of an earlier period may still run beside them
+ * (it re-opened; their outcomes are stale): a first version of this check, counting
+ * every probe running, saw 3 at once that way.
+ * CHAOS_SECONDS: how long (default 0.5). */
+static int g_p_over, g_p_max;
+static uint64_t g_p_cur[CHAOS_THREADS + 1];  /* a thread's running probe: its ticket >> 8 (generation), or 0 */
+static long g_p_probes, g_p_closed;
+static double g_p_until;
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+static void *probe_worker(void *arg) {
+  intptr_t me = (intptr_t)arg;
+  t_chaos = ((uint64_t)me * UINT64_C(0x9E3779B97F4A7C15) ^ (uint64_t)getpid() << 32) | 1;
+  while (mono_s() < g_p_until) {
+    double t = fz_enter(g_cb);
+    if (t < 0) continue;
+    int probe = kind_of(t) == 2;
+    if (probe) {
+      /* the probes of this half-open period running now, this one with them: others of
+       * an earlier period (re-opened since, their outcome stale) may still run too */
+      uint64_t gen = (uint64_t)t >> 8;
+      __atomic_add_fetch(&g_p_probes, 1, __ATOMIC_RELAXED);
+      __atomic_store_n(&g_p_cur[me], gen, __ATOMIC_SEQ_CST);
+      int in = 0;
+      for (int k = 1; k <= CHAOS_THREADS; k++) in += __atomic_load_n(&g_p_cur[k], __ATOMIC_SEQ_CST) == gen;
+      if (in > 2) __atomic_add_fetch(&g_p_over, 1, __ATOMIC_SEQ_CST);
+      int m = __atomic_load_n(&g_p_max, __ATOMIC_RELAXED);
+      while (in > m && !__atomic_compare_exchange_n(&g_p_max, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+      sched_yield();
+      __atomic_store_n(&g_p_cur[me], 0, __ATOMIC_SEQ_CST);
+    } else {
+      __atomic_add_fetch(&g_p_closed, 1, __ATOMIC_RELAXED);
+    }
+    fz_done(g_cb, t, (t_chaos >> 7) % 3 ? FZ_SUCCESS : FZ_FAILURE, -1);
+  }
+  return NULL;
+}
+
+static void chaos_any(const char *where) {
+  (void)where;
+  uint64_t x = t_chaos;
+  x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+  t_chaos = x;
+  if (x % 10 == 0) sched_yield();
+  else if (x % 10 == 1) {
+    struct timespec ts = { 0, (long)((x >> 32) % 30000) };
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void random_pauses_probes(void) {
+  fz_config c = defaults();
+  c.fails = 1, c.open_for = 0.001, c.max_open_for = 0.001, c.probes = 2, c.probe_timeout = 10;
+  fz_clock_auto();  /* (the real clock: open periods of 1 ms end as the threads run) */
+  g_cb = fz_breaker_new(&c, NULL);
+  const char *env = getenv("CHAOS_SECONDS");
+  double secs = env ? atof(env) : 0.5;
+  g_p_until = mono_s() + secs;
+  fz_fault_hook = chaos_any;
+  pthread_t th[CHAOS_THREADS];
+  threads_start(th, CHAOS_THREADS, probe_worker, 1);
+  threads_join(th, CHAOS_THREADS);
+  fz_fault_hook = pause_hook;
+  ok(g_p_over == 0 && g_p_probes > 0 && g_p_closed > 0,
+     "random pauses, probes = 2: %d threads for %.1f s, %ld probes, %ld closed calls: never more than 2 probes of one period at once (%d past it)",
+     CHAOS_THREADS, secs, g_p_probes, g_p_closed, g_p_over);
+  diag("random pauses, probes: at most %d at once, %.0f opens", g_p_max, (double)peek(g_cb).opens_total);
+  fz_breaker_free(g_cb);
+  at(*manual_now());  /* the manual clock again */
+}
+
 /* The same across processes, as nginx's workers: a breaker in a shared registry, 4
  * processes (this one and 3 children, each registering for the barrier itself) of 2
  * threads each, the count of who is inside in shared memory. */
@@ -704,6 +783,7 @@ int main(void) {
   random_pauses(0);
   random_pauses(1);
   random_pauses_reload();
+  random_pauses_probes();
   random_pauses_processes();
   return done_testing();
 }
