@@ -761,6 +761,58 @@ static void random_pauses_processes(void) {
   is_int((int)peek(g_cb).running, 0, "random pauses, processes: every permit given back, running 0");
 }
 
+/* The registry under random pauses: 8 threads open, use and remove 12 names of a shared
+ * registry at random while every fault point of the core (the registry's lock, index and
+ * slots among them) may yield or sleep. A handle found for a name, whose identity is
+ * the same before and after its name is read, must bear that name: a slot reused for
+ * another name changes the identity first (docs/registry.md, "Incarnations"). */
+enum { REG_NAMES = 12 };
+static int g_r_bad, g_r_opened, g_r_removed, g_r_calls;
+static double g_r_until;
+static void *registry_worker(void *arg) {
+  intptr_t me = (intptr_t)arg;
+  t_chaos = ((uint64_t)me * UINT64_C(0x9E3779B97F4A7C15) ^ (uint64_t)getpid() << 32) | 1;
+  fz_config c = defaults();
+  char name[16], seen[FZ_NAME_MAX + 1];
+  while (mono_s() < g_r_until) {
+    uint64_t x = t_chaos = t_chaos * UINT64_C(6364136223846793005) + 1;
+    int n = snprintf(name, sizeof name, "reg%u", (unsigned)(x >> 33) % REG_NAMES);
+    if ((x >> 40) % 8 == 0) {
+      if (fz_registry_remove(name, (size_t)n) == 1) __atomic_add_fetch(&g_r_removed, 1, __ATOMIC_RELAXED);
+      continue;
+    }
+    int st;
+    uint32_t id = 0;
+    fz_breaker *b = fz_registry_open_id(name, (size_t)n, &c, &st, &id);
+    if (!b) continue;
+    __atomic_add_fetch(&g_r_opened, 1, __ATOMIC_RELAXED);
+    const char *nm = fz_breaker_name(b);
+    snprintf(seen, sizeof seen, "%s", nm ? nm : "");
+    if (fz_breaker_id(b) == id && strcmp(seen, name) != 0) __atomic_add_fetch(&g_r_bad, 1, __ATOMIC_SEQ_CST);
+    double t = fz_enter_id(b, id);
+    if (t > 0) {
+      __atomic_add_fetch(&g_r_calls, 1, __ATOMIC_RELAXED);
+      fz_done(b, t, (x >> 50) % 4 ? FZ_SUCCESS : FZ_FAILURE, -1);
+    }
+  }
+  return NULL;
+}
+
+static void random_pauses_registry(void) {
+  fz_clock_auto();
+  const char *env = getenv("CHAOS_SECONDS");
+  g_r_until = mono_s() + (env ? atof(env) : 0.5);
+  fz_fault_hook = chaos_any;
+  pthread_t th[CHAOS_THREADS];
+  threads_start(th, CHAOS_THREADS, registry_worker, 1);
+  threads_join(th, CHAOS_THREADS);
+  fz_fault_hook = pause_hook;
+  at(*manual_now());
+  ok(g_r_bad == 0 && g_r_opened > 0 && g_r_removed > 0 && g_r_calls > 0,
+     "random pauses, registry: %d threads, %d names: %d opened, %d removed, %d calls; a handle of unchanged identity "
+     "always bore the name it was found for (%d did not)", CHAOS_THREADS, REG_NAMES, g_r_opened, g_r_removed, g_r_calls, g_r_bad);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_fault_hook = pause_hook;
@@ -785,5 +837,6 @@ int main(void) {
   random_pauses_reload();
   random_pauses_probes();
   random_pauses_processes();
+  random_pauses_registry();
   return done_testing();
 }
