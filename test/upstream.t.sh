@@ -121,6 +121,7 @@ state_of() { # state_of POOL ADDRPORT (front): the fuse_state value
   metric "$FRONT" "fuse_state{name=\"$1/127.0.0.1:$2\"}"
 }
 pstate() { curl -s -m 5 "http://127.0.0.1:$POOLS/state?name=$1"; }  # pools nginx: "state f s slow opens"
+pfield() { pstate "$1" | cut -d' ' -f"$2"; }  # pfield NAME K: field K of pstate (2: failures, 3: successes)
 # seq_req PORT PATH N: N requests one after another (20 ms apart, so each one's log phase
 # has reported before the next); CODES = "code count;..." , PEERS of each, WORKERS distinct
 # (at most $4 seconds when given: SEQ_N tells how many were sent)
@@ -354,7 +355,7 @@ seq_req "$POOLS" /p/pr 2                    # opens A (fails = 1)
 idle_a() { [ "$(curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$A" | sed -n 's/.* now=\([0-9]*\).*/\1/p')" = 0 ]; }
 wait_for 20 idle_a
 mode "$A" 'mode=slowfail&delay=0.6&reset=1'
-half_a() { [ "$(pstate "pr/127.0.0.1:$A" | cut -d' ' -f1)" = half_open ]; }
+half_a() { [ "$(pfield "pr/127.0.0.1:$A" 1)" = half_open ]; }
 wait_for 20 half_a
 par "$POOLS" /p/pr 40
 # (the peer's gauge of requests at once once read 3 with 2 hits: a reset while the hang
@@ -372,11 +373,7 @@ both_open() {
 }
 # a request that was not 200 failed its last try, which its log phase reports: the next
 # request waits until every try that reached B or C is counted by their breakers
-two_f() {
-  local fb fc
-  read -r _ fb _ <<< "$(pstate "two/127.0.0.1:$B")"; read -r _ fc _ <<< "$(pstate "two/127.0.0.1:$C")"
-  echo $((fb + fc))
-}
+two_f() { echo $(( $(pfield "two/127.0.0.1:$B" 2) + $(pfield "two/127.0.0.1:$C" 2) )); }
 two_f0=$(two_f)
 two_counted() { [ $(( $(two_f) - two_f0 )) -ge $(( $(hits "$B") + $(hits "$C") )) ]; }
 trip=0 terr=0
@@ -444,7 +441,7 @@ check "dry run: B's trip is in fuse.events ($ev)" [ "$ev" -ge 1 ]
 allmode 'mode=ok&reset=1'
 mode "$B" 'mode=fail&reset=1'
 tries_b=0
-until [ "$(pstate "ss/127.0.0.1:$B" | cut -d' ' -f1)" = open ] || [ "$tries_b" -ge 20 ]; do
+until [ "$(pfield "ss/127.0.0.1:$B" 1)" = open ] || [ "$tries_b" -ge 20 ]; do
   get "$POOLS" /p/ss; tries_b=$((tries_b + 1))
 done
 mode "$B" 'mode=ok&reset=1'
@@ -505,7 +502,7 @@ curl -s --no-progress-meter -m 10 --parallel --parallel-immediate --parallel-max
   -o /dev/null -w '%{http_code}\n' "http://127.0.0.1:$POOLS/p/col?i=[1-2000]" > "$T/col.out" 2> /dev/null
 col_n=$(grep -c . "$T/col.out")
 col_bad=$(grep -vc '^200$' "$T/col.out")
-col_f() { pstate "col/127.0.0.1:$1" | cut -d' ' -f"$2"; }
+col_f() { pfield "col/127.0.0.1:$1" "$2"; }
 col_now() { echo "$(col_f "$A" 3) $(col_f "$B" 2) $(col_f "$C" 3) $(hits "$A") $(hits "$B") $(hits "$C")"; }
 col_agree() {
   read -r sa fb sc ha hb hc <<< "$(col_now)"
