@@ -13,6 +13,14 @@
 # order (each first in one round of three). ROUNDS (3) fresh nginx
 # starts, each printed, then the medians. LUA_DIR (default: this tree's lua/) is the
 # fuse.upstream to measure, so that two trees can be compared on one machine.
+#
+# GC: LuaJIT's collector is stopped for each measured window (a full collection first),
+# and the bytes the window's Lua allocated are printed per request. The collector's work
+# follows the bytes allocated, but a window of 6 s holds a part of its cycle that changes
+# from window to window (its mark and sweep steps moved a front by 200 to 600
+# instructions a request either way); with the same bytes a request, two fronts pay the
+# same for it in the long run, so the windows leave it out and the bytes say whether
+# they do.
 # About 40 s a round.
 set -u
 
@@ -40,6 +48,7 @@ copy_fuse "$T" "$LUA"
 mkdir -p "$T/logs" "$T/temp"
 BASE=$(pick_ports 8) || die "no 8 free ports in a row"
 S1=$((BASE + 1)) S2=$((BASE + 2)) S3=$((BASE + 3)) FS=$((BASE + 4)) LS=$((BASE + 5)) RS=$((BASE + 6))
+GS=$((BASE + 7))
 cat > "$T/peers.conf" <<EOF
 $(nginx_load_modules)
 worker_processes 1;
@@ -91,6 +100,12 @@ $(nginx_lua_paths "$T")
     server { listen 127.0.0.1:$LS; location / { proxy_pass http://lua_static; log_by_lua_block { } } }
     upstream rr_static { server 127.0.0.1:$S1; server 127.0.0.1:$S2; server 127.0.0.1:$S3; keepalive 32; }
     server { listen 127.0.0.1:$RS; location / { proxy_pass http://rr_static; } }
+    server {  # the collector, for the measured windows (see GC above)
+        listen 127.0.0.1:$GS;
+        location = /stop { content_by_lua_block { collectgarbage("collect"); collectgarbage("stop"); ngx.say(collectgarbage("count")) } }
+        location = /count { content_by_lua_block { ngx.say(collectgarbage("count")) } }
+        location = /restart { content_by_lua_block { collectgarbage("restart") } }
+    }
 }
 EOF
 chmod -R a+rX "$T"
@@ -114,10 +129,13 @@ for round in $(seq "$ROUNDS"); do
   for side in "${sides[@]:k}" "${sides[@]:0:k}"; do
     case $side in f) port=$FS name=fuse.upstream ;; l) port=$LS name="Lua floor" ;; r) port=$RS name="round robin" ;; esac
     wrk -t1 -c4 -d4s "http://127.0.0.1:$port/" > /dev/null 2>&1
+    kb0=$(curl -s -m 30 "http://127.0.0.1:$GS/stop")
     callgrind_control -z "$VP" > /dev/null
     callgrind_control -i on "$VP" > /dev/null
     out=$(wrk -t1 -c4 -d6s "http://127.0.0.1:$port/" 2>&1)
     callgrind_control -i off "$VP" > /dev/null
+    kb1=$(curl -s -m 30 "http://127.0.0.1:$GS/count")
+    curl -s -m 30 -o /dev/null "http://127.0.0.1:$GS/restart"
     rm -f "$T"/cg.out*
     callgrind_control -d "$side" "$VP" > /dev/null
     wait_for 10 sh -c "ls '$T'/cg.out* > /dev/null 2>&1"
@@ -125,11 +143,12 @@ for round in $(seq "$ROUNDS"); do
     n=$(awk '/requests in/ { print $1 }' <<< "$out")
     ir=$(callgrind_annotate "$(ls "$T"/cg.out* | head -1)" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
     per=$(echo "$ir / $n" | bc)
-    line="$line $name $per;"
+    bytes=$(echo "($kb1 - $kb0) * 1024 / $n" | bc)
+    line="$line $name $per ($bytes B);"
     case $side in f) f_all="$f_all $per" ;; l) l_all="$l_all $per" ;; r) r_all="$r_all $per" ;; esac
   done
   stop_front
-  echo "$line instructions per request"
+  echo "$line instructions (Lua bytes allocated) per request"
 done
 fm=$(echo "$f_all" | median) lm=$(echo "$l_all" | median) rm=$(echo "$r_all" | median)
 printf '   medians: fuse.upstream %.0f, Lua floor %.0f, round robin %.0f; fuse.upstream - floor %+.0f, floor - round robin %+.0f\n' \
