@@ -293,38 +293,41 @@ echo "3. throughput, every peer healthy: $ROUNDS rounds of 2 s wrk (16 connectio
 echo "   in rotating order, three static peers (return 200), keepalive"
 for port in $FS $RS $LS $XS; do wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$port/" > /dev/null 2>&1; done  # warm-up
 FRONT_WORKERS=$(workers "${PIDS[1]}" | tr '\n' ' ')
-ticks() { # CPU time (user + system, clock ticks) of the front nginx's workers
-  local t=0 w
-  for w in $FRONT_WORKERS; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$w/stat"))); done
-  echo "$t"
+ticks() { # CPU time of the front nginx's workers (clock ticks): "user+system user"
+  local t=0 u=0 w
+  for w in $FRONT_WORKERS; do
+    t=$((t + $(awk '{ print $14 + $15 }' "/proc/$w/stat"))) u=$((u + $(awk '{ print $14 }' "/proc/$w/stat")))
+  done
+  echo "$t $u"
 }
 HZ=$(getconf CLK_TCK)
-rps() { # rps PORT: "requests/s CPU-us/request" of one round
-  local t0 t1 out n r
-  t0=$(ticks)
+rps() { # rps PORT: "requests/s CPU-us/request user-space-CPU-us/request" of one round
+  local t0 t1 u0 u1 out n r
+  read -r t0 u0 <<< "$(ticks)"
   out=$(wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$1/" 2>&1)
-  t1=$(ticks)
+  read -r t1 u1 <<< "$(ticks)"
   n=$(awk '/requests in/ { print $1 }' <<< "$out") r=$(awk '/Requests\/sec/ { print $2 }' <<< "$out")
-  echo "$r $(echo "($t1 - $t0) * 1000000 / $HZ / $n" | bc -l)"
+  echo "$r $(echo "($t1 - $t0) * 1000000 / $HZ / $n" | bc -l) $(echo "($u1 - $u0) * 1000000 / $HZ / $n" | bc -l)"
 }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 f_all="" r_all="" l_all="" qr_all="" ql_all="" fu_all="" ru_all="" lu_all="" x_all="" xu_all="" qx_all=""
+fus_all="" lus_all=""
 for i in $(seq "$ROUNDS"); do
   case $((i % 3)) in
     1) order="f r l x" ;; 2) order="r l x f" ;; 0) order="l x f r" ;;
   esac
   for side in $order; do
     case $side in
-      f) read -r f fu <<< "$(rps "$FS")" ;;
+      f) read -r f fu fus <<< "$(rps "$FS")" ;;
       r) read -r r ru <<< "$(rps "$RS")" ;;
-      l) read -r l lu <<< "$(rps "$LS")" ;;
+      l) read -r l lu lus <<< "$(rps "$LS")" ;;
       x) read -r x xu <<< "$(rps "$XS")" ;;
     esac
   done
   qr=$(echo "$f / $r" | bc -l) ql=$(echo "$f / $l" | bc -l) qx=$(echo "$f / $x" | bc -l)
   x_all="$x_all $x" xu_all="$xu_all $xu" qx_all="$qx_all $qx"
   f_all="$f_all $f" r_all="$r_all $r" l_all="$l_all $l" qr_all="$qr_all $qr" ql_all="$ql_all $ql"
-  fu_all="$fu_all $fu" ru_all="$ru_all $ru" lu_all="$lu_all $lu"
+  fu_all="$fu_all $fu" ru_all="$ru_all $ru" lu_all="$lu_all $lu" fus_all="$fus_all $fus" lus_all="$lus_all $lus"
   printf '   round %d: fuse %6.0f req/s %4.1f us | rr %6.0f %4.1f us | floor %6.0f %4.1f us | floor+ctx %6.0f %4.1f us | fuse/rr %.3f /floor %.3f /floor+ctx %.3f\n' \
     "$i" "$f" "$fu" "$r" "$ru" "$l" "$lu" "$x" "$xu" "$qr" "$ql" "$qx"
 done
@@ -332,10 +335,16 @@ fm=$(echo "$f_all" | median) rm=$(echo "$r_all" | median) lm=$(echo "$l_all" | m
 qr=$(echo "$qr_all" | median) ql=$(echo "$ql_all" | median) qx=$(echo "$qx_all" | median)
 xm=$(echo "$x_all" | median) xum=$(echo "$xu_all" | median)
 fum=$(echo "$fu_all" | median) rum=$(echo "$ru_all" | median) lum=$(echo "$lu_all" | median)
+fusm=$(echo "$fus_all" | median) lusm=$(echo "$lus_all" | median)
 lr=$(echo "$l_all $r_all" | awk -v l="$lm" -v r="$rm" '{ print l / r }')
 printf '   medians: fuse.upstream %.0f req/s, round robin %.0f, Lua floor %.0f (floor/rr %.3f: the Lua phases alone cost %.1f%%)\n' \
   "$fm" "$rm" "$lm" "$lr" "$(echo "(1 - $lr) * 100" | bc -l)"
 printf '   median ratios of the rounds: fuse/rr %.3f (target >= 0.95), fuse/floor %.3f (target >= 0.98), fuse/floor+ctx %.3f\n' "$qr" "$ql" "$qx"
 printf '   front CPU per request (medians): fuse.upstream %.1f us, round robin %.1f us, Lua floor %.1f us, floor+ctx %.1f us (%.0f req/s)\n' \
   "$fum" "$rum" "$lum" "$xum" "$xm"
+# nginx's own work in the kernel (sockets, epoll) is the same for the two fronts; what
+# fuse.upstream adds is user-space work: its share of the floor's whole CPU per request
+# says how far the Lua can move throughput when the front is what limits it
+printf '   of which in user space: fuse.upstream %.2f us, Lua floor %.2f us; the difference is %.1f%% of the floor'"'"'s CPU per request\n' \
+  "$fusm" "$lusm" "$(echo "($fusm - $lusm) * 100 / $lum" | bc -l)"
 echo "   load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

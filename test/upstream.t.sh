@@ -405,6 +405,19 @@ curl -s -m 5 "http://127.0.0.1:$POOLS/flag?k=refuse:$B" > /dev/null
 refused_log=$(grep -c "nginx refused peer 127.0.0.1:$B" "$P/logs-pools/error.log")
 check "each refusal is in the error log with the peer ($refused_log lines, 2)" [ "$refused_log" = 2 ]
 
+# an internal redirect back to the same pool: the second upstream's first try is a first
+# try (nginx gets its retries again), not a retry of the first upstream's last try
+mode "$B" 'mode=fail&reset=1'; mode "$C" 'mode=fail&reset=1'
+rd_seen=""
+for i in 1 2 3 4; do
+  h=$(curl -s -m 10 -D - -o /dev/null "http://127.0.0.1:$POOLS/rd" | tr -d '\r')
+  rd_seen="$rd_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
+done
+rd_want="500 [500, 500 : 500, 500]; "
+check "an error_page back to the same pool tries twice again: 4 requests each 2 + 2 tries ($rd_seen), B and C reached $(hits $B) + $(hits $C) times (16)" \
+  eval '[ "$rd_seen" = "$rd_want$rd_want$rd_want$rd_want" ] && [ $(( $(hits $B) + $(hits $C) )) = 16 ]'
+mode "$B" 'mode=ok&reset=1'; mode "$C" 'mode=ok&reset=1'
+
 # failure classes: status (500), timeout (hangs past proxy_read_timeout), connect (a reset; D refused)
 cls() { metric "$POOLS" "fuse_upstream_failures_total{pool=\"$1\",peer=\"127.0.0.1:$2\",class=\"$3\"}"; }
 mode "$A" 'mode=fail&reset=1'; seq_req "$POOLS" /p/cls 2; c1=$CODES

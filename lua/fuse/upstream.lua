@@ -1096,17 +1096,22 @@ local function other_record(i, key, t)
   return rec
 end
 
+-- A record cleared for the first try of this pool's upstream (t: the request's start time).
+local function clear(self, rec, t)
+  rec.pool, rec.t, rec.n, rec.refused = self, t, 0, false
+  return rec, true, t
+end
+
 -- The record of this request's tries at this pool's upstream: its own (`fresh` false),
--- or a cleared one (true) when this is the upstream's first try or the record was lost;
--- and the request's start time.
-local function record(self, first, r)
+-- or a cleared one (true) when this pool holds no live record of the request (its first
+-- try here; or, after STALE_AFTER seconds, a record lost); and the request's start time.
+local function record(self, r)
   local key, t = tonumber(cast(intptr, r)), start_time(r)
   local i = slot_of(key)
   local rec = SLOTS[i]
   if not rec or rec.key ~= key then rec = other_record(i, key, t) end
-  if not first and rec.pool == self and rec.t == t then return rec, false, t end
-  rec.pool, rec.t, rec.n, rec.refused = self, t, 0, false
-  return rec, true, t
+  if rec.pool == self and rec.t == t then return rec, false, t end
+  return clear(self, rec, t)
 end
 
 -- The record pool:log() judges, taken (no longer live; out of REQS), with the request;
@@ -1220,17 +1225,22 @@ function Pool:balance()
   if not balancer then error("fuse.upstream: pool:balance() runs in nginx's balancer_by_lua*", 2) end
   local r = get_request()
   if r == nil then return get_last_failure() end  -- (raises: no request)
+  -- A request this pool holds no live record of is on its first try here, and nginx's
+  -- state of the previous try is read only for one it does (one call into nginx less on
+  -- a first try): a retry, or the first try of another upstream of the same request (an
+  -- internal redirect to a location of this pool), which starts the record again.
+  local rec, fresh, t = record(self, r)
   local state, code = nil, nil  -- nil on the upstream's first try
-  if c_last_failure == nil or c_last_failure(r, int_out, err_out) ~= 0 then
-    state, code = get_last_failure()
+  if not fresh then
+    if c_last_failure == nil or c_last_failure(r, int_out, err_out) ~= 0 then
+      state, code = get_last_failure()
+    end
+    if state == nil then rec, fresh = clear(self, rec, t) end
   end
-  local rec, fresh, t = record(self, state == nil, r)
   if fresh then
-    if state == nil then
-      local more = self._more
-      if more > 0 and (c_more_tries == nil or c_more_tries(r, more, err_out) ~= 0) then
-        set_more_tries(more)
-      end
+    local more = self._more
+    if more > 0 and (c_more_tries == nil or c_more_tries(r, more, err_out) ~= 0) then
+      set_more_tries(more)
     end
   else
     judge_previous(self, rec, state, code)
