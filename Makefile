@@ -361,12 +361,14 @@ bench-side: all
 	@$(call build_base,bench-side); \
 	$(LUAJIT) bench/side.lua --base $$dir --label "$(BASE) ($$rev)" --rounds $(SIDE_ROUNDS) $(SIDE_FLAGS)
 
-# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 2 min),
-# then max_concurrent's bulkhead: a healthy location beside a slow one, with and without
-# the limit (about 1 min)
+# fuse.upstream against nginx's max_fails and plain round robin, in real nginx (about 4.5
+# min); the CPU a request costs in fuse.upstream, the Lua floor and round robin, the three
+# at once on one core (about 1 min); then max_concurrent's bulkhead: a healthy location
+# beside a slow one, with and without the limit (about 1 min)
 bench-nginx: all
 	$(call need,bench/nginx_upstream.sh)
 	bash bench/nginx_upstream.sh
+	bash bench/nginx_upstream_share.sh
 	bash bench/nginx_isolation.sh
 
 # requests/s of a location that looks its breaker up by name, at 10 and 50,000 names;

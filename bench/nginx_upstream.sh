@@ -23,7 +23,9 @@
 #    round robin, the floor of any Lua balancer (balancer_by_lua calling
 #    set_current_peer, an empty log_by_lua) and that floor plus what a balancer that
 #    reports needs (a table in ngx.ctx, one $upstream_status read), in rotating order;
-#    the medians, the median per-round ratios, and the front's CPU time per request.
+#    the medians, the median per-round ratios, and the front's CPU time per request
+#    (and its user-space part). bench/nginx_upstream_share.sh measures the same fronts
+#    at once on one core, which the machine's swings do not move.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -319,9 +321,9 @@ for i in $(seq "$ROUNDS"); do
   for side in $order; do
     case $side in
       f) read -r f fu fus <<< "$(rps "$FS")" ;;
-      r) read -r r ru <<< "$(rps "$RS")" ;;
+      r) read -r r ru _ <<< "$(rps "$RS")" ;;
       l) read -r l lu lus <<< "$(rps "$LS")" ;;
-      x) read -r x xu <<< "$(rps "$XS")" ;;
+      x) read -r x xu _ <<< "$(rps "$XS")" ;;
     esac
   done
   qr=$(echo "$f / $r" | bc -l) ql=$(echo "$f / $l" | bc -l) qx=$(echo "$f / $x" | bc -l)
