@@ -414,8 +414,9 @@ for i in 1 2 3 4; do
   rd_seen="$rd_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
 done
 rd_want="500 [500, 500 : 500, 500]; "
-check "an error_page back to the same pool tries twice again: 4 requests each 2 + 2 tries ($rd_seen), B and C reached $(hits $B) + $(hits $C) times (16)" \
-  eval '[ "$rd_seen" = "$rd_want$rd_want$rd_want$rd_want" ] && [ $(( $(hits $B) + $(hits $C) )) = 16 ]'
+rd_f=$(( $(pfield "rd/127.0.0.1:$B" 2) + $(pfield "rd/127.0.0.1:$C" 2) ))
+check "an error_page back to the same pool tries twice again: 4 requests each 2 + 2 tries ($rd_seen), B and C reached $(hits $B) + $(hits $C) times (16) and their breakers counted $rd_f failures (16: the first upstream's last try too)" \
+  eval '[ "$rd_seen" = "$rd_want$rd_want$rd_want$rd_want" ] && [ $(( $(hits $B) + $(hits $C) )) = 16 ] && [ "$rd_f" = 16 ]'
 mode "$B" 'mode=ok&reset=1'; mode "$C" 'mode=ok&reset=1'
 
 # failure classes: status (500), timeout (hangs past proxy_read_timeout), connect (a reset; D refused)

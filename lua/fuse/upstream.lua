@@ -1167,6 +1167,22 @@ function Pool:access()
   return ngx.exit(503)
 end
 
+-- The comma/colon-separated per-try values of an $upstream_* variable, in order.
+local function split(s, out)
+  local n = 0
+  if s then
+    for v in s:gmatch("[^%s,:]+") do n = n + 1; out[n] = v end
+  end
+  return out, n
+end
+
+local function judge(self, try, code, header, seconds)
+  local answered = header ~= nil and header ~= "-"
+  local class, ok = classify(self, code, answered, try.failure)
+  if class then return failed(self, try, class, seconds) end
+  return succeeded(try, ok, seconds)
+end
+
 -- The last per-try value of an $upstream_* list ("0.002, - : " in the balancer: the tries
 -- so far, then the current one's empty entry).
 local function last_value(s)
@@ -1193,6 +1209,30 @@ local function judge_previous(self, rec, state, code)
     local seconds
     if prev.t0 then ngx.update_time(); seconds = ngx.now() - prev.t0 end
     failed(self, prev, class, seconds)
+  end
+end
+
+-- An $upstream_* list in the balancer of another upstream's first try ("500, 500 : -"),
+-- without the current try's entry: the earlier upstreams' values, or nil.
+local function before_current(s)
+  return s and s:match("^(.*) : [^:]*$") or nil
+end
+
+-- The first try of another upstream of a request this pool proxied already (an internal
+-- redirect back to a location of this pool, such as an error_page): the tries of the
+-- earlier upstream that nothing judged yet (its last one: nginx ended that upstream on
+-- it) are judged from the earlier upstreams' $upstream_* values, which end with theirs.
+local function judge_earlier(self, rec)
+  local var = ngx.var
+  local statuses, ns = split(before_current(var.upstream_status), {})
+  if ns < rec.n then return end  -- (not the lists expected: no verdict)
+  local headers = split(before_current(var.upstream_header_time), {})
+  local times = self._slow and split(before_current(var.upstream_response_time), {}) or {}
+  local base = ns - rec.n
+  for k = 1, rec.n do
+    local try = rec[k]
+    local j = base + k
+    if not try.done then judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j])) end
   end
 end
 
@@ -1228,14 +1268,18 @@ function Pool:balance()
   -- A request this pool holds no live record of is on its first try here, and nginx's
   -- state of the previous try is read only for one it does (one call into nginx less on
   -- a first try): a retry, or the first try of another upstream of the same request (an
-  -- internal redirect to a location of this pool), which starts the record again.
+  -- internal redirect to a location of this pool), which judges what is left of the
+  -- earlier upstream's tries and starts the record again.
   local rec, fresh, t = record(self, r)
   local state, code = nil, nil  -- nil on the upstream's first try
   if not fresh then
     if c_last_failure == nil or c_last_failure(r, int_out, err_out) ~= 0 then
       state, code = get_last_failure()
     end
-    if state == nil then rec, fresh = clear(self, rec, t) end
+    if state == nil then
+      judge_earlier(self, rec)
+      rec, fresh = clear(self, rec, t)
+    end
   end
   if fresh then
     local more = self._more
@@ -1269,22 +1313,6 @@ function Pool:balance()
   try.peer, try.ticket, try.done, try.failure = peer, ticket or false, false, false
   try.t0 = self._slow and ticket and ngx.now() or false
   rec.n = k
-end
-
--- The comma/colon-separated per-try values of an $upstream_* variable, in order.
-local function split(s, out)
-  local n = 0
-  if s then
-    for v in s:gmatch("[^%s,:]+") do n = n + 1; out[n] = v end
-  end
-  return out, n
-end
-
-local function judge(self, try, code, header, seconds)
-  local answered = header ~= nil and header ~= "-"
-  local class, ok = classify(self, code, answered, try.failure)
-  if class then return failed(self, try, class, seconds) end
-  return succeeded(try, ok, seconds)
 end
 
 -- pool:log(), in log_by_lua*: reports every try of this request to its peer's breaker,
