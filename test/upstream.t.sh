@@ -417,6 +417,17 @@ rd_want="500 [500, 500 : 500, 500]; "
 rd_f=$(( $(pfield "rd/127.0.0.1:$B" 2) + $(pfield "rd/127.0.0.1:$C" 2) ))
 check "an error_page back to the same pool tries twice again: 4 requests each 2 + 2 tries ($rd_seen), B and C reached $(hits $B) + $(hits $C) times (16) and their breakers counted $rd_f failures (16: the first upstream's last try too)" \
   eval '[ "$rd_seen" = "$rd_want$rd_want$rd_want$rd_want" ] && [ $(( $(hits $B) + $(hits $C) )) = 16 ] && [ "$rd_f" = 16 ]'
+# ... and one on to another pool's location: pool rd's two tries count for rd, A's for fb
+rd_f0=$rd_f; mode "$A" 'mode=ok&reset=1'; fb_seen=""
+for i in 1 2 3 4; do
+  h=$(curl -s -m 10 -D - -o /dev/null "http://127.0.0.1:$POOLS/fb" | tr -d '\r')
+  fb_seen="$fb_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
+done
+fb_want="200 [500, 500 : 200]; "
+rd_f=$(( $(pfield "rd/127.0.0.1:$B" 2) + $(pfield "rd/127.0.0.1:$C" 2) ))
+fb_s=$(pfield "fb/127.0.0.1:$A" 3)
+check "an error_page on to another pool: 4 requests ($fb_seen); pool rd's breakers counted $((rd_f - rd_f0)) failures (8: both tries of each), pool fb's A $fb_s successes (4)" \
+  eval '[ "$fb_seen" = "$fb_want$fb_want$fb_want$fb_want" ] && [ $((rd_f - rd_f0)) = 8 ] && [ "$fb_s" = 4 ]'
 mode "$B" 'mode=ok&reset=1'; mode "$C" 'mode=ok&reset=1'
 
 # failure classes: status (500), timeout (hangs past proxy_read_timeout), connect (a reset; D refused)

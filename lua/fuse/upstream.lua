@@ -1102,15 +1102,16 @@ local function clear(self, rec, t)
   return rec, true, t
 end
 
--- The record of this request's tries at this pool's upstream: its own (`fresh` false),
--- or a cleared one (true) when this pool holds no live record of the request (its first
--- try here; or, after STALE_AFTER seconds, a record lost); and the request's start time.
+-- The record of this request's tries: its live one (`fresh` false; rec.pool is the pool
+-- whose upstream made it, this one or another before an internal redirect), or one
+-- cleared for this pool (true) when there is none (its first try; or, after STALE_AFTER
+-- seconds, a record lost); and the request's start time.
 local function record(self, r)
   local key, t = tonumber(cast(intptr, r)), start_time(r)
   local i = slot_of(key)
   local rec = SLOTS[i]
   if not rec or rec.key ~= key then rec = other_record(i, key, t) end
-  if rec.pool == self and rec.t == t then return rec, false, t end
+  if rec.t == t and rec.pool then return rec, false, t end
   return clear(self, rec, t)
 end
 
@@ -1218,10 +1219,11 @@ local function before_current(s)
   return s and s:match("^(.*) : [^:]*$") or nil
 end
 
--- The first try of another upstream of a request this pool proxied already (an internal
--- redirect back to a location of this pool, such as an error_page): the tries of the
--- earlier upstream that nothing judged yet (its last one: nginx ended that upstream on
--- it) are judged from the earlier upstreams' $upstream_* values, which end with theirs.
+-- The first try of another upstream of a request that pool `self` proxied already (an
+-- internal redirect, such as an error_page, to a location of this pool or of another):
+-- the tries of the earlier upstream that nothing judged yet (its last one: nginx ended
+-- that upstream on it) are judged, for pool `self`, from the earlier upstreams'
+-- $upstream_* values, which end with theirs.
 local function judge_earlier(self, rec)
   local var = ngx.var
   local statuses, ns = split(before_current(var.upstream_status), {})
@@ -1265,19 +1267,21 @@ function Pool:balance()
   if not balancer then error("fuse.upstream: pool:balance() runs in nginx's balancer_by_lua*", 2) end
   local r = get_request()
   if r == nil then return get_last_failure() end  -- (raises: no request)
-  -- A request this pool holds no live record of is on its first try here, and nginx's
-  -- state of the previous try is read only for one it does (one call into nginx less on
-  -- a first try): a retry, or the first try of another upstream of the same request (an
-  -- internal redirect to a location of this pool), which judges what is left of the
-  -- earlier upstream's tries and starts the record again.
+  -- A request with no live record is on its first try here, and nginx's state of the
+  -- previous try is read only for one this pool's upstream recorded (one call into nginx
+  -- less on a first try): a retry, or the first try of another upstream of the same
+  -- request (an internal redirect back to a location of this pool). The first try of
+  -- another upstream (that, or a redirect from another pool's location) judges what is
+  -- left of the earlier upstream's tries, for its pool, and starts the record again.
   local rec, fresh, t = record(self, r)
   local state, code = nil, nil  -- nil on the upstream's first try
   if not fresh then
-    if c_last_failure == nil or c_last_failure(r, int_out, err_out) ~= 0 then
+    local earlier = rec.pool  -- (another pool's: an internal redirect from its location)
+    if earlier == self and (c_last_failure == nil or c_last_failure(r, int_out, err_out) ~= 0) then
       state, code = get_last_failure()
     end
     if state == nil then
-      judge_earlier(self, rec)
+      judge_earlier(earlier, rec)
       rec, fresh = clear(self, rec, t)
     end
   end
