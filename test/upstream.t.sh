@@ -414,7 +414,11 @@ for i in 1 2 3 4; do
   rd_seen="$rd_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
 done
 rd_want="500 [500, 500 : 500, 500]; "
-rd_f=$(( $(pfield "rd/127.0.0.1:$B" 2) + $(pfield "rd/127.0.0.1:$C" 2) ))
+# (the last try of each request is reported in its log phase, which may run after curl
+# has the answer: wait until the count is in, bounded, before reading it)
+rd_fails() { echo $(( $(pfield "rd/127.0.0.1:$B" 2) + $(pfield "rd/127.0.0.1:$C" 2) )); }
+wait_for 10 eval '[ "$(rd_fails)" -ge 16 ]'
+rd_f=$(rd_fails)
 check "an error_page back to the same pool tries twice again: 4 requests each 2 + 2 tries ($rd_seen), B and C reached $(hits $B) + $(hits $C) times (16) and their breakers counted $rd_f failures (16: the first upstream's last try too)" \
   eval '[ "$rd_seen" = "$rd_want$rd_want$rd_want$rd_want" ] && [ $(( $(hits $B) + $(hits $C) )) = 16 ] && [ "$rd_f" = 16 ]'
 # ... and one on to another pool's location: pool rd's two tries count for rd, A's for fb
@@ -424,7 +428,8 @@ for i in 1 2 3 4; do
   fb_seen="$fb_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
 done
 fb_want="200 [500, 500 : 200]; "
-rd_f=$(( $(pfield "rd/127.0.0.1:$B" 2) + $(pfield "rd/127.0.0.1:$C" 2) ))
+wait_for 10 eval '[ "$(pfield "fb/127.0.0.1:$A" 3)" -ge 4 ]'
+rd_f=$(rd_fails)
 fb_s=$(pfield "fb/127.0.0.1:$A" 3)
 check "an error_page on to another pool: 4 requests ($fb_seen); pool rd's breakers counted $((rd_f - rd_f0)) failures (8: both tries of each), pool fb's A $fb_s successes (4)" \
   eval '[ "$fb_seen" = "$fb_want$fb_want$fb_want$fb_want" ] && [ $((rd_f - rd_f0)) = 8 ] && [ "$fb_s" = 4 ]'
