@@ -325,11 +325,15 @@ check "slow pool: clients all 200 ($CODES)" [ "$CODES" = "200 x10;" ]
 # fail_statuses = { 500 }: a 503 is a success, a 500 a failure
 mode "$A" 'mode=status&status=503&reset=1'
 seq_req "$POOLS" /p/st 5
+# (a request of one try is judged in its log phase, which may run after curl has its
+# answer: the checks below wait, bounded, for the count they read)
+wait_for 10 eval '[ "$(pfield "st/127.0.0.1:$A" 3)" -ge 5 ]'
 read -r _ f s _ <<< "$(pstate "st/127.0.0.1:$A")"
 check "a status outside fail_statuses counts as success (503 x5: failures $f, successes $s)" \
   eval '[ "$f" = 0 ] && [ "$s" = 5 ] && [ "$CODES" = "503 x5;" ]'
 mode "$A" 'mode=fail&reset=1'
 seq_req "$POOLS" /p/st 2
+wait_for 10 eval '[ "$(pfield "st/127.0.0.1:$A" 2)" -ge 2 ]'
 read -r _ f _ <<< "$(pstate "st/127.0.0.1:$A")"
 check "a status in fail_statuses counts as failure (500 x2: failures $f)" [ "$f" = 2 ]
 
@@ -441,17 +445,20 @@ mode "$A" 'mode=fail&reset=1'; seq_req "$POOLS" /p/cls 2; c1=$CODES
 mode "$A" 'mode=hang&delay=1&reset=1'; seq_req "$POOLS" /p/cls 2; c2=$CODES
 mode "$A" 'mode=refuse&reset=1'; seq_req "$POOLS" /p/cls 2; c3=$CODES
 seq_req "$POOLS" /p/cld 2; c4=$CODES
+wait_for 10 eval '[ "$(cls cls $A status)" -ge 2 ] && [ "$(cls cls $A timeout)" -ge 2 ] && [ "$(cls cls $A connect)" -ge 2 ] && [ "$(cls cld $D connect)" -ge 2 ]'
 check "failure classes in /metrics: A status $(cls cls $A status) ($c1), timeout $(cls cls $A timeout) ($c2), connect $(cls cls $A connect) (a reset: $c3), D connect $(cls cld $D connect) (refused: $c4), 2 each" \
   eval '[ "$(cls cls $A status)" = 2 ] && [ "$(cls cls $A timeout)" = 2 ] && [ "$(cls cls $A connect)" = 2 ] && [ "$(cls cld $D connect)" = 2 ]'
 
 # fail_on = { "connect", "timeout" }: 500s are counted as status failures but do not trip
 mode "$A" 'mode=fail&reset=1'
 seq_req "$POOLS" /p/fo 5
+wait_for 10 eval '[ "$(pfield "fo/127.0.0.1:$A" 3)" -ge 5 ]'
 read -r st f s _ <<< "$(pstate "fo/127.0.0.1:$A")"
 check "fail_on without status: 5 answers 500 ($CODES) leave A $st (breaker failures $f, successes $s), status class counted $(cls fo $A status)" \
   eval '[ "$st" = closed ] && [ "$f" = 0 ] && [ "$s" = 5 ] && [ "$(cls fo $A status)" = 5 ]'
 mode "$A" 'mode=refuse&reset=1'
 seq_req "$POOLS" /p/fo 3
+wait_for 10 eval '[ "$(pfield "fo/127.0.0.1:$A" 1)" = open ]'
 read -r st f _ <<< "$(pstate "fo/127.0.0.1:$A")"
 check "fail_on with connect: resets trip A ($st after $f failures, fails = 2)" \
   eval '[ "$st" = open ] && [ "$f" = 2 ]'
@@ -460,6 +467,7 @@ check "fail_on with connect: resets trip A ($st after $f failures, fails = 2)" \
 allmode 'mode=ok&reset=1'
 mode "$B" 'mode=fail&reset=1'
 seq_req "$POOLS" /p/dry 20
+wait_for 10 eval '[ "$(pfield "dry/127.0.0.1:$B" 1)" = open ]'
 read -r st f _ _ opens <<< "$(pstate "dry/127.0.0.1:$B")"
 dr=$(metric "$POOLS" 'fuse_upstream_dry_run_picks_total{pool="dry"}')
 check "dry run (enforce = false): B's breaker is $st (opens $opens), yet B got $(hits $B) of 20 requests ($CODES), dry-run picks $dr" \
