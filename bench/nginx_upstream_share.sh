@@ -29,6 +29,8 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
+# shellcheck source=bench/upstream_fronts.sh
+. "$ROOT/bench/upstream_fronts.sh"
 NGINX=$(nginx_bin)
 LUA=${1:-$ROOT/lua}
 ROUNDS=${ROUNDS:-7}
@@ -51,23 +53,8 @@ copy_fuse "$T" "$LUA"
 mkdir -p "$T/logs" "$T/temp"
 BASE=$(pick_ports 7) || die "no 7 free ports in a row"
 S1=$((BASE + 1)) S2=$((BASE + 2)) S3=$((BASE + 3)) FS=$((BASE + 4)) LS=$((BASE + 5)) RS=$((BASE + 6))
-cat > "$T/peers.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 1;
-pid logs/peers.pid;
-error_log logs/peers.err crit;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-    server {
-        listen 127.0.0.1:$S1; listen 127.0.0.1:$S2; listen 127.0.0.1:$S3;
-        keepalive_requests 1000000;
-        location / { return 200 "ok\n"; }
-    }
-}
-EOF
-front() { # front NAME BLOCK: an nginx with one worker on the shared core, serving BLOCK
+static_peers_conf > "$T/peers.conf"
+front() { # front f|l|r: an nginx with one worker on the shared core, serving that front
   cat > "$T/$1.conf" <<EOF
 $(nginx_load_modules)
 worker_processes 1;
@@ -76,37 +63,12 @@ pid logs/$1.pid;
 error_log logs/$1.err error;
 events { worker_connections 1024; }
 http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$T")
-    lua_shared_dict fuse_upstream 1m;
-    init_by_lua_block {
-        require("fuse").init{ shared = true, capacity = 64 }
-        package.loaded.static = require("fuse.upstream").new("static",
-            { "127.0.0.1:$S1", "127.0.0.1:$S2", "127.0.0.1:$S3" }, { fails = 3, window = 10, open_for = 5 })
-    }
-    proxy_http_version 1.1;
-    proxy_set_header Connection "";
-    proxy_next_upstream error timeout http_500 http_502 http_503 http_504;
-    proxy_next_upstream_tries 2;
-$2
+$(static_front_http)
+$(static_front "$1")
 }
 EOF
 }
-front f "    upstream up_static { server 0.0.0.1; balancer_by_lua_block { require(\"static\"):balance() } keepalive 32; }
-    server { listen 127.0.0.1:$FS; location / { proxy_pass http://up_static; log_by_lua_block { require(\"static\"):log() } } }"
-front l "    upstream lua_static {
-        server 0.0.0.1;
-        balancer_by_lua_block {
-            local i = (package.loaded.lua_rr or 0) % 3 + 1
-            package.loaded.lua_rr = i
-            require(\"ngx.balancer\").set_current_peer(\"127.0.0.1\", ($S1 - 1) + i)
-        }
-        keepalive 32;
-    }
-    server { listen 127.0.0.1:$LS; location / { proxy_pass http://lua_static; log_by_lua_block { } } }"
-front r "    upstream rr_static { server 127.0.0.1:$S1; server 127.0.0.1:$S2; server 127.0.0.1:$S3; keepalive 32; }
-    server { listen 127.0.0.1:$RS; location / { proxy_pass http://rr_static; } }"
+front f; front l; front r
 chmod -R a+rX "$T"
 for c in peers f l r; do
   "$NGINX" -p "$T/" -c "$c.conf" || die "nginx did not start ($c.conf; see $T/logs)"

@@ -1,0 +1,76 @@
+# shellcheck shell=bash
+# bench/upstream_fronts.sh -- sourced by bench/nginx_upstream_instr.sh and
+# bench/nginx_upstream_share.sh: the three static peers and the three fronts both measure
+# (fuse.upstream, the Lua floor, nginx's plain round robin), defined once so that the two
+# benches measure the same configs. Reads S1 S2 S3 (the peers' ports), FS LS RS (the
+# fronts' ports) and T (the nginx prefix, for the Lua paths); needs test/lib/nginx.sh.
+
+# static_peers_conf: peers.conf, one worker answering 200 on S1, S2 and S3 (keepalive)
+static_peers_conf() {
+  cat <<EOF
+$(nginx_load_modules)
+worker_processes 1;
+pid logs/peers.pid;
+error_log logs/peers.err crit;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_temp_paths)
+    server {
+        listen 127.0.0.1:$S1; listen 127.0.0.1:$S2; listen 127.0.0.1:$S3;
+        keepalive_requests 1000000;
+        location / { return 200 "ok\n"; }
+    }
+}
+EOF
+}
+
+# static_front_http: the lines of http {} every front has (fuse loaded and the pool made
+# in each, so that the fronts' Lua states are alike; the same proxy settings)
+static_front_http() {
+  cat <<EOF
+    access_log off;
+$(nginx_temp_paths)
+$(nginx_lua_paths "$T")
+    lua_shared_dict fuse_upstream 1m;
+    init_by_lua_block {
+        require("fuse").init{ shared = true, capacity = 64 }
+        package.loaded.static = require("fuse.upstream").new("static",
+            { "127.0.0.1:$S1", "127.0.0.1:$S2", "127.0.0.1:$S3" }, { fails = 3, window = 10, open_for = 5 })
+    }
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_next_upstream error timeout http_500 http_502 http_503 http_504;
+    proxy_next_upstream_tries 2;
+EOF
+}
+
+# static_front f|l|r: the upstream and server of fuse.upstream (FS), the Lua floor (LS:
+# balancer_by_lua doing only set_current_peer, an empty log_by_lua) or round robin (RS)
+static_front() {
+  case $1 in
+    f) cat <<EOF
+    upstream up_static { server 0.0.0.1; balancer_by_lua_block { require("static"):balance() } keepalive 32; }
+    server { listen 127.0.0.1:$FS; location / { proxy_pass http://up_static; log_by_lua_block { require("static"):log() } } }
+EOF
+    ;;
+    l) cat <<EOF
+    upstream lua_static {
+        server 0.0.0.1;
+        balancer_by_lua_block {
+            local i = (package.loaded.lua_rr or 0) % 3 + 1
+            package.loaded.lua_rr = i
+            require("ngx.balancer").set_current_peer("127.0.0.1", ($S1 - 1) + i)
+        }
+        keepalive 32;
+    }
+    server { listen 127.0.0.1:$LS; location / { proxy_pass http://lua_static; log_by_lua_block { } } }
+EOF
+    ;;
+    r) cat <<EOF
+    upstream rr_static { server 127.0.0.1:$S1; server 127.0.0.1:$S2; server 127.0.0.1:$S3; keepalive 32; }
+    server { listen 127.0.0.1:$RS; location / { proxy_pass http://rr_static; } }
+EOF
+    ;;
+  esac
+}
