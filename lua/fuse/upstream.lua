@@ -1184,6 +1184,24 @@ local function judge(self, try, code, header, seconds)
   return succeeded(try, ok, seconds)
 end
 
+-- The tries of record `rec` that nothing judged yet, from the $upstream_status,
+-- $upstream_header_time and $upstream_response_time lists given, split and aligned from
+-- their end (earlier upstreams of an internal redirect come first). `whole`: nothing
+-- when the lists hold fewer values than the record has tries.
+local function judge_tries(self, rec, status, header, response, whole)
+  local statuses, ns = split(status, {})
+  if whole and ns < rec.n then return end
+  local headers, times = split(header, {}), split(response, {})
+  local base = ns - rec.n
+  for k = 1, rec.n do
+    local try = rec[k]
+    if not try.done then
+      local j = base + k
+      judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j]))
+    end
+  end
+end
+
 -- The last per-try value of an $upstream_* list ("0.002, - : " in the balancer: the tries
 -- so far, then the current one's empty entry).
 local function last_value(s)
@@ -1224,18 +1242,11 @@ end
 -- the tries of the earlier upstream that nothing judged yet (its last one: nginx ended
 -- that upstream on it) are judged, for pool `self`, from the earlier upstreams'
 -- $upstream_* values, which end with theirs.
+-- (Fewer values than tries: not the lists expected, no verdict.)
 local function judge_earlier(self, rec)
   local var = ngx.var
-  local statuses, ns = split(before_current(var.upstream_status), {})
-  if ns < rec.n then return end  -- (not the lists expected: no verdict)
-  local headers = split(before_current(var.upstream_header_time), {})
-  local times = self._slow and split(before_current(var.upstream_response_time), {}) or {}
-  local base = ns - rec.n
-  for k = 1, rec.n do
-    local try = rec[k]
-    local j = base + k
-    if not try.done then judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j])) end
-  end
+  judge_tries(self, rec, before_current(var.upstream_status), before_current(var.upstream_header_time),
+    before_current(var.upstream_response_time), true)
 end
 
 -- nginx refused `peer` (set_current_peer failed with `err`): a failure of that peer, and
@@ -1358,17 +1369,7 @@ function Pool:log()
       return judge(self, try, code, header, seconds)
     end
   end
-  local statuses, ns = split(status, {})
-  local times = split(var.upstream_response_time, {})
-  local headers = split(var.upstream_header_time, {})
-  local base = ns - rec.n  -- earlier upstreams of the request (internal redirects) come first
-  for k = 1, rec.n do
-    local try = rec[k]
-    if not try.done then
-      local j = base + k
-      judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j]))
-    end
-  end
+  judge_tries(self, rec, status, var.upstream_header_time, var.upstream_response_time)
 end
 
 ---------------------------------------------------------------------------- metrics
