@@ -437,7 +437,27 @@ rd_f=$(rd_fails)
 fb_s=$(pfield "fb/127.0.0.1:$A" 3)
 check "an error_page on to another pool: 4 requests ($fb_seen); pool rd's breakers counted $((rd_f - rd_f0)) failures (8: both tries of each), pool fb's A $fb_s successes (4)" \
   eval '[ "$fb_seen" = "$fb_want$fb_want$fb_want$fb_want" ] && [ $((rd_f - rd_f0)) = 8 ] && [ "$fb_s" = 4 ]'
-mode "$B" 'mode=ok&reset=1'; mode "$C" 'mode=ok&reset=1'
+# an error_page answering 200 for B's failed try (one try, intercepted): the response's
+# status is the fallback's, and the try is still a failure of B
+em_seen=""
+for i in 1 2 3 4; do em_seen="$em_seen$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/em") "; done
+em_n() { echo $(( $(pfield "em/127.0.0.1:$B" 2) + $(pfield "em/127.0.0.1:$B" 3) )); }
+wait_for 10 eval '[ "$(em_n)" -ge 4 ]'
+em_f=$(pfield "em/127.0.0.1:$B" 2) em_s=$(pfield "em/127.0.0.1:$B" 3)
+check "an error_page answering 200 for a failed try: 4 requests ($em_seen), B's breaker counted $em_f failures (4) and $em_s successes (0)" \
+  eval '[ "$em_seen" = "200 200 200 200 " ] && [ "$em_f" = 4 ] && [ "$em_s" = 0 ]'
+# a request internal before it is proxied (try_files to a named location): its one try is
+# judged as any other, a success from the response's status and a failure from its 500
+emi_seen=""
+for i in 1 2 3 4; do emi_seen="$emi_seen$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/emi") "; done
+wait_for 10 eval '[ "$(pfield "emi/127.0.0.1:$A" 3)" -ge 4 ]'
+mode "$A" 'mode=fail&reset=1'
+for i in 1 2 3 4; do emi_seen="$emi_seen$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/emi") "; done
+wait_for 10 eval '[ "$(pfield "emi/127.0.0.1:$A" 2)" -ge 4 ]'
+emi_f=$(pfield "emi/127.0.0.1:$A" 2) emi_s=$(pfield "emi/127.0.0.1:$A" 3)
+check "a request internal before its first try (try_files): 4 answered 200 then 4 answered 500 ($emi_seen), A's breaker counted $emi_s successes (4) and $emi_f failures (4)" \
+  eval '[ "$emi_seen" = "200 200 200 200 500 500 500 500 " ] && [ "$emi_s" = 4 ] && [ "$emi_f" = 4 ]'
+mode "$A" 'mode=ok&reset=1'; mode "$B" 'mode=ok&reset=1'; mode "$C" 'mode=ok&reset=1'
 
 # failure classes: status (500), timeout (hangs past proxy_read_timeout), connect (a reset; D refused)
 cls() { metric "$POOLS" "fuse_upstream_failures_total{pool=\"$1\",peer=\"127.0.0.1:$2\",class=\"$3\"}"; }

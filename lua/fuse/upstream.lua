@@ -1015,6 +1015,7 @@ local c_start_time = NGX and c_fn("ngx_http_lua_ffi_req_start_time") or nil
 local c_resp_status = NGX and c_fn("ngx_http_lua_ffi_get_resp_status") or nil
 local c_last_failure = NGX and c_fn("ngx_http_lua_ffi_balancer_get_last_failure") or nil
 local c_more_tries = NGX and c_fn("ngx_http_lua_ffi_balancer_set_more_tries") or nil
+local c_is_internal = NGX and c_fn("ngx_http_lua_ffi_req_is_internal") or nil
 local int_out = NGX and require("ffi").new("int[1]") or nil
 local err_out = NGX and require("ffi").new("char *[1]") or nil
 
@@ -1028,6 +1029,12 @@ end
 local function resp_status(r)
   if c_resp_status then return c_resp_status(r) end
   return ngx.status
+end
+
+-- 1 when request r went through an internal redirect (ngx.req.is_internal()), else 0.
+local function internal(r)
+  if c_is_internal then return c_is_internal(r) end
+  return ngx.req.is_internal() and 1 or 0
 end
 
 -- This worker's request records (see the top of this file), by request address (`key`,
@@ -1068,7 +1075,7 @@ end
 -- A record with every field it will hold (its first try's too), so that none is a new key
 -- later.
 local function new_record(key, t)
-  local rec = { key = key, pool = false, t = t, n = 0, refused = false,
+  local rec = { key = key, pool = false, t = t, n = 0, refused = false, internal = 0,
                 peer = false, ticket = false, done = false, failure = false, t0 = false }
   rec[1] = rec
   return rec
@@ -1297,6 +1304,7 @@ function Pool:balance()
     end
   end
   if fresh then
+    rec.internal = internal(r)  -- (pool:log() compares: an internal redirect since?)
     local more = self._more
     if more > 0 and (c_more_tries == nil or c_more_tries(r, more, err_out) ~= 0) then
       set_more_tries(more)
@@ -1340,16 +1348,20 @@ function Pool:log()
     if rec.done then return end
     -- A plain success of a try counted in the closed window needs no $upstream_*
     -- variable (reading one costs more than the rest of the pool's work): the response's
-    -- status is the upstream's for a request proxied once, unless an error_page with
-    -- `=code` redirected it since (then such a ticket is counted as a success, where
-    -- ngx.ctx's reset lost it before). A probe's verdict closes or re-opens its peer:
-    -- probes, and every other status, are judged from $upstream_status.
+    -- status is the upstream's for a request proxied once and not redirected since. An
+    -- internal redirect after the try (an error_page, which may answer `=200` for a
+    -- failed try) makes the response another location's: its status says nothing of the
+    -- try. (A request already internal at its first try, try_files to a named location,
+    -- keeps this path; one redirected again after its try is not told apart.) A probe's
+    -- verdict closes or re-opens its peer: probes, and every other status, are judged
+    -- from $upstream_status.
     -- The record is taken (no longer live): nothing reads its done and ticket again, which
     -- succeeded() would set.
     local plain = self._plain  -- (fail_statuses' array when there is no `slow` rule, else false)
     if plain then
       local s, t = resp_status(r), rec.ticket
-      if s >= 100 and s < 499 and not plain[s] and (not t or floor(t / 2) % 4 ~= 2) then
+      if s >= 100 and s < 499 and not plain[s] and (not t or floor(t / 2) % 4 ~= 2)
+          and internal(r) == rec.internal then
         local peer = rec.peer
         if t and not peer.removed then peer.report(peer.b, t, true, nil) end
         return
