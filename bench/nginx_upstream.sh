@@ -31,6 +31,8 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
+# shellcheck source=bench/upstream_fronts.sh
+. "$ROOT/bench/upstream_fronts.sh"
 NGINX=$(nginx_bin)
 ROUNDS=${ROUNDS:-9}
 OUTAGE=${OUTAGE:-60}
@@ -110,27 +112,11 @@ $(fuse_server "$F3" fuse5)
         keepalive 32;
     }
     server { listen 127.0.0.1:$F2; location / { proxy_pass http://nginx_pool; } }
-    # part 3
-$(fuse_server "$FS" static)
-    upstream rr_static {
-        server 127.0.0.1:$S1;
-        server 127.0.0.1:$S2;
-        server 127.0.0.1:$S3;
-        keepalive 32;
-    }
-    server { listen 127.0.0.1:$RS; location / { proxy_pass http://rr_static; } }
-    # the floor of any Lua balancer: the same two Lua phases, doing nothing but
-    # set_current_peer (a rotating peer: the same spread as round robin)
-    upstream lua_static {
-        server 0.0.0.1;
-        balancer_by_lua_block {
-            local i = (package.loaded.lua_rr or 0) % 3 + 1
-            package.loaded.lua_rr = i
-            require("ngx.balancer").set_current_peer("127.0.0.1", ($S1 - 1) + i)
-        }
-        keepalive 32;
-    }
-    server { listen 127.0.0.1:$LS; location / { proxy_pass http://lua_static; log_by_lua_block { } } }
+    # part 3: fuse.upstream, round robin and the floor of any Lua balancer (the same two
+    # Lua phases, doing nothing but set_current_peer), as bench/upstream_fronts.sh has them
+$(static_front f)
+$(static_front r)
+$(static_front l)
     # the floor plus what any balancer that reports needs: per-request state in ngx.ctx
     # (a table set in the balancer, read in the log phase) and one \$upstream_status read
     upstream ctx_static {
