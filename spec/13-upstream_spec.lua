@@ -182,6 +182,31 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.same({ [P[4]] = 40 }, retries)
   end)
 
+  it("a retry prefers a closed peer to a panic pick, also when the open peer's window has emptied", function()
+    -- (fails) an open peer whose failures slid out of its window (open_for > window, or
+    -- backoff) counts 0 failures: pick_retry takes it for a "clean" peer, and its `only`
+    -- round picks it in panic, ticketless, although an untried closed peer admits the try
+    -- (DESIGN: retries go to an untried peer while one is admitted; docs/upstream.md: a
+    -- closed one before a panic pick). Also in nginx: 4 of 4 retries of a try failed on a
+    -- closed peer went to the open peer in panic, X-Upstream "E|500, B|200".
+    local P = { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3", "10.0.0.1:4" }
+    local pool = upstream.new(unique("p"), P, { fails = 3, window = 10, open_for = 60, max_ejected = 0.25 })
+    open_peer(pool, P[1])                     -- skipped (a = 1, first in list order)
+    open_peer(pool, P[2])                     -- a panic candidate
+    clock:advance(15)                         -- both still open; their windows are empty
+    assert.equal("open", fuse.get(pool.name .. "/" .. P[2]):state())
+    local b3 = fuse.get(pool.name .. "/" .. P[3])
+    b3:report(b3:allow(), false)              -- peer 3: closed, one failure in its window
+    local retries = {}
+    for _ = 1, 10 do                          -- retries after a failed try on peer 4
+      local r, rt = pool:pick({ [pool._peers[4]] = true })
+      retries[r.addr .. (rt and "" or " (panic)")] = (retries[r.addr .. (rt and "" or " (panic)")] or 0) + 1
+      if rt then r.b:report(rt, true) end
+    end
+    assert.same({ [P[3]] = 10 }, retries)
+    assert.equal(0, pool:panics())
+  end)
+
   it("a retry goes to a peer the request has not tried while one is admitted, else to a tried one", function()
     local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }, { max_ejected = 1 })
     local tried = {}
@@ -301,6 +326,26 @@ describe("fuse.upstream #" .. BACKEND, function()
     local again = upstream.new(names[1], { "10.0.0.1:1" })   -- a name can be used again
     assert.equal(0, again:panics())
     assert.equal("closed", again:peers()[1].state)
+  end)
+
+  it("close in one copy: a late failure reported in another copy counts nowhere", function()
+    -- (fails) a copy (another nginx worker) that learns of the close at its next sync only
+    -- marks itself closed (refresh); its peers are not flagged `removed`, so a try in
+    -- flight there that fails afterwards is counted again in c/P/ADDR/CLASS: the closed
+    -- pool's fuse_upstream_failures_total shows again in fuse.metrics() and a new pool of
+    -- that name starts with it. In nginx (2 workers, close in worker 1, 4 tries in flight
+    -- in worker 0 answered 500): `fuse_upstream_failures_total{pool="cl",...} 2` per peer
+    -- after the close, and still 2 after upstream.new("cl", ...) in both workers.
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local b = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local peer, ticket = b:pick()             -- a try in flight in copy b
+    a:close()
+    b:peers()                                 -- b syncs, as pool:log() does before judging
+    upstream._failed(b, { peer = peer, ticket = ticket }, "status")   -- the try fails (log)
+    assert.falsy(fuse.metrics():find('pool="' .. name .. '"', 1, true))
+    local again = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    assert.equal(0, again:failures(peer.addr, "status"))
   end)
 
   it("set_peers keeps the breaker and state of peers that stay, adds new ones, removes the rest", function()
