@@ -446,6 +446,29 @@ wait_for 10 eval '[ "$(em_n)" -ge 4 ]'
 em_f=$(pfield "em/127.0.0.1:$B" 2) em_s=$(pfield "em/127.0.0.1:$B" 3)
 check "an error_page answering 200 for a failed try: 4 requests ($em_seen), B's breaker counted $em_f failures (4) and $em_s successes (0)" \
   eval '[ "$em_seen" = "200 200 200 200 " ] && [ "$em_f" = 4 ] && [ "$em_s" = 0 ]'
+# a request already internal at its first try (rewrite ... break, the usual prefix strip;
+# try_files, ngx.exec, X-Accel-Redirect do the same) whose failed try an error_page answers
+# with 200: the try is still a failure of B (the response's status is the fallback's)
+emr_seen=""
+for i in 1 2 3 4; do emr_seen="$emr_seen$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/emr/x") "; done
+emr_n() { echo $(( $(pfield "emr/127.0.0.1:$B" 2) + $(pfield "emr/127.0.0.1:$B" 3) )); }
+wait_for 10 eval '[ "$(emr_n)" -ge 4 ]'
+emr_f=$(pfield "emr/127.0.0.1:$B" 2) emr_s=$(pfield "emr/127.0.0.1:$B" 3)
+check "an error_page answering 200 for a failed try of a request internal before it (rewrite ... break): 4 requests ($emr_seen), B's breaker counted $emr_f failures (4) and $emr_s successes (0)" \
+  eval '[ "$emr_seen" = "200 200 200 200 " ] && [ "$emr_f" = 4 ] && [ "$emr_s" = 0 ]'
+# a failed try of pool pl, then an error_page to a location proxying a plain upstream (A,
+# no pool): $upstream_status ends with the plain upstream's entry, which is not B's try
+pl_seen=""
+for i in 1 2 3 4; do
+  h=$(curl -s -m 10 -D - -o /dev/null "http://127.0.0.1:$POOLS/pl" | tr -d '\r')
+  pl_seen="$pl_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
+done
+pl_want="200 [500 : 200]; "
+pl_n() { echo $(( $(pfield "pl/127.0.0.1:$B" 2) + $(pfield "pl/127.0.0.1:$B" 3) )); }
+wait_for 10 eval '[ "$(pl_n)" -ge 4 ]'
+pl_f=$(pfield "pl/127.0.0.1:$B" 2) pl_s=$(pfield "pl/127.0.0.1:$B" 3)
+check "an error_page on to a plain upstream after a failed try: 4 requests ($pl_seen), B's breaker counted $pl_f failures (4) and $pl_s successes (0)" \
+  eval '[ "$pl_seen" = "$pl_want$pl_want$pl_want$pl_want" ] && [ "$pl_f" = 4 ] && [ "$pl_s" = 0 ]'
 # a request internal before it is proxied (try_files to a named location): its one try is
 # judged as any other, a success from the response's status and a failure from its 500
 emi_seen=""
