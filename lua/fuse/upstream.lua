@@ -37,6 +37,7 @@ local error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next 
   error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next
 local floor, huge, ceil, max, min = math.floor, math.huge, math.ceil, math.max, math.min
 local fmt, concat, sort = string.format, table.concat, table.sort
+local find, byte = string.find, string.byte
 local show = options.show  -- values in messages as fuse's own option errors show them
 
 local _M = { VERSION = fuse.VERSION }
@@ -527,6 +528,9 @@ local function refresh(self, v)
   local store = self._store
   self._ver = v
   if store:get(self._xkey) then
+    -- closed by another worker: its peers are removed here too, so that a try in flight
+    -- here reports nothing (no counter of the closed pool comes back)
+    for _, p in ipairs(self._peers) do p.removed = true end
     self._closed = true
     return
   end
@@ -806,6 +810,10 @@ local function pick_from(self, tried, now, rejected, only)
         return nil, soonest(self, n)
       end
     else
+      -- the `only` round of a retry (pick_retry: the untried peers without failures)
+      -- takes no panic pick: an open peer whose window emptied counts no failure, and the
+      -- retry's own pick prefers any admitted peer to it
+      if only and pan[best] then return nil, huge end
       local p = peers[best]
       local ticket
       if not pan[best] then ticket = p.b:allow() end
@@ -1075,7 +1083,7 @@ end
 -- A record with every field it will hold (its first try's too), so that none is a new key
 -- later.
 local function new_record(key, t)
-  local rec = { key = key, pool = false, t = t, n = 0, refused = false, internal = 0,
+  local rec = { key = key, pool = false, t = t, n = 0, refused = false, before = 0,
                 peer = false, ticket = false, done = false, failure = false, t0 = false }
   rec[1] = rec
   return rec
@@ -1192,14 +1200,15 @@ local function judge(self, try, code, header, seconds)
 end
 
 -- The tries of record `rec` that nothing judged yet, from the $upstream_status,
--- $upstream_header_time and $upstream_response_time lists given, split and aligned from
--- their end (earlier upstreams of an internal redirect come first). `whole`: nothing
--- when the lists hold fewer values than the record has tries.
+-- $upstream_header_time and $upstream_response_time lists given, split: the record's
+-- tries are the entries after the rec.before entries of the request's earlier upstreams
+-- (an internal redirect's), whatever came after them (a later upstream, of a pool or
+-- not). `whole`: nothing when the lists hold fewer values than that.
 local function judge_tries(self, rec, status, header, response, whole)
   local statuses, ns = split(status, {})
-  if whole and ns < rec.n then return end
+  local base = rec.before
+  if whole and ns < base + rec.n then return end
   local headers, times = split(header, {}), split(response, {})
-  local base = ns - rec.n
   for k = 1, rec.n do
     local try = rec[k]
     if not try.done then
@@ -1244,16 +1253,43 @@ local function before_current(s)
   return s and s:match("^(.*) : [^:]*$") or nil
 end
 
+-- How many $upstream_* entries the request's earlier upstreams left before this
+-- upstream's first try (r: the request, on that first try, in the balancer): none for a
+-- request that was never internal (no look); for an internal one (an error_page or an
+-- X-Accel-Redirect may have followed an earlier upstream; nginx keeps one bit for any
+-- rewrite of the URI), counted from $upstream_status ("500, 502 : -"). (nginx's state of
+-- the previous try cannot tell: between two upstreams nginx keeps an empty entry, the
+-- " : ", whose status is 0 as when there is no entry at all.) A plain find and a loop of
+-- bytes, which the JIT compiles (a pattern match would end the trace there).
+local function earlier_entries(r)
+  if internal(r) == 0 then return 0 end
+  local s = ngx.var.upstream_status
+  if s == nil then return 0 end
+  local last, i = nil, find(s, " : ", 1, true)  -- the current try's group is after the last
+  while i do last = i; i = find(s, " : ", i + 3, true) end
+  if not last then return 0 end
+  local n = 1  -- entries before it: one more than the ',' and ':' between them
+  for j = 1, last - 1 do
+    local c = byte(s, j)
+    if c == 44 or c == 58 then n = n + 1 end
+  end
+  return n
+end
+
 -- The first try of another upstream of a request that pool `self` proxied already (an
 -- internal redirect, such as an error_page, to a location of this pool or of another):
 -- the tries of the earlier upstream that nothing judged yet (its last one: nginx ended
 -- that upstream on it) are judged, for pool `self`, from the earlier upstreams'
 -- $upstream_* values, which end with theirs.
 -- (Fewer values than tries: not the lists expected, no verdict.)
+-- Returns how many entries the earlier upstreams left (the new upstream's rec.before).
 local function judge_earlier(self, rec)
   local var = ngx.var
-  judge_tries(self, rec, before_current(var.upstream_status), before_current(var.upstream_header_time),
+  local status = before_current(var.upstream_status)
+  judge_tries(self, rec, status, before_current(var.upstream_header_time),
     before_current(var.upstream_response_time), true)
+  local _, n = split(status, {})
+  return n
 end
 
 -- nginx refused `peer` (set_current_peer failed with `err`): a failure of that peer, and
@@ -1292,19 +1328,23 @@ function Pool:balance()
   -- another upstream (that, or a redirect from another pool's location) judges what is
   -- left of the earlier upstream's tries, for its pool, and starts the record again.
   local rec, fresh, t = record(self, r)
+  -- (synced before the previous try is judged: a pool another worker closed, or a peer
+  -- it removed, gets no report)
+  sync(self, t)
   local state, code = nil, nil  -- nil on the upstream's first try
+  local before = nil  -- (known when an earlier upstream's tries were judged here)
   if not fresh then
     local earlier = rec.pool  -- (another pool's: an internal redirect from its location)
     if earlier == self and (c_last_failure == nil or c_last_failure(r, int_out, err_out) ~= 0) then
       state, code = get_last_failure()
     end
     if state == nil then
-      judge_earlier(earlier, rec)
+      before = judge_earlier(earlier, rec)
       rec, fresh = clear(self, rec, t)
     end
   end
   if fresh then
-    rec.internal = internal(r)  -- (pool:log() compares: an internal redirect since?)
+    rec.before = before or earlier_entries(r)
     local more = self._more
     if more > 0 and (c_more_tries == nil or c_more_tries(r, more, err_out) ~= 0) then
       set_more_tries(more)
@@ -1318,7 +1358,6 @@ function Pool:balance()
     for k = 1, rec.n do tried[rec[k].peer] = true end
     for p in pairs(rec.refused or {}) do tried[p] = true end
   end
-  sync(self, t)
   if self._closed then
     ngx.log(ngx.ERR, "fuse.upstream: pool '", self.name, "' is closed (pool:close()): no peer for this request")
     return ngx.exit(ngx.ERROR)
@@ -1347,21 +1386,21 @@ function Pool:log()
   if rec.n == 1 then  -- one try (the common case): the record itself
     if rec.done then return end
     -- A plain success of a try counted in the closed window needs no $upstream_*
-    -- variable (reading one costs more than the rest of the pool's work): the response's
-    -- status is the upstream's for a request proxied once and not redirected since. An
-    -- internal redirect after the try (an error_page, which may answer `=200` for a
-    -- failed try) makes the response another location's: its status says nothing of the
-    -- try. (A request already internal at its first try, try_files to a named location,
-    -- keeps this path; one redirected again after its try is not told apart.) A probe's
-    -- verdict closes or re-opens its peer: probes, and every other status, are judged
-    -- from $upstream_status.
+    -- variable (reading one costs about as much as the rest of the pool's work): the
+    -- response's status is the upstream's for a request that was never internal. After
+    -- an internal redirect (an error_page, which may answer `=200` for a failed try; an
+    -- X-Accel-Redirect) the response may be another location's, and nginx keeps one
+    -- bit for any rewrite of the URI (try_files, `rewrite`, ngx.req.set_uri, named
+    -- locations), set before the try or after it alike: every internal request is
+    -- judged from $upstream_status. A probe's verdict closes or re-opens its peer:
+    -- probes, and every other status, are judged from $upstream_status too.
     -- The record is taken (no longer live): nothing reads its done and ticket again, which
     -- succeeded() would set.
     local plain = self._plain  -- (fail_statuses' array when there is no `slow` rule, else false)
     if plain then
       local s, t = resp_status(r), rec.ticket
       if s >= 100 and s < 499 and not plain[s] and (not t or floor(t / 2) % 4 ~= 2)
-          and internal(r) == rec.internal then
+          and internal(r) == 0 then
         local peer = rec.peer
         if t and not peer.removed then peer.report(peer.b, t, true, nil) end
         return
