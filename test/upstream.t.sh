@@ -124,6 +124,22 @@ state_of() { # state_of POOL ADDRPORT (front): the fuse_state value
 }
 pstate() { curl -s -m 5 "http://127.0.0.1:$POOLS/state?name=$1"; }  # pools nginx: "state f s slow opens"
 pfield() { pstate "$1" | cut -d' ' -f"$2"; }  # pfield NAME K: field K of pstate (2: failures, 3: successes)
+judged() { echo $(( $(pfield "$1" 2) + $(pfield "$1" 3) )); }  # judged NAME: failures + successes
+# codes4 PATH: the status codes of 4 requests to the pools nginx, one after another
+codes4() {
+  local i out=""
+  for i in 1 2 3 4; do out="$out$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS$1") "; done
+  echo "$out"
+}
+# seen4 PATH: the same with each answer's X-Upstream-Status: "200 [500 : 200]; " x4
+seen4() {
+  local i h out=""
+  for i in 1 2 3 4; do
+    h=$(curl -s -m 10 -D - -o /dev/null "http://127.0.0.1:$POOLS$1" | tr -d '\r')
+    out="$out$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
+  done
+  echo "$out"
+}
 # seq_req PORT PATH N: N requests one after another (20 ms apart, so each one's log phase
 # has reported before the next); CODES = "code count;..." , PEERS of each, WORKERS distinct
 # (at most $4 seconds when given: SEQ_N tells how many were sent)
@@ -414,11 +430,7 @@ check "each refusal is in the error log with the peer ($refused_log lines, 2)" [
 # an internal redirect back to the same pool: the second upstream's first try is a first
 # try (nginx gets its retries again), not a retry of the first upstream's last try
 mode "$B" 'mode=fail&reset=1'; mode "$C" 'mode=fail&reset=1'
-rd_seen=""
-for i in 1 2 3 4; do
-  h=$(curl -s -m 10 -D - -o /dev/null "http://127.0.0.1:$POOLS/rd" | tr -d '\r')
-  rd_seen="$rd_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
-done
+rd_seen=$(seen4 /rd)
 rd_want="500 [500, 500 : 500, 500]; "
 # (the last try of each request is reported in its log phase, which may run after curl
 # has the answer: wait until the count is in, bounded, before reading it)
@@ -428,11 +440,8 @@ rd_f=$(rd_fails)
 check "an error_page back to the same pool tries twice again: 4 requests each 2 + 2 tries ($rd_seen), B and C reached $(hits $B) + $(hits $C) times (16) and their breakers counted $rd_f failures (16: the first upstream's last try too)" \
   eval '[ "$rd_seen" = "$rd_want$rd_want$rd_want$rd_want" ] && [ $(( $(hits $B) + $(hits $C) )) = 16 ] && [ "$rd_f" = 16 ]'
 # ... and one on to another pool's location: pool rd's two tries count for rd, A's for fb
-rd_f0=$rd_f; mode "$A" 'mode=ok&reset=1'; fb_seen=""
-for i in 1 2 3 4; do
-  h=$(curl -s -m 10 -D - -o /dev/null "http://127.0.0.1:$POOLS/fb" | tr -d '\r')
-  fb_seen="$fb_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
-done
+rd_f0=$rd_f; mode "$A" 'mode=ok&reset=1'
+fb_seen=$(seen4 /fb)
 fb_want="200 [500, 500 : 200]; "
 wait_for 10 eval '[ "$(pfield "fb/127.0.0.1:$A" 3)" -ge 4 ]'
 rd_f=$(rd_fails)
@@ -441,43 +450,30 @@ check "an error_page on to another pool: 4 requests ($fb_seen); pool rd's breake
   eval '[ "$fb_seen" = "$fb_want$fb_want$fb_want$fb_want" ] && [ $((rd_f - rd_f0)) = 8 ] && [ "$fb_s" = 4 ]'
 # an error_page answering 200 for B's failed try (one try, intercepted): the response's
 # status is the fallback's, and the try is still a failure of B
-em_seen=""
-for i in 1 2 3 4; do em_seen="$em_seen$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/em") "; done
-em_n() { echo $(( $(pfield "em/127.0.0.1:$B" 2) + $(pfield "em/127.0.0.1:$B" 3) )); }
-wait_for 10 eval '[ "$(em_n)" -ge 4 ]'
+em_seen=$(codes4 /em)
+wait_for 10 eval '[ "$(judged "em/127.0.0.1:$B")" -ge 4 ]'
 em_f=$(pfield "em/127.0.0.1:$B" 2) em_s=$(pfield "em/127.0.0.1:$B" 3)
 check "an error_page answering 200 for a failed try: 4 requests ($em_seen), B's breaker counted $em_f failures (4) and $em_s successes (0)" \
   eval '[ "$em_seen" = "200 200 200 200 " ] && [ "$em_f" = 4 ] && [ "$em_s" = 0 ]'
 # a request already internal at its first try (rewrite ... break, the usual prefix strip;
 # try_files, ngx.exec, X-Accel-Redirect do the same) whose failed try an error_page answers
 # with 200: the try is still a failure of B (the response's status is the fallback's)
-emr_seen=""
-for i in 1 2 3 4; do emr_seen="$emr_seen$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/emr/x") "; done
-emr_n() { echo $(( $(pfield "emr/127.0.0.1:$B" 2) + $(pfield "emr/127.0.0.1:$B" 3) )); }
-wait_for 10 eval '[ "$(emr_n)" -ge 4 ]'
+emr_seen=$(codes4 /emr/x)
+wait_for 10 eval '[ "$(judged "emr/127.0.0.1:$B")" -ge 4 ]'
 emr_f=$(pfield "emr/127.0.0.1:$B" 2) emr_s=$(pfield "emr/127.0.0.1:$B" 3)
 check "an error_page answering 200 for a failed try of a request internal before it (rewrite ... break): 4 requests ($emr_seen), B's breaker counted $emr_f failures (4) and $emr_s successes (0)" \
   eval '[ "$emr_seen" = "200 200 200 200 " ] && [ "$emr_f" = 4 ] && [ "$emr_s" = 0 ]'
 # a failed try of pool pl, then an error_page to a location proxying a plain upstream (A,
 # no pool): $upstream_status ends with the plain upstream's entry, which is not B's try
-pl_seen=""
-for i in 1 2 3 4; do
-  h=$(curl -s -m 10 -D - -o /dev/null "http://127.0.0.1:$POOLS/pl" | tr -d '\r')
-  pl_seen="$pl_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
-done
+pl_seen=$(seen4 /pl)
 pl_want="200 [500 : 200]; "
-pl_n() { echo $(( $(pfield "pl/127.0.0.1:$B" 2) + $(pfield "pl/127.0.0.1:$B" 3) )); }
-wait_for 10 eval '[ "$(pl_n)" -ge 4 ]'
+wait_for 10 eval '[ "$(judged "pl/127.0.0.1:$B")" -ge 4 ]'
 pl_f=$(pfield "pl/127.0.0.1:$B" 2) pl_s=$(pfield "pl/127.0.0.1:$B" 3)
 check "an error_page on to a plain upstream after a failed try: 4 requests ($pl_seen), B's breaker counted $pl_f failures (4) and $pl_s successes (0)" \
   eval '[ "$pl_seen" = "$pl_want$pl_want$pl_want$pl_want" ] && [ "$pl_f" = 4 ] && [ "$pl_s" = 0 ]'
 # pool mx's failed try, a plain upstream (refused), then pool my: mx's try is judged at
 # my's first try from its own entry (a status failure), not from the plain upstream's 502
-mx_seen=""
-for i in 1 2 3 4; do
-  h=$(curl -s -m 10 -D - -o /dev/null "http://127.0.0.1:$POOLS/mx" | tr -d '\r')
-  mx_seen="$mx_seen$(sed -n 's/^HTTP\/[0-9.]* \([0-9]*\).*/\1/p' <<< "$h") [$(sed -n 's/^X-Upstream-Status: //p' <<< "$h")]; "
-done
+mx_seen=$(seen4 /mx)
 mx_want="200 [500 : 502 : 200]; "
 wait_for 10 eval '[ "$(pfield "my/127.0.0.1:$A" 3)" -ge 4 ]'
 mx_st=$(cls mx "$B" status) mx_co=$(cls mx "$B" connect) my_s=$(pfield "my/127.0.0.1:$A" 3)
@@ -485,11 +481,10 @@ check "pool, plain upstream, pool: 4 requests ($mx_seen); mx's B counted $mx_st 
   eval '[ "$mx_seen" = "$mx_want$mx_want$mx_want$mx_want" ] && [ "$mx_st" = 4 ] && [ -z "$mx_co" ] && [ "$my_s" = 4 ]'
 # a request internal before it is proxied (try_files to a named location): its one try is
 # judged as any other, a success from the response's status and a failure from its 500
-emi_seen=""
-for i in 1 2 3 4; do emi_seen="$emi_seen$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/emi") "; done
+emi_seen=$(codes4 /emi)
 wait_for 10 eval '[ "$(pfield "emi/127.0.0.1:$A" 3)" -ge 4 ]'
 mode "$A" 'mode=fail&reset=1'
-for i in 1 2 3 4; do emi_seen="$emi_seen$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/emi") "; done
+emi_seen="$emi_seen$(codes4 /emi)"
 wait_for 10 eval '[ "$(pfield "emi/127.0.0.1:$A" 2)" -ge 4 ]'
 emi_f=$(pfield "emi/127.0.0.1:$A" 2) emi_s=$(pfield "emi/127.0.0.1:$A" 3)
 check "a request internal before its first try (try_files): 4 answered 200 then 4 answered 500 ($emi_seen), A's breaker counted $emi_s successes (4) and $emi_f failures (4)" \
