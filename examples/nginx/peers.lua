@@ -4,13 +4,23 @@
 --   mode  ok (200) | fail (500) | status (answers `status`) | hang (sleeps `delay` s, then 200)
 --         | slowfail (sleeps `delay` s, then 500) | refuse (closes the connection unanswered:
 --         the front sees a reset, a connect-class failure)
---   hits  requests that reached it; `max` the most it ever served at once.
+--   hits  requests that reached it; `max` the most it ever served at once; the first
+--         ARRIVALS requests' arrival and end ("+" or "-", time, the front's port), for a
+--         test's diagnostics.
 local ngx = ngx
 local d = ngx.shared.peers
 
 local _M = {}
 
 local LEVELS = 256  -- concurrency levels a reset clears (far above any test's)
+local ARRIVALS = 64
+
+local function note(port, what)
+  local k = "arrivals:" .. port
+  if (d:llen(k) or 0) < 2 * ARRIVALS then
+    d:rpush(k, ("%s%.3f %s"):format(what, ngx.now(), ngx.var.remote_port or "-"))
+  end
+end
 local MODES = { ok = true, fail = true, status = true, hang = true, slowfail = true, refuse = true }
 
 function _M.serve()
@@ -19,8 +29,10 @@ function _M.serve()
   d:incr("hits:" .. port, 1, 0)
   local now = d:incr("now:" .. port, 1, 0)
   d:set("reached:" .. port .. ":" .. now, true)      -- concurrency levels seen
+  note(port, "+")
   if mode == "hang" or mode == "slowfail" then ngx.sleep(d:get("delay:" .. port) or 1) end
   d:incr("now:" .. port, -1, 0)
+  note(port, "-")
   if mode == "refuse" then return ngx.exit(444) end
   ngx.header["X-Peer"] = port
   if mode == "fail" or mode == "slowfail" then
@@ -39,6 +51,7 @@ end
 
 -- /control?port=P&mode=M[&delay=S][&status=N][&reset=1]  (reset: hits and max of P to 0)
 -- /control?port=P  prints "hits=N max=N mode=M now=N" (now: requests it is serving)
+-- /control?port=P&arrivals=1  prints the arrivals and ends noted since the last reset
 function _M.control()
   local a = ngx.req.get_uri_args()
   local port = a.port
@@ -49,6 +62,14 @@ function _M.control()
     -- levels below theirs, and a level they set afterwards (above the gap) would
     -- otherwise stay and count again once the levels below it are reached anew
     for i = 1, LEVELS do d:delete("reached:" .. port .. ":" .. i) end
+    d:delete("arrivals:" .. port)
+  end
+  if a.arrivals then
+    local k = "arrivals:" .. port
+    local out = {}
+    for i = 1, d:llen(k) or 0 do out[i] = d:lpop(k) end
+    for i = 1, #out do d:rpush(k, out[i]) end
+    return ngx.say(table.concat(out, " "))
   end
   if a.mode then
     if not MODES[a.mode] then ngx.status = 400; return ngx.say("unknown mode") end
