@@ -484,6 +484,12 @@ wait_for 10 eval '[ "$(pfield "my/127.0.0.1:$A" 3)" -ge 4 ]'
 mx_st=$(cls mx "$B" status) mx_co=$(cls mx "$B" connect) my_s=$(pfield "my/127.0.0.1:$A" 3)
 check "pool, plain upstream, pool: 4 requests ($mx_seen); mx's B counted $mx_st status failures (4) and $mx_co connect (none), my's A $my_s successes (4)" \
   eval '[ "$mx_seen" = "$mx_want$mx_want$mx_want$mx_want" ] && [ "$mx_st" = 4 ] && [ -z "$mx_co" ] && [ "$my_s" = 4 ]'
+# a stock error page for a refused try, log_by_lua one level up: the try is judged
+sl_seen=$(codes4 /sl/go)
+wait_for 10 eval '[ -n "$(cls sl "$D" connect)" ] && [ "$(cls sl "$D" connect)" -ge 4 ]'
+sl_c=$(cls sl "$D" connect) sl_f=$(pfield "sl/127.0.0.1:$D" 2)
+check "a refused try behind nginx's stock error page, log_by_lua one level up: 4 requests ($sl_seen), D's breaker counted $sl_f failures (4), $sl_c of class connect" \
+  eval '[ "$sl_seen" = "502 502 502 502 " ] && [ "$sl_f" = 4 ] && [ "$sl_c" = 4 ]'
 # a request internal before it is proxied (try_files to a named location): its one try is
 # judged as any other, a success from the response's status and a failure from its 500
 emi_seen=$(codes4 /emi)
