@@ -1203,11 +1203,12 @@ end
 -- $upstream_header_time and $upstream_response_time lists given, split: the record's
 -- tries are the entries after the rec.before entries of the request's earlier upstreams
 -- (an internal redirect's), whatever came after them (a later upstream, of a pool or
--- not). `whole`: nothing when the lists hold fewer values than that.
+-- not). `whole`: nothing when the lists hold fewer values than that. Returns how many
+-- values the status list holds.
 local function judge_tries(self, rec, status, header, response, whole)
   local statuses, ns = split(status, {})
   local base = rec.before
-  if whole and ns < base + rec.n then return end
+  if whole and ns < base + rec.n then return ns end
   local headers, times = split(header, {}), split(response, {})
   for k = 1, rec.n do
     local try = rec[k]
@@ -1216,6 +1217,7 @@ local function judge_tries(self, rec, status, header, response, whole)
       judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j]))
     end
   end
+  return ns
 end
 
 -- The last per-try value of an $upstream_* list ("0.002, - : " in the balancer: the tries
@@ -1285,11 +1287,8 @@ end
 -- Returns how many entries the earlier upstreams left (the new upstream's rec.before).
 local function judge_earlier(self, rec)
   local var = ngx.var
-  local status = before_current(var.upstream_status)
-  judge_tries(self, rec, status, before_current(var.upstream_header_time),
+  return judge_tries(self, rec, before_current(var.upstream_status), before_current(var.upstream_header_time),
     before_current(var.upstream_response_time), true)
-  local _, n = split(status, {})
-  return n
 end
 
 -- nginx refused `peer` (set_current_peer failed with `err`): a failure of that peer, and
