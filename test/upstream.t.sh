@@ -125,6 +125,9 @@ state_of() { # state_of POOL ADDRPORT (front): the fuse_state value
 pstate() { curl -s -m 5 "http://127.0.0.1:$POOLS/state?name=$1"; }  # pools nginx: "state f s slow opens"
 pfield() { pstate "$1" | cut -d' ' -f"$2"; }  # pfield NAME K: field K of pstate (2: failures, 3: successes)
 judged() { echo $(( $(pfield "$1" 2) + $(pfield "$1" 3) )); }  # judged NAME: failures + successes
+# fs4 NAME: once breaker NAME judged 4 tries (waited for, bounded), F and S: its failures
+# and successes (a one-try request is judged in its log phase, after curl has the answer)
+fs4() { wait_for 10 eval "[ \"\$(judged '$1')\" -ge 4 ]"; F=$(pfield "$1" 2) S=$(pfield "$1" 3); }
 # codes4 PATH: the status codes of 4 requests to the pools nginx, one after another
 codes4() {
   local i out=""
@@ -455,27 +458,21 @@ check "an error_page on to another pool: 4 requests ($fb_seen); pool rd's breake
   eval '[ "$fb_seen" = "$fb_want$fb_want$fb_want$fb_want" ] && [ $((rd_f - rd_f0)) = 8 ] && [ "$fb_s" = 4 ]'
 # an error_page answering 200 for B's failed try (one try, intercepted): the response's
 # status is the fallback's, and the try is still a failure of B
-em_seen=$(codes4 /em)
-wait_for 10 eval '[ "$(judged "em/127.0.0.1:$B")" -ge 4 ]'
-em_f=$(pfield "em/127.0.0.1:$B" 2) em_s=$(pfield "em/127.0.0.1:$B" 3)
-check "an error_page answering 200 for a failed try: 4 requests ($em_seen), B's breaker counted $em_f failures (4) and $em_s successes (0)" \
-  eval '[ "$em_seen" = "200 200 200 200 " ] && [ "$em_f" = 4 ] && [ "$em_s" = 0 ]'
+em_seen=$(codes4 /em); fs4 "em/127.0.0.1:$B"
+check "an error_page answering 200 for a failed try: 4 requests ($em_seen), B's breaker counted $F failures (4) and $S successes (0)" \
+  eval '[ "$em_seen" = "200 200 200 200 " ] && [ "$F" = 4 ] && [ "$S" = 0 ]'
 # a request already internal at its first try (rewrite ... break, the usual prefix strip;
 # try_files, ngx.exec, X-Accel-Redirect do the same) whose failed try an error_page answers
 # with 200: the try is still a failure of B (the response's status is the fallback's)
-emr_seen=$(codes4 /emr/x)
-wait_for 10 eval '[ "$(judged "emr/127.0.0.1:$B")" -ge 4 ]'
-emr_f=$(pfield "emr/127.0.0.1:$B" 2) emr_s=$(pfield "emr/127.0.0.1:$B" 3)
-check "an error_page answering 200 for a failed try of a request internal before it (rewrite ... break): 4 requests ($emr_seen), B's breaker counted $emr_f failures (4) and $emr_s successes (0)" \
-  eval '[ "$emr_seen" = "200 200 200 200 " ] && [ "$emr_f" = 4 ] && [ "$emr_s" = 0 ]'
+emr_seen=$(codes4 /emr/x); fs4 "emr/127.0.0.1:$B"
+check "an error_page answering 200 for a failed try of a request internal before it (rewrite ... break): 4 requests ($emr_seen), B's breaker counted $F failures (4) and $S successes (0)" \
+  eval '[ "$emr_seen" = "200 200 200 200 " ] && [ "$F" = 4 ] && [ "$S" = 0 ]'
 # a failed try of pool pl, then an error_page to a location proxying a plain upstream (A,
 # no pool): $upstream_status ends with the plain upstream's entry, which is not B's try
 pl_seen=$(seen4 /pl)
-pl_want="200 [500 : 200]; "
-wait_for 10 eval '[ "$(judged "pl/127.0.0.1:$B")" -ge 4 ]'
-pl_f=$(pfield "pl/127.0.0.1:$B" 2) pl_s=$(pfield "pl/127.0.0.1:$B" 3)
-check "an error_page on to a plain upstream after a failed try: 4 requests ($pl_seen), B's breaker counted $pl_f failures (4) and $pl_s successes (0)" \
-  eval '[ "$pl_seen" = "$pl_want$pl_want$pl_want$pl_want" ] && [ "$pl_f" = 4 ] && [ "$pl_s" = 0 ]'
+pl_want="200 [500 : 200]; "; fs4 "pl/127.0.0.1:$B"
+check "an error_page on to a plain upstream after a failed try: 4 requests ($pl_seen), B's breaker counted $F failures (4) and $S successes (0)" \
+  eval '[ "$pl_seen" = "$pl_want$pl_want$pl_want$pl_want" ] && [ "$F" = 4 ] && [ "$S" = 0 ]'
 # pool mx's failed try, a plain upstream (refused), then pool my: mx's try is judged at
 # my's first try from its own entry (a status failure), not from the plain upstream's 502
 mx_seen=$(seen4 /mx)
