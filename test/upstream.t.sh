@@ -487,6 +487,13 @@ wait_for 10 eval '[ -n "$(cls sl "$D" connect)" ] && [ "$(cls sl "$D" connect)" 
 sl_c=$(cls sl "$D" connect) sl_f=$(pfield "sl/127.0.0.1:$D" 2)
 check "a refused try behind nginx's stock error page, log_by_lua one level up: 4 requests ($sl_seen), D's breaker counted $sl_f failures (4), $sl_c of class connect" \
   eval '[ "$sl_seen" = "502 502 502 502 " ] && [ "$sl_f" = 4 ] && [ "$sl_c" = 4 ]'
+# upstream.log() one level above two pools' locations: B's failed tries count for pool la,
+# A's successes for lb, and a request no pool proxied (/ml/none, 404) counts for neither
+ml_seen="$(codes4 /ml/a)$(codes4 /ml/b)$(codes4 /ml/none)"
+fs4 "la/127.0.0.1:$B"; la_f=$F la_s=$S
+fs4 "lb/127.0.0.1:$A"; lb_f=$F lb_s=$S
+check "upstream.log() for two pools: 4 requests to each and 4 to no pool ($ml_seen); la's B counted $la_f failures (4) and $la_s successes (0), lb's A $lb_s successes (4) and $lb_f failures (0)" \
+  eval '[ "$ml_seen" = "500 500 500 500 200 200 200 200 404 404 404 404 " ] && [ "$la_f" = 4 ] && [ "$la_s" = 0 ] && [ "$lb_s" = 4 ] && [ "$lb_f" = 0 ]'
 # a request internal before it is proxied (try_files to a named location): its one try is
 # judged as any other, a success from the response's status and a failure from its 500
 emi_seen=$(codes4 /emi)

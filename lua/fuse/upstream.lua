@@ -1130,24 +1130,29 @@ local function record(self, r)
   return clear(self, rec, t)
 end
 
--- The record pool:log() judges, taken (no longer live; out of REQS), with the request;
--- nil when this request has none.
+-- The record the log phase judges, taken (no longer live; out of REQS), with the
+-- request and the pool whose upstream made it: pool `self`'s (pool:log()), or any pool's
+-- (self false: upstream.log()); nil when this request has none.
 local function take(self)
   if not get_request then return nil end  -- not under nginx
   local r = get_request()
   if r == nil then return nil end
   local key = tonumber(cast(intptr, r))
   local rec = SLOTS[slot_of(key)]
+  local pool
   if not rec or rec.key ~= key then
     rec = in_reqs > 0 and REQS[key] or nil
-    if not rec or rec.pool ~= self then return nil end
+    if not rec then return nil end
+    pool = rec.pool
+    if not pool or (self and pool ~= self) then return nil end
     REQS[key], in_reqs = nil, in_reqs - 1
-  elseif rec.pool ~= self then
-    return nil
+  else
+    pool = rec.pool
+    if not pool or (self and pool ~= self) then return nil end
   end
   rec.pool = false
   if rec.t ~= start_time(r) then return nil end  -- an earlier request's, at the same address
-  return rec, r
+  return rec, r, pool
 end
 
 local function retry_after_header(seconds)
@@ -1376,11 +1381,11 @@ function Pool:balance()
   rec.n = k
 end
 
--- pool:log(), in log_by_lua*: reports every try of this request to its peer's breaker,
--- with the try's upstream response time (for `slow`), and counts failure classes.
-function Pool:log()
-  local rec, r = take(self)
-  if not rec or rec.n == 0 then return end
+-- The log phase's verdicts on record `rec` of pool `self` (r: the request): every try
+-- of it nothing judged yet, reported to its peer's breaker with the try's upstream
+-- response time (for `slow`), and the failure classes counted.
+local function log_record(self, rec, r)
+  if rec.n == 0 then return end
   sync(self, rec.t)  -- peers removed meanwhile (any worker) get no report
   if rec.n == 1 then  -- one try (the common case): the record itself
     if rec.done then return end
@@ -1420,6 +1425,21 @@ function Pool:log()
     end
   end
   judge_tries(self, rec, status, var.upstream_header_time, var.upstream_response_time)
+end
+
+-- pool:log(), in log_by_lua*: the verdicts on this request's tries in this pool's
+-- upstream (nothing for a request another pool proxied last).
+function Pool:log()
+  local rec, r = take(self)
+  if rec then return log_record(self, rec, r) end
+end
+
+-- upstream.log(), in log_by_lua*: the same for whichever pool proxied this request last,
+-- so that one line in `http {}` or `server {}` serves every pool (a request no pool
+-- proxied costs one look-up).
+function _M.log()
+  local rec, r, pool = take(false)
+  if rec then return log_record(pool, rec, r) end
 end
 
 ---------------------------------------------------------------------------- metrics
