@@ -499,6 +499,31 @@ fs4 "la/127.0.0.1:$B"; la_f=$F la_s=$S
 fs4 "lb/127.0.0.1:$A"; lb_f=$F lb_s=$S
 check "upstream.log() for two pools: 4 requests to each and 4 to no pool ($ml_seen); la's B counted $la_f failures (4) and $la_s successes (0), lb's A $lb_s successes (4) and $lb_f failures (0)" \
   eval '[ "$ml_seen" = "500 500 500 500 200 200 200 200 404 404 404 404 " ] && [ "$la_f" = 4 ] && [ "$la_s" = 0 ] && [ "$lb_s" = 4 ] && [ "$lb_f" = 0 ]'
+# an error_page to a URL answers 302 without an internal redirect: D's refused tries and,
+# with proxy_intercept_errors, B's 500s are failures of their peers, not successes
+rx_seen=$(codes4 /rx); fs4 "rx/127.0.0.1:$D"; rx_f=$F rx_s=$S
+rs_seen=$(codes4 /rs); fs4 "rs/127.0.0.1:$B"; rs_f=$F rs_s=$S
+check "an error_page to a URL (302) for a refused try and for an intercepted 500 ($rx_seen; $rs_seen): D counted $rx_f failures (4) and $rx_s successes (0), B $rs_f failures (4) and $rs_s successes (0)" \
+  eval '[ "$rx_seen$rs_seen" = "302 302 302 302 302 302 302 302 " ] && [ "$rx_f" = 4 ] && [ "$rx_s" = 0 ] && [ "$rs_f" = 4 ] && [ "$rs_s" = 0 ]'
+# proxy_cache_use_stale: A fills the cache (one success), then fails; once the copy has
+# expired (1 s) every request tries A and is answered 200 from the stale copy: each of
+# those tries is a failure of A (requests while the copy is fresh reach no peer)
+cs_get() { curl -s -m 10 -D - -o /dev/null "http://127.0.0.1:$POOLS/cs" | tr -d '\r' | sed -n 's/^X-Cache: //p'; }
+cs_fill=$(cs_get)
+mode "$A" 'mode=fail&reset=1'
+cs_stale=0 cs_seen=""
+for _ in $(seq 100); do                     # until 4 stale answers (bounded: 100 requests)
+  c=$(cs_get); cs_seen="$cs_seen$c "
+  [ "$c" = STALE ] && cs_stale=$((cs_stale + 1))
+  [ "$cs_stale" -ge 4 ] && break
+  sleep 0.1
+done
+wait_for 10 eval "[ \"\$(judged 'cs/127.0.0.1:$A')\" -ge 5 ]"
+cs_f=$(pfield "cs/127.0.0.1:$A" 2) cs_s=$(pfield "cs/127.0.0.1:$A" 3)
+check "a cache's stale copy for a failed try: filled ($cs_fill), then $cs_stale stale answers (4), A reached $(hits $A) times (4), A's breaker counted $cs_f failures (4) and $cs_s successes (1: the fill)" \
+  eval '[ "$cs_fill" = MISS ] && [ "$cs_stale" = 4 ] && [ "$(hits $A)" = 4 ] && [ "$cs_f" = 4 ] && [ "$cs_s" = 1 ]'
+[ "$cs_stale" = 4 ] || diag "X-Cache of the requests: $cs_seen"
+mode "$A" 'mode=ok&reset=1'
 # a request internal before it is proxied (try_files to a named location): its one try is
 # judged as any other, a success from the response's status and a failure from its 500
 emi_seen=$(codes4 /emi)

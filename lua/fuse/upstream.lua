@@ -586,6 +586,16 @@ local function sync(self, t)
   return resync(self)
 end
 
+-- The statuses pool:log() does not take for the try's own (the fast path, below): the
+-- fail_statuses, and the redirects an error_page to a URL answers with (301, 302, 303,
+-- 307, 308: nginx sends them without an internal redirect, whatever the try's outcome).
+local function not_plain(fail)
+  local t = {}  -- (an array 1 to 599, as fail_statuses' set)
+  for c = 1, 599 do t[c] = fail[c] end
+  t[301], t[302], t[303], t[307], t[308] = true, true, true, true, true
+  return t
+end
+
 -- upstream.new(pool_name, peers, opts) -> pool
 function _M.new(name, peers, opts)
   if type(name) ~= "string" or #name == 0 or name:find("/", 1, true) or #name > 100 then
@@ -598,7 +608,8 @@ function _M.new(name, peers, opts)
   local pfx = ""
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
     _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.slow_start,
-    _bopts = bopts, _slow = bopts.slow ~= nil, _plain = bopts.slow == nil and o.fail, _store = store,
+    _bopts = bopts, _slow = bopts.slow ~= nil, _plain = bopts.slow == nil and not_plain(o.fail), _store = store,
+    _looks = 0,
     _pfx = pfx,
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
@@ -1381,6 +1392,22 @@ function Pool:balance()
   rec.n = k
 end
 
+-- Whether this pool's responses may come from a cache: `proxy_cache_use_stale` answers a
+-- failed try with an expired copy (200 STALE), so the response's status is not the
+-- try's. nginx sets $upstream_cache_status for every proxied request of a location with a
+-- cache (MISS, EXPIRED, BYPASS, STALE, ...). One read costs about as much as the rest of
+-- the pool's work, so each worker reads it on a pool's first request and every 32nd
+-- after; once it is seen, pool:log() judges every request of that pool from
+-- $upstream_status (_plain false). A pool first used only by locations without a cache
+-- and later by one with it is found within 32 of its requests in each worker.
+local function from_cache(self)
+  local n = self._looks + 1
+  self._looks = n
+  if band(n, 31) ~= 1 or ngx.var.upstream_cache_status == nil then return false end
+  self._plain = false
+  return true
+end
+
 -- The log phase's verdicts on record `rec` of pool `self` (r: the request): every try
 -- of it nothing judged yet, reported to its peer's breaker with the try's upstream
 -- response time (for `slow`), and the failure classes counted.
@@ -1400,11 +1427,13 @@ local function log_record(self, rec, r)
     -- probes, and every other status, are judged from $upstream_status too.
     -- The record is taken (no longer live): nothing reads its done and ticket again, which
     -- succeeded() would set.
-    local plain = self._plain  -- (fail_statuses' array when there is no `slow` rule, else false)
+    -- Nor is it for a redirect an error_page to a URL answers with (see not_plain), or
+    -- for a stale copy a cache answers with after a failed try (see from_cache).
+    local plain = self._plain  -- (not_plain's array when there is no `slow` rule, else false)
     if plain then
       local s, t = resp_status(r), rec.ticket
       if s >= 100 and s < 499 and not plain[s] and (not t or floor(t / 2) % 4 ~= 2)
-          and internal(r) == 0 then
+          and internal(r) == 0 and not from_cache(self) then
         local peer = rec.peer
         if t and not peer.removed then peer.report(peer.b, t, true, nil) end
         return
