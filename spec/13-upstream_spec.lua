@@ -341,11 +341,68 @@ describe("fuse.upstream #" .. BACKEND, function()
     local b = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
     local peer, ticket = b:pick()             -- a try in flight in copy b
     a:close()
-    b:peers()                                 -- b syncs, as pool:log() does before judging
+    assert.is_false((pcall(b.peers, b)))      -- b syncs, as pool:log() does before judging (closed)
     upstream._failed(b, { peer = peer, ticket = ticket }, "status")   -- the try fails (log)
     assert.falsy(fuse.metrics():find('pool="' .. name .. '"', 1, true))
     local again = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
     assert.equal(0, again:failures(peer.addr, "status"))
+  end)
+
+  it("close, then upstream.new of the name: the old pool's copies stay closed and close nothing of the new one", function()
+    -- (fails) close() left a mark that upstream.new of the name deleted: a copy (another
+    -- nginx worker) that had not synced between the two took the new pool's list and went
+    -- on as if it were the new pool; in nginx, 3 of 3 other workers answered peers() with
+    -- the new list. A close() through such a copy removed the new pool's breakers.
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1" })
+    local b = upstream.new(name, { "10.0.0.1:1" })
+    a:close()
+    local c = upstream.new(name, { "10.0.0.1:2" })
+    local ok, e = pcall(b.peers, b)
+    assert.is_false(ok)
+    assert.truthy(e:find("pool '" .. name .. "' is closed", 1, true), e)
+    b:close()
+    assert.same({ { addr = "10.0.0.1:2", weight = 1, state = "closed" } }, c:peers())
+    assert.truthy(fuse.get(name .. "/10.0.0.1:2"))
+  end)
+
+  it("a closed name leaves no key in the dict (1000 pools made and closed)", function()
+    -- (fails) close() kept its closed mark and the version: two keys a name for good, so a
+    -- gateway making and closing pools per tenant filled the dict (10,000 names in a 1 MB
+    -- dict: full, and other pools' stored lists evicted)
+    local store = upstream._stores.fuse_upstream
+    local function keys() return #store:get_keys(0) end
+    local before = keys()
+    for _ = 1, 1000 do
+      local pool = upstream.new(unique("t"), { "10.0.0.1:1", "10.0.0.1:2" })
+      pool:set_peers({ "10.0.0.1:3" })
+      pool:close()
+    end
+    assert.equal(before, keys())
+  end)
+
+  it("two workers make the first pool of a name at once: both are the same pool", function()
+    -- forced: the second upstream.new runs between the first's look for the name's
+    -- incarnation and its store of one. (With a set in place of the add, the first's
+    -- token replaced the second's, whose copy was closed at its next sync: checked.)
+    local name = unique("p")
+    local store = upstream._stores.fuse_upstream
+    local get, second, raced = store.get, nil, false
+    store.get = function(st, k)
+      local v = get(st, k)
+      if k == "g/" .. name and v == nil and not raced then  -- the first's look found none
+        raced = true
+        second = upstream.new(name, { "10.0.0.1:1" })
+      end
+      return v
+    end
+    local ok, first = pcall(upstream.new, name, { "10.0.0.1:1" })
+    store.get = get
+    assert.is_true(ok, first)
+    assert.truthy(second)
+    assert.same(first:peers(), second:peers())
+    assert.is_true(first:set_peers({ "10.0.0.1:2" }))
+    assert.equal("10.0.0.1:2", second:peers()[1].addr)
   end)
 
   it("set_peers keeps the breaker and state of peers that stay, adds new ones, removes the rest", function()

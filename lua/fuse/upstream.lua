@@ -311,6 +311,11 @@ local function local_store()
     get = function(_, k) return t[k] end,
     set = function(_, k, v) t[k] = v; return true end,
     safe_set = function(_, k, v) t[k] = v; return true end,
+    safe_add = function(_, k, v)
+      if t[k] ~= nil then return false, "exists" end
+      t[k] = v
+      return true
+    end,
     delete = function(_, k) t[k] = nil end,
     incr = function(_, k, n, init)
       local v = (t[k] or init or 0) + n
@@ -347,9 +352,16 @@ local function store_for(name, level)
   return s
 end
 
--- Keys: v/P version, l/P stored list, b/P the config list it was set over, x/P closed,
--- p/P panic picks, d/P dry-run picks of rejected peers, r/P/ADDR slow-start start,
--- c/P/ADDR/CLASS failures. Pool names hold no '/', addresses neither.
+-- Keys: g/P the pool's incarnation (below), v/P version, l/P stored list, b/P the config
+-- list it was set over, p/P panic picks, d/P dry-run picks of rejected peers, r/P/ADDR
+-- slow-start start, c/P/ADDR/CLASS failures. Pool names hold no '/', addresses neither.
+--
+-- An incarnation is the life of a name from the upstream.new that found none to its
+-- pool:close(). Every copy of the pool (one per worker, and those a reload makes) holds
+-- the token in g/P it found or made; close() deletes every key of the name, g/P first,
+-- so a copy that syncs afterwards finds no token, or another one (an upstream.new of the
+-- name since), and is closed: it never takes the new pool's list, and a closed name
+-- leaves nothing in the dict.
 
 -- Every change of a pool's version (a list stored, a close, a slow-start ramp) also adds
 -- one to fuse's shared counter CHANGES (csrc/fz_counters.c: lock-free, one mapping for
@@ -522,18 +534,18 @@ local function read_ramps(self)
   if self._ramping then to_cur(self) end  -- (a pick on the schedule reads no ramp)
 end
 
+-- A copy whose incarnation another worker closed: its peers are removed here too, so that
+-- a try in flight here reports nothing (no counter of the closed pool comes back).
+local function closed_elsewhere(self)
+  for _, p in ipairs(self._peers) do p.removed = true end
+  self._closed = true
+end
+
 -- Brings this worker's pool to the store's version: the list set_peers stored (by any
--- worker), the ramps, the closed mark.
+-- worker), the ramps.
 local function refresh(self, v)
   local store = self._store
   self._ver = v
-  if store:get(self._xkey) then
-    -- closed by another worker: its peers are removed here too, so that a try in flight
-    -- here reports nothing (no counter of the closed pool comes back)
-    for _, p in ipairs(self._peers) do p.removed = true end
-    self._closed = true
-    return
-  end
   local s = store:get(self._lkey)
   if s and s ~= self._list_s then
     local list = decode(s)
@@ -565,7 +577,9 @@ local counter_value = fuse._counter_value
 -- for a branch that is not hot: an exit to the interpreter once a second costs less.
 -- (Outside nginx every sync reads the store: there it stays compiled.)
 local function resync(self)
-  local v = self._store:get(self._vkey)
+  local store = self._store
+  if store:get(self._gkey) ~= self._gen then return closed_elsewhere(self) end
+  local v = store:get(self._vkey)
   if v ~= self._ver then refresh(self, v) end
 end
 local jit = rawget(_G, "jit")
@@ -596,6 +610,16 @@ local function not_plain(fail)
   return t
 end
 
+-- A new incarnation's token: the process, the time and a count, unique across the
+-- workers and reloads that share the dict.
+local tokens = 0
+local function token()
+  tokens = tokens + 1
+  local ngx = rawget(_G, "ngx")
+  local pid = ngx and ngx.worker and ngx.worker.pid and ngx.worker.pid() or 0
+  return fmt("%d:%.6f:%d", pid, fuse.now(), tokens)
+end
+
 -- upstream.new(pool_name, peers, opts) -> pool
 function _M.new(name, peers, opts)
   if type(name) ~= "string" or #name == 0 or name:find("/", 1, true) or #name > 100 then
@@ -612,7 +636,7 @@ function _M.new(name, peers, opts)
     _looks = 0,
     _pfx = pfx,
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
-    _xkey = pfx .. "x/" .. name, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
+    _gkey = pfx .. "g/" .. name, _gen = false, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
     _ex = {}, _skip = {}, _pan = {}, _open = {}, _old = {}, _seen = -1, _seen_at = 0,
     _closed = false, _ramping = false, _ramp_end = false, _n = 0, _more = 0,
     _pos = false, _sched = false, _total = 0, _clean = 0 }, Pool)
@@ -623,12 +647,23 @@ function _M.new(name, peers, opts)
   -- A list set_peers stored over this same config list (since the config took effect:
   -- kept across reloads) wins; a config whose list changed starts over from it.
   local cfg = encode(list)
+  -- the incarnation: the one in the store (another worker's pool, or the pool before a
+  -- reload), else a new one; added, not set: of two workers that make the first pool of
+  -- a name at once, the second takes the first's token
+  local gen = store:get(self._gkey)
+  if not gen then
+    local ok, err = store:safe_add(self._gkey, token())
+    if not ok and err ~= "exists" then
+      raise(fmt("cannot store the pool in lua_shared_dict '%s': %s", o.dict, err), 2)
+    end
+    gen = store:get(self._gkey)
+  end
+  self._gen = gen
   local stored = store:get(self._lkey)
-  if stored and not store:get(self._xkey) and store:get(self._bkey) == cfg then
+  if stored and store:get(self._bkey) == cfg then
     local from_store = decode(stored)
     if #from_store > 0 then list = from_store end
   else
-    store:delete(self._xkey)
     local ok, err = store:safe_set(self._lkey, cfg)
     if not ok then raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2) end
     store:safe_set(self._bkey, cfg)
@@ -674,14 +709,16 @@ end
 -- the pool (and its copies in other workers) cannot be used afterwards.
 function Pool:close()
   if self._closed then return end
+  resync(self)  -- a copy of an incarnation closed elsewhere closes nothing of the name's next
+  if self._closed then return end
   local store = self._store
-  store:set(self._xkey, true)
+  store:delete(self._gkey)  -- first: a copy that syncs from here on is closed
   changed(store, self._vkey)
   for _, p in ipairs(self._peers) do
     p.removed = true
     fuse.remove(p.b.name)
   end
-  local mine = { self._lkey, self._bkey, self._pkey, self._dkey }
+  local mine = { self._vkey, self._lkey, self._bkey, self._pkey, self._dkey }
   for _, k in ipairs(mine) do store:delete(k) end
   local c, r = self._pfx .. "c/" .. self.name .. "/", self._pfx .. "r/" .. self.name .. "/"
   for _, k in ipairs(store:get_keys(0)) do
@@ -692,8 +729,8 @@ end
 
 -- pool:peers() -> { { addr = "...", weight = n, state = "closed" }, ... }
 function Pool:peers()
-  check_open(self, 2)
   sync(self)
+  check_open(self, 2)
   local out = {}
   for i, p in ipairs(self._peers) do
     out[i] = { addr = p.addr, weight = p.weight, state = p.b:state() }
@@ -979,6 +1016,7 @@ local function failed(self, try, class, seconds)
   end
 end
 _M._failed = failed  -- for the specs
+_M._stores = STORES  -- for the specs: dict name -> store
 
 local function succeeded(try, ok, seconds)
   try.done = true
