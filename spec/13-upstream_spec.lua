@@ -422,6 +422,40 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.is_nil(listed[name .. "/10.0.0.1:2"])
   end)
 
+  it("set_peers in two pools of one name at once: both end on the list stored last", function()
+    -- Two workers' set_peers, forced into the interleaving that lost: pool a stores its
+    -- list, b (another worker) stores its own and bumps the version, then a bumps it. The
+    -- store holds b's list and the version is a's bump, so only a's check of the stored
+    -- list after its bump makes a read b's list (its next sync), as every other worker does.
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local b = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local real, fired = a._store, false
+    a._store = setmetatable({
+      safe_set = function(_, k, v)
+        local ok, err = real:safe_set(k, v)
+        if k == "l/" .. name and not fired then  -- after a's store, before its version bump
+          fired = true
+          assert.is_true(b:set_peers({ "10.0.0.1:3", "10.0.0.1:4", "10.0.0.1:5" }))
+        end
+        return ok, err
+      end,
+    }, { __index = function(_, k) return function(_, ...) return real[k](real, ...) end end })
+    assert.is_true(a:set_peers({ "10.0.0.1:6", "10.0.0.1:7" }))
+    a._store = real
+    assert.is_true(fired)
+    assert.equal("10.0.0.1:3 1\n10.0.0.1:4 1\n10.0.0.1:5 1", real:get("l/" .. name))
+    local function addrs(pool)
+      local out = {}
+      for i, p in ipairs(pool:peers()) do out[i] = p.addr end
+      return table.concat(out, " ")
+    end
+    assert.equal("10.0.0.1:3", (a:pick()).addr)   -- a's next pick: the stored list's first
+    assert.equal("10.0.0.1:3 10.0.0.1:4 10.0.0.1:5", addrs(a))
+    assert.equal("10.0.0.1:3 10.0.0.1:4 10.0.0.1:5", addrs(b))
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:6"))  -- a's own list left: its breakers too
+  end)
+
   it("two pools of one name share each peer's breaker (as nginx workers do)", function()
     local name = unique("p")
     local a = upstream.new(name, { "10.0.0.1:1" }, { fails = 1, max_ejected = 1 })

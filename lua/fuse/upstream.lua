@@ -702,6 +702,10 @@ function Pool:set_peers(peers)
   install(self, new, by_addr, true)
   self._list_s = s
   read_ramps(self)
+  -- Another worker's set_peers may have stored its list between this store and this
+  -- version bump: the version then is not this list's, and the store's list must win
+  -- here too (as it does in every other worker). The next sync reads it.
+  if self._store:get(self._lkey) ~= s then self._ver = false end
   return true
 end
 
