@@ -456,6 +456,26 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.is_nil(fuse.get(name .. "/10.0.0.1:6"))  -- a's own list left: its breakers too
   end)
 
+  it("a config list that drops a peer (nginx -s reload): its breaker and counters go", function()
+    local name = unique("p")
+    local X, Y, Z = "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3"
+    local old = upstream.new(name, { X, Y }, { fails = 1 })
+    upstream._failed(old, { peer = old._peers[1], ticket = false }, "connect")
+    old._store:set("r/" .. name .. "/" .. X, 1)     -- a slow-start ramp of X
+    open_peer(old, Y)
+    assert.equal(1, old:failures(X, "connect"))
+    -- the reload: the old workers' pool is not used again; the config's list is Y, Z
+    local new = upstream.new(name, { Y, Z }, { fails = 1 })
+    assert.is_nil(fuse.get(name .. "/" .. X))
+    assert.equal(0, new:failures(X, "connect"))
+    assert.is_nil(new._store:get("r/" .. name .. "/" .. X))
+    local m = fuse.metrics()
+    assert.falsy(m:find(name .. "/" .. X, 1, true), m)
+    assert.falsy(m:find('pool="' .. name .. '",peer="' .. X .. '"', 1, true), m)
+    assert.same({ { addr = Y, weight = 1, state = "open" }, { addr = Z, weight = 1, state = "closed" } },
+      new:peers())                                  -- Y, which stays, keeps its state
+  end)
+
   it("two pools of one name share each peer's breaker (as nginx workers do)", function()
     local name = unique("p")
     local a = upstream.new(name, { "10.0.0.1:1" }, { fails = 1, max_ejected = 1 })

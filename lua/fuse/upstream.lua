@@ -620,6 +620,22 @@ local function token()
   return fmt("%d:%.6f:%d", pid, fuse.now(), tokens)
 end
 
+-- The peers of `before` (the list stored until now) that are not in `list` (the config's
+-- list, which replaces it at a reload): their breakers, failure counters and ramps go,
+-- as set_peers removes them. (Workers still holding them flag them removed at their next
+-- sync.)
+local function drop_left(self, before, list)
+  local keep, store, pfx = {}, self._store, self._pfx .. "c/" .. self.name .. "/"
+  for _, p in ipairs(list) do keep[p.addr] = true end
+  for _, p in ipairs(before) do
+    if not keep[p.addr] then
+      fuse.remove(self.name .. "/" .. p.addr)
+      for _, c in ipairs(CLASSES) do store:delete(pfx .. p.addr .. "/" .. c) end
+      store:delete(self._pfx .. "r/" .. self.name .. "/" .. p.addr)
+    end
+  end
+end
+
 -- upstream.new(pool_name, peers, opts) -> pool
 function _M.new(name, peers, opts)
   if type(name) ~= "string" or #name == 0 or name:find("/", 1, true) or #name > 100 then
@@ -668,6 +684,7 @@ function _M.new(name, peers, opts)
     if not ok then raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2) end
     store:safe_set(self._bkey, cfg)
     changed(store, self._vkey)
+    if stored then drop_left(self, decode(stored), list) end  -- (a closed name has none)
   end
   store:incr(self._pkey, 0, 0)  -- the panic counter shows (at 0) from the start
   local ok, peers_or_err, by_addr = pcall(build, self, list)
