@@ -476,6 +476,78 @@ describe("fuse.upstream #" .. BACKEND, function()
       new:peers())                                  -- Y, which stays, keeps its state
   end)
 
+  it("on a full shared dict, counters and ramps evict no stored list (a reload keeps set_peers' list)", function()
+    -- A model of nginx's lua_shared_dict with room for `cap` keys: set, and incr with an
+    -- init value, make room by evicting the least recently used key (as nginx does);
+    -- safe_set and safe_add fail ("no memory"); incr without an init value fails on a
+    -- missing key. The pools reach it as ngx.shared[dname] (store_for).
+    local cap = 16
+    local t, used, n, tick = {}, {}, 0, 0
+    local function touch(k) tick = tick + 1; used[k] = tick end
+    local function put(k, v, may_evict)
+      if t[k] == nil then
+        if n >= cap then
+          if not may_evict then return false, "no memory" end
+          local lru, at = nil, math.huge
+          for key, u in pairs(used) do if u < at then lru, at = key, u end end
+          t[lru], used[lru], n = nil, nil, n - 1
+        end
+        n = n + 1
+      end
+      t[k] = v
+      touch(k)
+      return true
+    end
+    local dict = {
+      get = function(_, k) if t[k] ~= nil then touch(k) end; return t[k] end,
+      set = function(_, k, v) return put(k, v, true) end,
+      safe_set = function(_, k, v) return put(k, v, false) end,
+      safe_add = function(_, k, v) if t[k] ~= nil then return false, "exists" end; return put(k, v, false) end,
+      delete = function(_, k) if t[k] ~= nil then t[k], used[k], n = nil, nil, n - 1 end end,
+      incr = function(_, k, by, init)
+        if t[k] == nil then
+          if init == nil then return nil, "not found" end
+          return put(k, init + by, true) and init + by
+        end
+        t[k] = t[k] + by
+        touch(k)
+        return t[k]
+      end,
+      get_keys = function() local out = {}; for k in pairs(t) do out[#out + 1] = k end; return out end,
+    }
+    local dname = unique("dict")
+    local function with_dict(fn, ...)   -- as under nginx: the pool finds ngx.shared[dname]
+      rawset(_G, "ngx", { shared = { [dname] = dict } })
+      local ok, r = pcall(fn, ...)
+      rawset(_G, "ngx", nil)
+      assert(ok, r)
+      return r
+    end
+    local keep = unique("keep")
+    local pool = with_dict(upstream.new, keep, { "10.0.0.1:1" }, { dict = dname })
+    assert.is_true(pool:set_peers({ "10.0.0.1:2" }))
+    local many = {}
+    for i = 1, 10 do many[i] = "10.0.1.1:" .. i end
+    local big = with_dict(upstream.new, unique("big"), many,
+      { dict = dname, fails = 1, open_for = 1, slow_start = 10, max_ejected = 1 })
+    -- failure counters of every class for every peer: far more than the dict holds
+    for _, p in ipairs(big._peers) do
+      for _, class in ipairs({ "connect", "timeout", "status" }) do
+        upstream._failed(big, { peer = p, ticket = false }, class)
+      end
+    end
+    -- and slow-start ramps: each peer opens, heals and closes from half-open
+    for _, p in ipairs(big._peers) do p.b:report(p.b:allow(), false) end
+    clock:advance(1)
+    for _, p in ipairs(big._peers) do p.b:report(p.b:allow(), true) end
+    assert.equal("closed", big._peers[1].b:state())
+    assert.equal("10.0.0.1:2 1", dict:get("l/" .. keep))
+    -- a reload: the pool made again from its config list takes the list set_peers stored
+    local again = with_dict(upstream.new, keep, { "10.0.0.1:1" }, { dict = dname })
+    assert.equal("10.0.0.1:2", again:peers()[1].addr)
+    assert.equal(1, big:failures(many[1], "connect"))  -- (counted while there was room)
+  end)
+
   it("two pools of one name share each peer's breaker (as nginx workers do)", function()
     local name = unique("p")
     local a = upstream.new(name, { "10.0.0.1:1" }, { fails = 1, max_ejected = 1 })

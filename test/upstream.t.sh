@@ -14,7 +14,7 @@
 #          refused, timeouts, probes = 2, two sick of three, a peer nginx refuses at run
 #          time (set_current_peer wrapped on the test's word), failure classes, fail_on,
 #          enforce = false, slow_start, 300 pools and close, requests at once sharing
-#          one request-record slot), 4 workers
+#          one request-record slot, a full shared dict), 4 workers
 # Each check's line carries its evidence (counts, states, codes, worker pids).
 # Needs nginx with the Lua module, lua-resty-core, curl, wrk (for the load phases). Under
 # CI=true a missing tool fails the suite. A watchdog stops it after 600 s. KEEP=1 keeps
@@ -666,6 +666,15 @@ wait_for 10 col_agree
 check "requests at once sharing a record slot ($col_n requests, 16 at once, non-200 $col_bad): B's failures $fb = its hits $hb, A's and C's successes $sa + $sc = their hits $ha + $hc" \
   eval '[ "$col_n" = 2000 ] && [ "$col_bad" = 0 ] && [ "$hb" -gt 0 ] && [ "$fb" = "$hb" ] && [ "$sa" = "$ha" ] && [ "$sc" = "$hc" ]'
 mode "$B" 'mode=ok&reset=1'
+
+# ---------------------------------------------------------------- a full dict
+# Pool ff counts 600 failures in the small dict fuse_small (32k) that also holds pool
+# fk's list set by set_peers: the counters that find no room are not counted, and evict
+# nothing; the stored list stays, and fk made again with its config list (a reload)
+# takes it.
+IFS='|' read -r full_list full_again full_counted full_free <<< "$(curl -s -m 10 "http://127.0.0.1:$POOLS/full")"
+check "a full dict: fk's stored list is '$full_list' (127.0.0.1:$B 1), fk made again has $full_again ($B), ff's peers counted $full_counted of 200 (free space $full_free)" \
+  eval '[ "$full_list" = "127.0.0.1:$B 1" ] && [ "$full_again" = "127.0.0.1:$B" ] && [ "$full_counted" -ge 1 ] && [ "$full_counted" -lt 200 ]'
 
 # ---------------------------------------------------------------- the fake peers' gauge
 # A reset while two requests are in flight at E, a third one after it (level 3 above the

@@ -317,8 +317,11 @@ local function local_store()
       return true
     end,
     delete = function(_, k) t[k] = nil end,
+    -- (as nginx's: without an init value, a missing key is not made)
     incr = function(_, k, n, init)
-      local v = (t[k] or init or 0) + n
+      local v = t[k] or init
+      if v == nil then return nil, "not found" end
+      v = v + n
       t[k] = v
       return v
     end,
@@ -386,8 +389,19 @@ local function changed(store, vkey)
   return v
 end
 
+-- One more on counter `key`. A counter is made only where the dict has room (safe_add):
+-- nginx's incr with an init value, like set, makes room by evicting the least recently
+-- used keys, and those are the stored peer lists, read only when a version moves. A
+-- counter that finds no room is not counted. ("exists": another worker made it between
+-- the two calls.)
+local function bump(store, key)
+  if store:incr(key, 1) then return end
+  local ok, err = store:safe_add(key, 1)
+  if not ok and err == "exists" then store:incr(key, 1) end
+end
+
 local function count(self, key)
-  self._store:incr(key, 1, 0)
+  bump(self._store, key)
 end
 
 ---------------------------------------------------------------------------- peers
@@ -403,8 +417,8 @@ local function peer_breaker(self, addr)
       .. "/" .. addr, self._vkey
     -- the worker that closes the breaker stamps the ramp's start for every worker
     bo.on_state_change = function(name, from, to)
-      if to == "closed" and from == "half_open" then
-        store:set(key, fuse.now())
+      -- (safe_set: on a full dict the peer is not ramped, rather than another key evicted)
+      if to == "closed" and from == "half_open" and store:safe_set(key, fuse.now()) then
         changed(store, vkey)
       end
       if user then return user(name, from, to) end
@@ -686,7 +700,7 @@ function _M.new(name, peers, opts)
     changed(store, self._vkey)
     if stored then drop_left(self, decode(stored), list) end  -- (a closed name has none)
   end
-  store:incr(self._pkey, 0, 0)  -- the panic counter shows (at 0) from the start
+  store:safe_add(self._pkey, 0)  -- the panic counter shows (at 0) from the start
   local ok, peers_or_err, by_addr = pcall(build, self, list)
   if not ok then error(peers_or_err, 2) end
   set_array(self, peers_or_err, by_addr)
@@ -1029,7 +1043,7 @@ local function failed(self, try, class, seconds)
   try.done = true
   local peer = try.peer
   if peer.removed then return end
-  self._store:incr(peer.ckey .. class, 1, 0)
+  bump(self._store, peer.ckey .. class)
   local ticket = try.ticket
   if ticket then
     try.ticket = false
