@@ -548,6 +548,44 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal(1, big:failures(many[1], "connect"))  -- (counted while there was room)
   end)
 
+  it("a set_peers or upstream.new that fails on a full registry leaves no breaker of its own", function()
+    local name = unique("p")
+    local pool = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    -- fill the registry, then make room for two breakers
+    local fill = {}
+    finally(function() for _, f in ipairs(fill) do fuse.remove(f) end end)
+    while true do
+      local f = unique("fill")
+      if not pcall(fuse.new, { name = f }) then break end
+      fill[#fill + 1] = f
+    end
+    assert.truthy(#fill > 2)
+    fuse.remove(table.remove(fill))
+    fuse.remove(table.remove(fill))
+    -- peer 1 stays, 3 and 4 fit, 5 does not
+    local line = debug.getinfo(1, "l").currentline + 2
+    local ok, e = pcall(function()
+      pool:set_peers({ "10.0.0.1:1", "10.0.0.1:3", "10.0.0.1:4", "10.0.0.1:5" }); return 1 end)
+    assert.is_false(ok)
+    assert.truthy(e:find("13-upstream_spec.lua:" .. line .. ": fuse: cannot create breaker '" .. name
+      .. "/10.0.0.1:5': breaker registry is full", 1, true), e)
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:3"))
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:4"))
+    assert.truthy(fuse.get(name .. "/10.0.0.1:1"))   -- the pool's peers keep theirs
+    assert.truthy(fuse.get(name .. "/10.0.0.1:2"))
+    assert.equal("10.0.0.1:1 10.0.0.1:2", pool:peers()[1].addr .. " " .. pool:peers()[2].addr)
+    -- upstream.new alike: a pool of three new peers, with room for two
+    local other = unique("p")
+    line = debug.getinfo(1, "l").currentline + 1
+    ok, e = pcall(function() local p = upstream.new(other, { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }); return p end)
+    assert.is_false(ok)
+    assert.truthy(e:find("13-upstream_spec.lua:" .. line .. ": fuse: cannot create breaker", 1, true), e)
+    assert.is_nil(fuse.get(other .. "/10.0.0.1:1"))
+    assert.is_nil(fuse.get(other .. "/10.0.0.1:2"))
+    -- the room is there again: a set_peers that fits now succeeds
+    assert.is_true(pool:set_peers({ "10.0.0.1:1", "10.0.0.1:3", "10.0.0.1:4" }))
+  end)
+
   it("two pools of one name share each peer's breaker (as nginx workers do)", function()
     local name = unique("p")
     local a = upstream.new(name, { "10.0.0.1:1" }, { fails = 1, max_ejected = 1 })

@@ -424,24 +424,34 @@ local function peer_breaker(self, addr)
       if user then return user(name, from, to) end
     end
   end
+  local made = fuse.get(bo.name) == nil  -- (else fuse.new gives the existing breaker)
   local ok, b = pcall(fuse.new, bo)
   if not ok then
     error((tostring(b):gsub("^[^\n]-:%d+: ", "")), 0)
   end
-  return b
+  return b, made
 end
 
 -- Builds the peer array from a checked list, keeping the peer objects (breaker, SWRR
--- weight) of addresses already in the pool.
+-- weight) of addresses already in the pool. A breaker that cannot be made (a full
+-- registry, a bad option) raises its message, once the breakers this call made before it
+-- are removed: a failed upstream.new or set_peers holds no registry slot. Breakers that
+-- existed already (the pool's peers, one another worker's pool of this name made, a peer
+-- kept across a reload) stay.
 local function build(self, list)
   local old = self._by_addr or {}
-  local peers, by_addr = {}, {}
+  local peers, by_addr, made = {}, {}, {}
   for i, p in ipairs(list) do
     local peer = old[p.addr]
     if peer then
       peer.weight = p.weight
     else
-      local b = peer_breaker(self, p.addr)
+      local ok, b, new = pcall(peer_breaker, self, p.addr)
+      if not ok then
+        for _, name in ipairs(made) do fuse.remove(name) end
+        error(b, 0)
+      end
+      if new then made[#made + 1] = b.name end
       -- allow and report: the breaker's own methods, kept in the peer (found through the
       -- breaker, each is a search of the object and then of its metatable in a trace)
       peer = { addr = p.addr, host = p.host, port = p.port, weight = p.weight, cur = 0,
