@@ -384,7 +384,12 @@ local function changes_counter()
 end
 
 local function changed(store, vkey)
-  local v = store:incr(vkey, 1, 0)
+  -- (made with safe_add, as bump below does: an incr with an init value would evict)
+  local v = store:incr(vkey, 1)
+  if not v then
+    local ok, err = store:safe_add(vkey, 1)
+    if ok then v = 1 elseif err == "exists" then v = store:incr(vkey, 1) end
+  end
   if CHANGES then fuse._count(CHANGES, 1) end
   return v
 end
