@@ -348,7 +348,7 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal(0, again:failures(peer.addr, "status"))
   end)
 
-  it("close, then upstream.new of the name: the old pool's copies stay closed and close nothing of the new one", function()
+  it("close, then upstream.new of the name: the old pool's copies stay closed, closing nothing new", function()
     -- (fails) close() left a mark that upstream.new of the name deleted: a copy (another
     -- nginx worker) that had not synced between the two took the new pool's list and went
     -- on as if it were the new pool; in nginx, 3 of 3 other workers answered peers() with
