@@ -326,6 +326,22 @@ check "max_ejected=1: the first request tried all 3 failing peers ($first), the 
 check "with Retry-After of the soonest peer, 1 to 3 s (got '$RA')" \
   eval '[ -n "$RA" ] && [ "$RA" -ge 1 ] && [ "$RA" -le 3 ]'
 
+# ... and while every peer is half-open with its one probe running (busy: it admits
+# nothing), access() answers 503 as well, not a 500 from a balancer left with no peer
+mode "$A" 'mode=fail&reset=1'; mode "$B" 'mode=fail&reset=1'
+ac_trip=$(codes4 /ac)                       # A and B open (fails = 1, one try each)
+mode "$A" 'mode=hang&delay=4&reset=1'; mode "$B" 'mode=hang&delay=4&reset=1'
+ac_half() { [ "$(pfield "ac/127.0.0.1:$1" 1)" = half_open ]; }
+wait_for 10 eval 'ac_half $A && ac_half $B'   # open_for (1 s) over
+ac_pids=""
+for _ in 1 2; do curl -s -m 15 -o /dev/null "http://127.0.0.1:$POOLS/ac" & ac_pids="$ac_pids $!"; done
+wait_for 10 eval '[ "$(hits $A)" = 1 ] && [ "$(hits $B)" = 1 ]'   # both probes running
+ac_busy=$(codes4 /ac)
+check "max_ejected=1 and access() while each peer's one probe runs (A $(hits $A), B $(hits $B) in flight): 4 requests answered 503 ($ac_busy; tripping: $ac_trip)" \
+  eval '[ "$ac_busy" = "503 503 503 503 " ] && [ "$(hits $A)" = 1 ] && [ "$(hits $B)" = 1 ]'
+wait $ac_pids
+allmode 'mode=fail&reset=1'
+
 # max_ejected = 0.5: every peer open, yet every request reaches a peer (panic picks)
 get "$POOLS" /p/ej                          # trips A, B and C (fails = 1, three tries)
 before=$(( $(hits $A) + $(hits $B) + $(hits $C) ))

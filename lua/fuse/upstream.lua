@@ -682,7 +682,7 @@ function _M.new(name, peers, opts)
     _pfx = pfx,
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _gkey = pfx .. "g/" .. name, _gen = false, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
-    _ex = {}, _skip = {}, _pan = {}, _open = {}, _old = {}, _seen = -1, _seen_at = 0,
+    _ex = {}, _skip = {}, _pan = {}, _open = {}, _busy = {}, _old = {}, _seen = -1, _seen_at = 0,
     _closed = false, _ramping = false, _ramp_end = false, _n = 0, _more = 0,
     _pos = false, _sched = false, _total = 0, _clean = 0 }, Pool)
   -- The phase methods are the pool's own fields: nginx runs a *_by_lua chunk in the
@@ -801,14 +801,25 @@ end
 
 -- Which open peers are skipped: with k open and a = floor(max_ejected * n), all of them
 -- when k <= a; else the first a in list order (the same in every worker), the other
--- k - a are picked as if closed (panic).
-local function decide(self, n)
-  local open, skip, pan = self._open, self._skip, self._pan
+-- k - a are picked as if closed (panic). A busy peer (one that rejected the try without
+-- being open: half-open with its probe slots taken, or full under max_concurrent) is not
+-- open: it is left out and counts for nothing (`strict`), so that `probes` and
+-- max_concurrent hold and max_ejected counts open peers only. Only when that leaves no
+-- candidate (strict false: the pool is never emptied) do busy peers count as open, and
+-- they are the first skipped, so that panic picks go to open peers first.
+local function decide(self, n, strict)
+  local open, skip, pan, busy = self._open, self._skip, self._pan, self._busy
   local a = floor(self.max_ejected * n + 1e-9)
   local taken = 0
   for i = 1, n do
     skip[i], pan[i] = false, false
-    if open[i] then
+    if busy[i] then
+      if strict then skip[i] = true
+      elseif taken < a then skip[i], taken = true, taken + 1 else pan[i] = true end
+    end
+  end
+  for i = 1, n do
+    if open[i] and not busy[i] then
       if taken < a then skip[i], taken = true, taken + 1 else pan[i] = true end
     end
   end
@@ -853,13 +864,15 @@ end
 -- the untried peers or none (nil, retry_after), never back to the tried ones.
 local function pick_from(self, tried, now, rejected, only)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
+  local busy = self._busy
   local n = #peers
   local left = 0
   for i = 1, n do
     local t = tried ~= nil and tried[peers[i]] or false
-    ex[i], skip[i], pan[i], open[i] = t, false, false, false
+    ex[i], skip[i], pan[i], open[i], busy[i] = t, false, false, false, false
     if not t then left = left + 1 end
   end
+  local strict, nbusy = true, 0  -- (see decide)
   local ss = self._slow_start
   local known = false  -- the open set was read (only once a peer rejected the try)
   local fallback = left == 0
@@ -873,8 +886,8 @@ local function pick_from(self, tried, now, rejected, only)
   if rejected then  -- as the loop below does after a rejection
     known = true
     for i = 1, n do open[i] = is_open(peers[i].b) end
-    open[rejected] = true
-    decide(self, n)
+    if not open[rejected] then busy[rejected], nbusy = true, 1 end
+    decide(self, n, strict)
   end
   while true do
     local best, bestv, total = nil, -huge, 0
@@ -904,6 +917,9 @@ local function pick_from(self, tried, now, rejected, only)
       if not fallback then  -- every untried peer skipped: back to the tried ones
         fallback = true
         for i = 1, n do ex[i] = false end
+      elseif strict and nbusy > 0 then  -- only busy peers left out: counted as open now
+        strict = false
+        decide(self, n, strict)
       else
         return nil, soonest(self, n)
       end
@@ -928,8 +944,9 @@ local function pick_from(self, tried, now, rejected, only)
         known = true
         for i = 1, n do open[i] = is_open(peers[i].b) end
       end
-      open[best] = true  -- (half-open with its probe slots busy rejects too)
-      decide(self, n)
+      if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
+      if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
+      decide(self, n, strict)
     end
   end
 end
@@ -1277,9 +1294,16 @@ function Pool:access()
   if not self._enforce or floor(self.max_ejected * n + 1e-9) < n then return end
   local soon = huge
   for i = 1, n do
-    local s = peers[i].b:stats()
-    if s.state ~= "open" and s.state ~= "forced_open" then return end
-    soon = min(soon, s.retry_after)
+    local b = peers[i].b
+    local s = b:state()
+    if s ~= "open" and s ~= "forced_open" then
+      -- it admits this request unless it is busy (half-open with its probe slots taken,
+      -- or full under max_concurrent), which admits nothing either: asked with a ticket,
+      -- given back unjudged
+      local t = b:allow()
+      if t then b:report(t, nil); return end
+    end
+    soon = min(soon, b:stats().retry_after)
   end
   ngx.status = 503
   retry_after_header(soon)
