@@ -383,26 +383,24 @@ local function changes_counter()
   return CHANGES
 end
 
-local function changed(store, vkey)
-  -- (made with safe_add, as bump below does: an incr with an init value would evict)
-  local v = store:incr(vkey, 1)
-  if not v then
-    local ok, err = store:safe_add(vkey, 1)
-    if ok then v = 1 elseif err == "exists" then v = store:incr(vkey, 1) end
-  end
-  if CHANGES then fuse._count(CHANGES, 1) end
-  return v
+-- One more on counter `key`; its new value, or nil. A counter is made only where the
+-- dict has room (safe_add): nginx's incr with an init value, like set, makes room by
+-- evicting the least recently used keys, and those are the stored peer lists, read only
+-- when a version moves. A counter that finds no room is not counted. ("exists": another
+-- worker made it between the two calls.)
+local function bump(store, key)
+  local v = store:incr(key, 1)
+  if v then return v end
+  local ok, err = store:safe_add(key, 1)
+  if ok then return 1 end
+  if err == "exists" then return store:incr(key, 1) end
+  return nil
 end
 
--- One more on counter `key`. A counter is made only where the dict has room (safe_add):
--- nginx's incr with an init value, like set, makes room by evicting the least recently
--- used keys, and those are the stored peer lists, read only when a version moves. A
--- counter that finds no room is not counted. ("exists": another worker made it between
--- the two calls.)
-local function bump(store, key)
-  if store:incr(key, 1) then return end
-  local ok, err = store:safe_add(key, 1)
-  if not ok and err == "exists" then store:incr(key, 1) end
+local function changed(store, vkey)
+  local v = bump(store, vkey)
+  if CHANGES then fuse._count(CHANGES, 1) end
+  return v
 end
 
 local function count(self, key)
@@ -532,15 +530,19 @@ end
 
 -- Installs a peer array; peers that left are flagged `removed` (requests in flight skip
 -- their reports) and, when `remove`, their breakers and counters go.
+-- Peer `addr` of this pool, gone: its breaker, its failure counters and its ramp.
+local function forget(self, addr)
+  local store, pfx = self._store, self._pfx
+  fuse.remove(self.name .. "/" .. addr)
+  for _, c in ipairs(CLASSES) do store:delete(pfx .. "c/" .. self.name .. "/" .. addr .. "/" .. c) end
+  store:delete(pfx .. "r/" .. self.name .. "/" .. addr)
+end
+
 local function install(self, peers, by_addr, remove)
   for addr, peer in pairs(self._by_addr or {}) do
     if not by_addr[addr] and not peer.removed then
       peer.removed = true
-      if remove then
-        fuse.remove(peer.b.name)
-        for _, c in ipairs(CLASSES) do self._store:delete(peer.ckey .. c) end
-        self._store:delete(peer.rkey)
-      end
+      if remove then forget(self, addr) end
     end
   end
   set_array(self, peers, by_addr)
@@ -654,14 +656,10 @@ end
 -- as set_peers removes them. (Workers still holding them flag them removed at their next
 -- sync.)
 local function drop_left(self, before, list)
-  local keep, store, pfx = {}, self._store, self._pfx .. "c/" .. self.name .. "/"
+  local keep = {}
   for _, p in ipairs(list) do keep[p.addr] = true end
   for _, p in ipairs(before) do
-    if not keep[p.addr] then
-      fuse.remove(self.name .. "/" .. p.addr)
-      for _, c in ipairs(CLASSES) do store:delete(pfx .. p.addr .. "/" .. c) end
-      store:delete(self._pfx .. "r/" .. self.name .. "/" .. p.addr)
-    end
+    if not keep[p.addr] then forget(self, p.addr) end
   end
 end
 
@@ -1255,17 +1253,11 @@ local function take(self)
   if r == nil then return nil end
   local key = tonumber(cast(intptr, r))
   local rec = SLOTS[slot_of(key)]
-  local pool
-  if not rec or rec.key ~= key then
-    rec = in_reqs > 0 and REQS[key] or nil
-    if not rec then return nil end
-    pool = rec.pool
-    if not pool or (self and pool ~= self) then return nil end
-    REQS[key], in_reqs = nil, in_reqs - 1
-  else
-    pool = rec.pool
-    if not pool or (self and pool ~= self) then return nil end
-  end
+  local in_slot = rec and rec.key == key
+  if not in_slot then rec = in_reqs > 0 and REQS[key] or nil end
+  local pool = rec and rec.pool
+  if not pool or (self and pool ~= self) then return nil end
+  if not in_slot then REQS[key], in_reqs = nil, in_reqs - 1 end
   rec.pool = false
   if rec.t ~= start_time(r) then return nil end  -- an earlier request's, at the same address
   return rec, r, pool
@@ -1295,15 +1287,15 @@ function Pool:access()
   local soon = huge
   for i = 1, n do
     local b = peers[i].b
-    local s = b:state()
-    if s ~= "open" and s ~= "forced_open" then
+    local s = b:stats()
+    if s.state ~= "open" and s.state ~= "forced_open" then
       -- it admits this request unless it is busy (half-open with its probe slots taken,
       -- or full under max_concurrent), which admits nothing either: asked with a ticket,
       -- given back unjudged
       local t = b:allow()
       if t then b:report(t, nil); return end
     end
-    soon = min(soon, b:stats().retry_after)
+    soon = min(soon, s.retry_after)
   end
   ngx.status = 503
   retry_after_header(soon)
