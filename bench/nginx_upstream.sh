@@ -37,7 +37,7 @@ NGINX=$(nginx_bin)
 ROUNDS=${ROUNDS:-9}
 OUTAGE=${OUTAGE:-60}
 RATE=${RATE:-50}
-# FAILURES=0 skips parts 1 and 2
+# FAILURES=0 skips parts 1 and 2, THROUGHPUT=0 part 3
 die() { echo "bench-nginx: $*" >&2; exit 1; }
 [ -x "$NGINX" ] || die "nginx is not installed"
 command -v wrk >/dev/null || die "wrk is not installed"
@@ -231,13 +231,18 @@ total=$((5 + OUTAGE + 50))
 for s in $SIDES; do IFS=: read -r name front _ <<< "$s"; load "$front" "$total" "out-$name"; done
 sleep 5
 for s in $SIDES; do IFS=: read -r _ _ _ b _ <<< "$s"; mode "$b" 'mode=fail&reset=1'; done
+t_out=$(us)
 # the heal falls at a random point (0 to 10 s past OUTAGE, the same for every side), so
 # that the figure is not the phase of one fixed probe schedule against the heal
 OFF=${HEAL_OFFSET_MS:-$((RANDOM % 10000))}
 sleep "$(printf '%d.%03d' $((OUTAGE + OFF / 1000)) $((OFF % 1000)))"
-declare -A SICK BACK
+declare -A SICK BACK ARR
 t_heal=$(us)
-for s in $SIDES; do IFS=: read -r name _ _ b _ <<< "$s"; SICK[$name]=$(hits "$b"); mode "$b" 'mode=ok&reset=1'; done
+for s in $SIDES; do
+  IFS=: read -r name _ _ b _ <<< "$s"
+  SICK[$name]=$(hits "$b") ARR[$name]=$(curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$b&arrivals=1")
+  mode "$b" 'mode=ok&reset=1'
+done
 while :; do   # B of each side answers again: poll its hits every 50 ms (40 s max)
   left=0
   for s in $SIDES; do
@@ -250,15 +255,36 @@ while :; do   # B of each side answers again: poll its hits every 50 ms (40 s ma
   sleep 0.05
 done
 for s in $SIDES; do IFS=: read -r name _ <<< "$s"; wait_for 60 sh -c "[ \"\$(curl -s 'http://127.0.0.1:$LOAD/count?tag=out-$name' | tr ' ' '\n' | sed -n 's/^done://p')\" = $((RATE * total)) ]"; done
-printf '   %-7s %10s %16s %14s %18s\n' side requests "reached sick B" "client errors" "B back after (s)"
+# The mean wait for a heal anywhere from 15 s into the outage to the heal, from the times
+# B's requests arrived (its probes) and the one after the heal: (1 / L) * the integral of
+# (next probe - u) du over that span, so that one run gives the average over heals spread
+# evenly, not the phase of one heal against one probe schedule.
+mean_wait() { # mean_wait ARRIVALS BACK_MS: seconds
+  awk -v from="$(( t_out + 15000000 ))" -v heal="$t_heal" -v back="$2" '
+    BEGIN { RS = " "; from /= 1e6; heal /= 1e6 }
+    /^\+/ { t = substr($0, 2) + 0; if (t > from) p[++n] = t }
+    END {
+      p[++n] = heal + back / 1000; a = from; sum = 0
+      for (i = 1; i <= n; i++) {
+        r = (p[i] < heal) ? p[i] : heal
+        if (r > a) sum += ((p[i] - a) ^ 2 - (p[i] - r) ^ 2) / 2
+        if (p[i] > a) a = p[i]
+      }
+      printf "%.2f", sum / (heal - from)
+    }' <<< "$1"
+}
+printf '   %-7s %10s %16s %14s %18s %16s\n' side requests "reached sick B" "client errors" "B back after (s)" \
+  "mean wait (s)"
 for s in $SIDES; do
   IFS=: read -r name _ <<< "$s"
   c=$(counts "out-$name")
   b=${BACK[$name]:-}
-  printf '   %-7s %10s %16s %14s %18s\n' "$name" "$(done_of "$c")" "${SICK[$name]}" "$(errors_of "$c")" \
-    "$([ -n "$b" ] && printf '%d.%03d' $((b / 1000)) $((b % 1000)) || echo '>40')"
+  printf '   %-7s %10s %16s %14s %18s %16s\n' "$name" "$(done_of "$c")" "${SICK[$name]}" "$(errors_of "$c")" \
+    "$([ -n "$b" ] && printf '%d.%03d' $((b / 1000)) $((b % 1000)) || echo '>40')" \
+    "$([ -n "$b" ] && mean_wait "${ARR[$name]}" "$b" || echo '-')"
 done
 echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = 10; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff)"
+echo "   (mean wait: for a heal anywhere from 15 s into the outage to the heal, from B's arrivals)"
 
 echo
 echo "2. two sick peers of three: B and C answer 500 for 20 s at $RATE requests/s, tries 2 on every side"
@@ -276,6 +302,7 @@ done
 for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
 
 fi
+[ "${THROUGHPUT:-1}" = 1 ] || exit 0   # THROUGHPUT=0: parts 1 and 2 only
 echo
 echo "3. throughput, every peer healthy: $ROUNDS rounds of 2 s wrk (16 connections) per balancer,"
 echo "   in rotating order, three static peers (return 200), keepalive"
