@@ -37,6 +37,7 @@ NGINX=$(nginx_bin)
 ROUNDS=${ROUNDS:-9}
 OUTAGE=${OUTAGE:-60}
 RATE=${RATE:-50}
+MAX_OPEN_FOR=${MAX_OPEN_FOR:-10}   # the fuse side's cap on its backoff
 # FAILURES=0 skips parts 1 and 2, THROUGHPUT=0 part 3
 die() { echo "bench-nginx: $*" >&2; exit 1; }
 [ -x "$NGINX" ] || die "nginx is not installed"
@@ -92,7 +93,7 @@ http {
     init_by_lua_block {
         require("fuse").init{ shared = true, capacity = 64 }
         local up = require "fuse.upstream"
-$(pool_lines fuse "$A1" "$B1" "$C1" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = 10, tries = 2 }")
+$(pool_lines fuse "$A1" "$B1" "$C1" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = $MAX_OPEN_FOR, tries = 2 }")
 $(pool_lines fuse5 "$A3" "$B3" "$C3" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, tries = 2 }")
 $(pool_lines static "$S1" "$S2" "$S3" "{ fails = 3, window = 10, open_for = 5 }")
     }
@@ -283,7 +284,7 @@ for s in $SIDES; do
     "$([ -n "$b" ] && printf '%d.%03d' $((b / 1000)) $((b % 1000)) || echo '>40')" \
     "$([ -n "$b" ] && mean_wait "${ARR[$name]}" "$b" || echo '-')"
 done
-echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = 10; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff)"
+echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = $MAX_OPEN_FOR; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff)"
 echo "   (mean wait: for a heal anywhere from 15 s into the outage to the heal, from B's arrivals)"
 
 echo
