@@ -201,6 +201,17 @@ describe("fuse #" .. BACKEND, function()
       assert.equal(since + 177, list[1].seq)
     end)
 
+    it("gives seq, pid and upto as whole numbers that print as such under every Lua", function()
+      local _, _, since = fuse.events()
+      fuse.new { name = uname("evint"), fails = 1 }:force_open()
+      local list, _, upto = fuse.events(since)
+      assert.equal(1, #list)
+      -- (Lua 5.4 prints a float 3.0 as "3.0": a seq in a log line or a JSON key would read so)
+      for what, v in pairs { seq = list[1].seq, pid = list[1].pid, upto = upto, since = since } do
+        assert.equal(("%d"):format(v), tostring(v), what)
+      end
+    end)
+
     it("raises for a since that is not a seq", function()
       assert.has_error(function() fuse.events(-1) end,
         "fuse: fuse.events needs a seq number (>= 0) or nothing, got -1")
