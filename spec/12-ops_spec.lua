@@ -350,6 +350,11 @@ describe("fuse #" .. BACKEND, function()
       assert.has_error(function() fuse.reject({}) end, "fuse: fuse.reject needs a rejection, got table")
       assert.has_error(function() fuse.watch(function() end) end,
         "fuse: fuse.watch needs OpenResty (the nginx Lua module)")
+      -- a callable table is a callable fn (docs/api.md: "fn not callable"), as for fuse.wrap
+      local callable = setmetatable({}, { __call = function() end })
+      assert.has_error(function() fuse.watch(callable) end,
+        "fuse: fuse.watch needs OpenResty (the nginx Lua module)")
+      assert.has_error(function() fuse.watch({}) end, "fuse: fuse.watch needs a function, got table")
       b:force_open(2.2)
       _, rej = b:call(function() end)
       assert.equal(3, admin.retry_after(rej))  -- rounded up
