@@ -1134,9 +1134,14 @@ local function each_breaker(fn, from, upto)
 end
 
 function _M.list()
-  local names = {}
+  local names, seen = {}, {}
   each_breaker(function(_, name, still)
-    if still() then names[#names + 1] = name end
+    -- a name removed and made again in a later slot during the walk (another worker)
+    -- is seen twice: listed once, as fuse.metrics shows it once
+    if still() and not seen[name] then
+      seen[name] = true
+      names[#names + 1] = name
+    end
   end)
   return names
 end
