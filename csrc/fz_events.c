@@ -6,12 +6,15 @@
  * or (fz_events_init_shared, before nginx forks its workers) MAP_SHARED, so that every
  * worker records into and reads the same ring. No pointers live in it.
  *
- * Memory ordering. A writer takes the next seq with one fetch-and-add on `head`; its
- * entry is slot seq % capacity. The entry's own word `seq` is a seqlock: the writer
- * claims it with a compare-and-swap to seq | BUSY (only from an older seq: a writer
- * whose slot was already taken by a newer event gives up, its event lost to the ring),
- * then writes the fields with release stores, then publishes with a compare-and-swap
- * back to seq (release). A reader loads the entry's seq (acquire), copies the fields
+ * Memory ordering. A writer takes seq = head + 1; its entry is slot seq % capacity.
+ * The entry's own word `seq` is a seqlock: the writer claims it with a compare-and-swap
+ * to seq | BUSY (only from an older seq), and only then moves `head` on to seq (a
+ * compare-and-swap; a writer that finds seq claimed by another moves head on for it, in
+ * case that one was killed before it could, and tries the next seq). So every entry up
+ * to head is claimed, and its claim says who made it: a writer killed between taking a
+ * seq and claiming its entry holds nothing that readers would wait on. The writer then
+ * writes the fields with release stores, then publishes with a compare-and-swap back to
+ * seq (release). A reader loads the entry's seq (acquire), copies the fields
  * with acquire loads and loads seq again: the copy is good when both loads of seq read
  * exactly the seq it wanted (a field written by a later writer carries that writer's
  * claim with it, so the second load sees the seq changed). One interleaving gets past
@@ -127,7 +130,9 @@ static uint64_t mono_s(void) {
  * who and when (owner, stored before the claim's swap: a reader that sees the claim sees
  * an owner at least as new), so a reader can take it back from a dead writer. */
 static int claim(entry *e, uint64_t seq) {
-  uint64_t cur = at_load_rlx(&e->seq);
+  /* acquire: pairs with another writer's claiming swap, which fz_events_add may then move
+   * head past (readers that see head see that claim) */
+  uint64_t cur = at_load_acq(&e->seq);
   if ((cur & ~FLAGS) >= seq) return 0;
   at_store_rel(&e->owner, (uint64_t)(uint32_t)getpid() << 32 | (mono_s() & 0xffffffffu));
   do {
@@ -153,9 +158,20 @@ double fz_events_add(const char *name, size_t len, int from, int to) {
   if (!r || !name || len < 1 || len > FZ_NAME_MAX || memchr(name, 0, len)) return 0;
   uint64_t words[NAME_WORDS] = { 0 };
   memcpy(words, name, len);
-  uint64_t seq = at_add_sc(&r->head, 1) + 1;
-  entry *e = &r->e[seq % FZ_EVENTS_CAPACITY];
-  if (!claim(e, seq)) return (double)seq;  /* already overwritten: lost to the ring */
+  uint64_t seq;
+  entry *e;
+  for (;;) {  /* the entry after head, claimed before head moves on to it */
+    uint64_t h = at_load_acq(&r->head);  /* acquire: pairs with the swap below */
+    seq = h + 1;
+    e = &r->e[seq % FZ_EVENTS_CAPACITY];
+    int mine = claim(e, seq);
+    FAULT("event-seq-taken");
+    /* head to seq, ours or the claim of a writer that stopped before moving it (killed
+     * there: its claim says who, and readers take it back). seq_cst: pairs with the
+     * load of head in fz_events_last, as the fetch-and-add it replaces did */
+    at_cas_sc(&r->head, &h, seq);
+    if (mine) break;
+  }
   FAULT("event-claimed");
   /* release: each field store carries the claim before it (pairs with the reader's
    * acquire loads of the fields: a reader that saw a field of ours sees the claim when

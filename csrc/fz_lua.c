@@ -420,12 +420,12 @@ static int l_event(lua_State *L) {
   size_t len;
   const char *name = luaL_checklstring(L, 1, &len);
   int from = (int)check_int(L, 2, 0, 7), to = (int)check_int(L, 3, 0, 7);
-  lua_pushnumber(L, fz_events_add(name, len, from, to));
+  push_uint(L, (uint64_t)fz_events_add(name, len, from, to));  /* (seqs are whole numbers) */
   return 1;
 }
 
 static int l_events_last(lua_State *L) {
-  lua_pushnumber(L, fz_events_last());
+  push_uint(L, (uint64_t)fz_events_last());
   return 1;
 }
 
@@ -435,7 +435,7 @@ static int l_event_at(lua_State *L) {
   int rc = fz_events_read(luaL_checknumber(L, 1), &e);
   lua_pushinteger(L, rc);
   if (rc != 1) return 1;
-  lua_pushnumber(L, e.seq);
+  push_uint(L, (uint64_t)e.seq);
   lua_pushnumber(L, e.time);
   lua_pushstring(L, e.name);
   lua_pushinteger(L, e.from);

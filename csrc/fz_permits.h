@@ -111,6 +111,7 @@ int fzp_full(fzp *p, uint32_t limit);
 void fzp_give_laneless(fzp *p);
 void fzp_rebuild(fzp *p);
 uint32_t fzp_running(const fzp *p);
+int fzp_in_use(const fzp *p);
 
 /* Fault points for test/faults.c (-DFZ_FAULTS; the hook is fz_state.c's), nothing otherwise. */
 #ifdef FZ_FAULTS

@@ -1215,8 +1215,9 @@ void fzi_set_ring(fz_breaker *b, uint32_t *ring) {
 }
 
 /* How long the breaker has seen no call, in ns, when it is evictable: closed, no failure
- * in its window. -1 otherwise. The last call is known to within a bucket (a tenth of
- * the window): it counts as made at the end of its bucket, so this never says more. */
+ * in its window, no call running on its max_concurrent permits. -1 otherwise. The last
+ * call is known to within a bucket (a tenth of the window): it counts as made at the
+ * end of its bucket, so this never says more. */
 int64_t fzi_unused_ns(fz_breaker *b) {
   uint64_t sw = at_load_acq(&b->sw), t = now_ns();
   if (sw_state(sw) != FZ_CLOSED) return -1;
@@ -1227,6 +1228,8 @@ int64_t fzi_unused_ns(fz_breaker *b) {
    * buckets wrapped after 24.8 days, and the breaker was never evicted again) */
   uint64_t now_b = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64), last = at_load_acq(&b->last_use);
   if (now_b <= last) return 0;
+  fzp *p = permits_of(b);
+  if (p && fzp_in_use(p)) return -1;  /* permits held: its calls run (only an idle one is asked) */
   u128 ns = (u128)(now_b - last - 1) * OPT(b, bucket_ns);
   return ns > INT64_MAX ? INT64_MAX : (int64_t)ns;
 }

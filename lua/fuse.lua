@@ -735,8 +735,8 @@ local function create(o, level)
     error(("fuse: breaker '%s' already exists with other options (existing vs given): %s")
       :format(o.name, concat(options.diff(B.config(h), o.cfg), ", ")), level + 1)
   elseif not h then
-    local extra = st == E_FULL and (" (capacity %d; raise it with fuse.init{ shared = true, capacity = N })")
-      :format(B.capacity()) or ""
+    local extra = st == E_FULL and (" (capacity %d; raise it with fuse.init{ %scapacity = N })")
+      :format(B.capacity(), B.is_shared() and "shared = true, " or "") or ""
     error(("fuse: cannot create breaker '%s': %s%s"):format(o.name, B.strerror(st), extra), level + 1)
   end
   -- equal options (status 0 or 1): the checked ones serve, no read back through the core
@@ -1134,9 +1134,14 @@ local function each_breaker(fn, from, upto)
 end
 
 function _M.list()
-  local names = {}
+  local names, seen = {}, {}
   each_breaker(function(_, name, still)
-    if still() then names[#names + 1] = name end
+    -- a name removed and made again in a later slot during the walk (another worker)
+    -- is seen twice: listed once, as fuse.metrics shows it once
+    if still() and not seen[name] then
+      seen[name] = true
+      names[#names + 1] = name
+    end
   end)
   return names
 end

@@ -419,6 +419,9 @@ describe("options #" .. BACKEND, function()
     it("refuses bad values", function()
       assert.equal("fuse: fuse.init needs capacity, shared or idle", init_error({}))
       assert.equal("fuse: option 'idle' must be seconds above 0, got 0", init_error({ idle = 0 }))
+      -- (the core's bound: above it the message said "seconds above 0", got 2000000000)
+      assert.equal("fuse: option 'idle' must be at most 1000000000 seconds, got 2000000000",
+        init_error({ idle = 2e9 }))
       assert.equal([[fuse: option 'idle' must be a finite number of seconds, got "1"]],
         init_error({ idle = "1" }))
       assert.equal([[fuse: option 'shared' must be true or false, got "yes"]],

@@ -220,6 +220,28 @@ describe("many breakers #" .. BACKEND, function()
       ]], 4)
     end)
 
+    it("never evicts a breaker whose max_concurrent permits are held: its limit holds", function()
+      -- (a call that outlives idle: evicted, its name made again fresh, the limit of 1
+      -- admitted a second call beside the first)
+      assert_child([[
+        fuse.init{ capacity = 2, idle = 1 }
+        local lim = fuse.new{ name = "lim", fails = 5, max_concurrent = 1 }
+        local t1 = lim:allow()
+        check(t1 and lim:stats().running == 1, "one call runs, holding the permit")
+        fuse.new{ name = "other" }
+        clock.now = clock.now + 100
+        fuse.new{ name = "third" }  -- evicts the idle breaker without permits held
+        local names = table.concat(fuse.list(), " ")
+        check(names:find("lim", 1, true) and not names:find("other", 1, true), "lim kept, other evicted: " .. names)
+        local t2, rej = lim:allow()
+        check(t2 == nil and rej and rej.reason == "full", "a second call is still past the limit")
+        lim:report(t1, true)
+        clock.now = clock.now + 100
+        fuse.new{ name = "fourth" }
+        check(not table.concat(fuse.list(), " "):find("lim", 1, true), "its call over, lim is evictable again")
+      ]], 4)
+    end)
+
     it("without idle nothing is evicted", function()
       assert_child([[
         fuse.init{ capacity = 2 }

@@ -201,6 +201,17 @@ describe("fuse #" .. BACKEND, function()
       assert.equal(since + 177, list[1].seq)
     end)
 
+    it("gives seq, pid and upto as whole numbers that print as such under every Lua", function()
+      local _, _, since = fuse.events()
+      fuse.new { name = uname("evint"), fails = 1 }:force_open()
+      local list, _, upto = fuse.events(since)
+      assert.equal(1, #list)
+      -- (Lua 5.4 prints a float 3.0 as "3.0": a seq in a log line or a JSON key would read so)
+      for what, v in pairs { seq = list[1].seq, pid = list[1].pid, upto = upto, since = since } do
+        assert.equal(("%d"):format(v), tostring(v), what)
+      end
+    end)
+
     it("raises for a since that is not a seq", function()
       assert.has_error(function() fuse.events(-1) end,
         "fuse: fuse.events needs a seq number (>= 0) or nothing, got -1")
@@ -339,6 +350,11 @@ describe("fuse #" .. BACKEND, function()
       assert.has_error(function() fuse.reject({}) end, "fuse: fuse.reject needs a rejection, got table")
       assert.has_error(function() fuse.watch(function() end) end,
         "fuse: fuse.watch needs OpenResty (the nginx Lua module)")
+      -- a callable table is a callable fn (docs/api.md: "fn not callable"), as for fuse.wrap
+      local callable = setmetatable({}, { __call = function() end })
+      assert.has_error(function() fuse.watch(callable) end,
+        "fuse: fuse.watch needs OpenResty (the nginx Lua module)")
+      assert.has_error(function() fuse.watch({}) end, "fuse: fuse.watch needs a function, got table")
       b:force_open(2.2)
       _, rej = b:call(function() end)
       assert.equal(3, admin.retry_after(rej))  -- rounded up

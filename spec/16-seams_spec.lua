@@ -197,5 +197,32 @@ print(done, n)
     end)
   end)
 
+  describe("fuse.list", function()
+    it("lists a name once when it is removed and made again in a later slot meanwhile", function()
+      -- as for fuse.metrics above: another worker does it while this one reads "b"
+      local out = run_child([[
+local B = jit and require("fuse.ffi") or require("fuse.core")
+fuse = require "fuse"
+fuse.init{ capacity = 4 }
+for _, n in ipairs{ "a", "b", "x", "d" } do fuse.new{ name = n, fails = 1 } end
+fuse.remove("x")  -- a free slot after "b"
+local name_of, done = B.name_of, false
+B.name_of = function(h)
+  local name = name_of(h)
+  if not done and name == "b" then
+    done = true
+    fuse.remove("a")
+    fuse.new{ name = "a", fails = 1 }  -- in the free slot
+  end
+  return name
+end
+local list = fuse.list()
+table.sort(list)
+print(done, table.concat(list, " "))
+]])
+      assert.equal("true\ta b d\n", out)
+    end)
+  end)
+
   it("keeps the fake clock honest", function() assert.is_number(clock.now) end)
 end)

@@ -466,6 +466,30 @@ static void finding10(void) {
   ok(strcmp(ev.name, "after") == 0, "finding 10: it is the event written after");
 }
 
+/* A process killed after its event's seq was counted in the ring's head and before its
+ * entry was claimed: in-order readers must not wait on that entry for ever either. (At
+ * 82f25ab the entry kept an older seq, unclaimed, and no owner: fz_events_read answered 0,
+ * not complete yet, until 1,024 more events were written, and fuse.watch stalled in
+ * every worker until then.) */
+static void finding17(void) {
+  if (fz_events_init_shared() != FZ_OK) {
+    ok(0, "finding 17: a shared events ring");
+    return;
+  }
+  double before = fz_events_add("before", 6, FZ_CLOSED, FZ_OPEN);
+  ok(die_in_child("event-seq-taken", do_event, NULL), "finding 17: a writer died between taking its seq and claiming");
+  double after = fz_events_add("after", 5, FZ_OPEN, FZ_HALF_OPEN);
+  is_dbl(fz_events_last(), after, 0, "finding 17: the newest seq is the event written after");
+  fz_event ev;
+  int rc;
+  for (double seq = before + 1; seq < after; seq++) {
+    rc = fz_events_read(seq, &ev);
+    is_int(rc, -1, "finding 17: seq %.0f, the dead writer's, reads as lost (not 'being written')", seq);
+  }
+  is_int(fz_events_read(after, &ev), 1, "finding 17: and the next event is delivered");
+  ok(strcmp(ev.name, "after") == 0, "finding 17: it is the event written after");
+}
+
 /* ---------------------------------------------------------------- finding 11 */
 
 /* A breaker with a 0.01 s window (1 ms buckets) idle for 26 days is evictable. (At
@@ -776,6 +800,7 @@ int main(void) {
   in_process("findings 7, 8: late outcomes of evicted calls are the name's", finding78);
   in_process("finding 9: a killed eviction leaves no mark on a breaker that lives on", finding9);
   in_process("finding 10: a journal entry of a dead writer is taken back", finding10);
+  in_process("finding 17: a dead writer's unclaimed journal entry is taken back", finding17);
   in_process("finding 11: a long idle time is never too long to evict", finding11);
   in_process("finding 12: totals carried across migration", finding12);
   in_process("finding 13: a creation's eviction scan is bounded", finding13);

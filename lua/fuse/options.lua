@@ -41,6 +41,7 @@ local OFF_WHEN_ZERO = {
 local NAME_MAX = 127                 -- FZ_NAME_MAX
 local MAX_WAIT = 3600                -- seconds: max_wait's upper bound
 local MAX_CAPACITY = 1000000
+local MAX_IDLE = 1e9                 -- seconds: fz_registry_init's bound
 
 -- The core's option bounds (fz_config_bound in csrc/fz.h), read through the backend
 -- fuse runs on (the same choice as fuse.lua makes): the one table both check against.
@@ -452,7 +453,8 @@ local function validate_init(opts)
     if type(idle) ~= "number" or idle ~= idle or idle == huge or idle == -huge then
       return nil, bad("idle", "a finite number of seconds", idle)
     end
-    if idle <= 0 or idle > 1e9 then return nil, bad("idle", "seconds above 0", idle) end
+    if idle <= 0 then return nil, bad("idle", "seconds above 0", idle) end
+    if idle > MAX_IDLE then return nil, bad("idle", "at most " .. fmt_num(MAX_IDLE) .. " seconds", idle) end
   end
   local cap = opts.capacity
   if cap ~= nil then
