@@ -970,18 +970,26 @@ end
 function Breaker:allow()
   if meta_of(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
-  local limit, ph = self._limit, nil
+  local limit, h, id, ph = self._limit, self._h, self._id, nil
   if limit then
-    if permit(self._h, self.max_wait or 0) == 0 then return nil, rej_of(self, 4) end
-    ph = self._h
+    -- the permit of the breaker the ticket will be of: removed or evicted, its name's
+    -- now (a permit of the retired one would count against no limit of this name)
+    if id ~= 0 and B.id(h) ~= id then
+      h, id = refind(self, id)
+      if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
+    end
+    if permit(h, self.max_wait or 0) == 0 then return nil, rej_of(self, 4) end
+    ph = h
   end
-  local t = core.fz_allow_id(self._h, self._id)
+  local t = core.fz_allow_id(h, id)
   if t < 0 then  -- (one compare in a trace for an admitted call)
     while t == STALE do  -- again when another worker removed the name right after the re-find
-      local h, id = refind(self, self._id)
-      if not h then  -- full registry: unguarded, counted nowhere
-        if limit then core.fz_permit_give(ph) end
-        return PASS_TICKET
+      if limit then core.fz_permit_give(ph) end
+      h, id = refind(self, id)
+      if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
+      if limit then
+        if permit(h, self.max_wait or 0) == 0 then return nil, rej_of(self, 4) end
+        ph = h
       end
       t = core.fz_allow_id(h, id)
     end

@@ -270,6 +270,26 @@ describe("isolation #" .. BACKEND, function()
       assert.equal(0, b:stats().running)
     end)
 
+    -- Before: allow took the permit on the removed breaker, then re-found the name and
+    -- issued the ticket there: the new breaker's limit did not count it (two tickets out
+    -- on a limit of 1).
+    it("an object whose breaker was removed counts its ticket against its name's limit", function()
+      local name = unique("iso")
+      local b = fuse.new({ name = name, max_concurrent = 1 })
+      assert.is_true(fuse.remove(name))
+      local t1 = b:allow()
+      assert.is_number(t1)
+      assert.equal(1, fuse.get(name):stats().running)
+      local t2, rej = b:allow()
+      assert.is_nil(t2)
+      assert.equal("full", rej.reason)
+      b:report(t1, true)
+      assert.equal(0, fuse.get(name):stats().running)
+      local t3 = b:allow()
+      assert.is_number(t3)
+      b:report(t3, true)
+    end)
+
     it("a ticket the circuit rejects holds no permit", function()
       local b = fuse.new({ max_concurrent = 1, fails = 1 })
       b:force_open()
