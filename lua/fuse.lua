@@ -68,7 +68,7 @@ local core = B.lib or { fz_enter_id = B.enter, fz_allow_id = B.allow, fz_done = 
 -- that ends the request (ngx.exit, ngx.exec, ngx.redirect) is still counted, by fuse.settle()
 -- in the log phase. False elsewhere, and then the branches on it compile away.
 local TRACK = pending.enabled
-local track, untrack = pending.track, pending.untrack
+local track, untrack, mine = pending.track, pending.untrack, pending.mine
 
 ---------------------------------------------------------------------------- the clock
 
@@ -907,8 +907,12 @@ end
 
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
 -- max_concurrent: the permits of allowed tickets not reported yet, ticket -> { handle,
--- pending list, entry } (under OpenResty the ticket is noted with its request, so that a
--- request that ends without its report gives the permit back in fuse.settle()).
+-- pending list, entry, object, more } (under OpenResty the ticket is noted with its
+-- request, so that a request that ends without its report gives the permit back in
+-- fuse.settle()). `more`: the entry of another allow that got the same ticket. Tickets
+-- are not unique: the core leaves a ticket untracked when the thread's ledger has no
+-- free entry near its cursor (thousands of an nginx worker's tickets out at once), and
+-- untracked tickets of one state are equal; each of them holds its own permit.
 local function held_of(br)
   local held = br._held
   if not held then
@@ -918,22 +922,45 @@ local function held_of(br)
   return held
 end
 
--- A permit of an allowed ticket given back (report, or the end of its request).
+-- Takes entry e off the entries of ticket t in held: true, or false when it was not there.
+local function unheld(held, t, e)
+  local x = held[t]
+  if x == e then
+    held[t] = e[5]
+    return true
+  end
+  while x do
+    if x[5] == e then
+      x[5] = e[5]
+      return true
+    end
+    x = x[5]
+  end
+  return false
+end
+
+-- A permit of an allowed ticket given back (report): of the entries of that ticket, the
+-- reporting request's own first (its pending entry is struck off), else the last one.
 local function give_held(br, ticket)
   local held = br._held
   local e = held and held[ticket]
   if not e then return end
-  held[ticket] = nil
+  if e[5] and TRACK then
+    local x = e
+    while x and not (x[2] and mine(x[2])) do x = x[5] end
+    e = x or e
+  end
+  unheld(held, ticket, e)
   if e[2] then untrack(e[2], e[3]) end
   core.fz_permit_give(e[1])
 end
 
--- The end of a request whose allowed ticket was never reported: its permit back, and
--- the call counted by the status as fuse.settle() counts calls that ended their request.
-local function settle_allowed(br, ticket, _, outcome)
-  local e = br._held and br._held[ticket]
-  if not e then return end
-  br._held[ticket] = nil
+-- The end of a request whose allowed ticket was never reported (entry e): its permit
+-- back, and the call counted by the status as fuse.settle() counts calls that ended
+-- their request.
+local function settle_allowed(e, ticket, _, outcome)
+  local br = e[4]
+  if not (br._held and unheld(br._held, ticket, e)) then return end
   core.fz_permit_give(e[1])
   if fake then sync() end
   local code = core.fz_done(br._h, ticket, outcome, -1)
@@ -943,18 +970,26 @@ end
 function Breaker:allow()
   if meta_of(self) ~= Breaker then not_a_breaker("allow", self) end
   if fake then sync() end
-  local limit, ph = self._limit, nil
+  local limit, h, id, ph = self._limit, self._h, self._id, nil
   if limit then
-    if permit(self._h, self.max_wait or 0) == 0 then return nil, rej_of(self, 4) end
-    ph = self._h
+    -- the permit of the breaker the ticket will be of: removed or evicted, its name's
+    -- now (a permit of the retired one would count against no limit of this name)
+    if id ~= 0 and B.id(h) ~= id then
+      h, id = refind(self, id)
+      if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
+    end
+    if permit(h, self.max_wait or 0) == 0 then return nil, rej_of(self, 4) end
+    ph = h
   end
-  local t = core.fz_allow_id(self._h, self._id)
+  local t = core.fz_allow_id(h, id)
   if t < 0 then  -- (one compare in a trace for an admitted call)
     while t == STALE do  -- again when another worker removed the name right after the re-find
-      local h, id = refind(self, self._id)
-      if not h then  -- full registry: unguarded, counted nowhere
-        if limit then core.fz_permit_give(ph) end
-        return PASS_TICKET
+      if limit then core.fz_permit_give(ph) end
+      h, id = refind(self, id)
+      if not h then return PASS_TICKET end  -- full registry: unguarded, counted nowhere
+      if limit then
+        if permit(h, self.max_wait or 0) == 0 then return nil, rej_of(self, 4) end
+        ph = h
       end
       t = core.fz_allow_id(h, id)
     end
@@ -965,9 +1000,10 @@ function Breaker:allow()
   end
   if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
   if limit then
-    local p, k
-    if TRACK then p, k = track(settle_allowed, self, t, 0, ph) end
-    held_of(self)[t] = { ph, p, k }
+    local held = held_of(self)
+    local e = { ph, false, false, self, held[t] }
+    if TRACK then e[2], e[3] = track(settle_allowed, e, t, 0, ph) end
+    held[t] = e
   end
   return t
 end

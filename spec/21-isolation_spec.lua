@@ -252,6 +252,44 @@ describe("isolation #" .. BACKEND, function()
       assert.equal(1, b:stats().full_total)
     end)
 
+    -- More tickets out at once than a thread's ledger holds (4,096): the core leaves the
+    -- rest untracked, and untracked tickets are equal. Each still holds its own permit
+    -- (before: one permit per distinct ticket was given back, 903 of 5,000 kept for good).
+    it("tickets that are equal each give their own permit back", function()
+      local b = fuse.new({ name = unique("iso"), fails = 100000, max_concurrent = 100000 })
+      local tickets, distinct = {}, {}
+      for i = 1, 5000 do
+        tickets[i] = assert(b:allow())
+        distinct[tickets[i]] = true
+      end
+      local n = 0
+      for _ in pairs(distinct) do n = n + 1 end
+      assert.is_true(n < 5000)  -- (the case this is about: some tickets equal)
+      assert.equal(5000, b:stats().running)
+      for i = 1, 5000 do b:report(tickets[i], true) end
+      assert.equal(0, b:stats().running)
+    end)
+
+    -- Before: allow took the permit on the removed breaker, then re-found the name and
+    -- issued the ticket there: the new breaker's limit did not count it (two tickets out
+    -- on a limit of 1).
+    it("an object whose breaker was removed counts its ticket against its name's limit", function()
+      local name = unique("iso")
+      local b = fuse.new({ name = name, max_concurrent = 1 })
+      assert.is_true(fuse.remove(name))
+      local t1 = b:allow()
+      assert.is_number(t1)
+      assert.equal(1, fuse.get(name):stats().running)
+      local t2, rej = b:allow()
+      assert.is_nil(t2)
+      assert.equal("full", rej.reason)
+      b:report(t1, true)
+      assert.equal(0, fuse.get(name):stats().running)
+      local t3 = b:allow()
+      assert.is_number(t3)
+      b:report(t3, true)
+    end)
+
     it("a ticket the circuit rejects holds no permit", function()
       local b = fuse.new({ max_concurrent = 1, fails = 1 })
       b:force_open()

@@ -59,10 +59,11 @@ $(nginx_lua_paths "$T")
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 64 }
         local app = {}
-        for _, name in ipairs { "limited", "exiting", "hang", "reload" } do
+        for _, name in ipairs { "limited", "exiting", "hang", "reload", "orphan" } do
             app[name] = fuse.new{ name = name, fails = 1000, max_concurrent = 5 }
         end
         app.waiting = fuse.new{ name = "waiting", fails = 1000, max_concurrent = 5, max_wait = 5 }
+        app.stale = fuse.new{ name = "stale", fails = 1000, max_concurrent = 1, max_wait = 5 }
         package.loaded.iso_app = app
     }
     log_by_lua_block { require("fuse").settle() }
@@ -82,6 +83,86 @@ $(nginx_lua_paths "$T")
                 if rej then return fuse.reject(rej) end
                 ngx.say("upstream ", status, " worker ", ngx.worker.pid())
             }
+        }
+        # a subrequest of /g/NAME that ends in ngx.exit inside the guard (?log=1: of /gl/NAME)
+        location ~ ^/sub/(\w+)$ {
+            content_by_lua_block {
+                local to = ngx.var.arg_log and "/gl/" or "/g/"
+                local r = ngx.location.capture(to .. ngx.var[1], { args = { t = 0.05, exit = 1 } })
+                ngx.say("subrequest ", r.status)
+            }
+        }
+        # /g/NAME?exit=1 with nginx's log phase for subrequests
+        location ~ ^/gl/(\w+)$ {
+            set \$b \$1;
+            log_subrequest on;
+            content_by_lua_block {
+                require("iso_app")[ngx.var.b]:call(function()
+                    local r = ngx.location.capture("/proxy/" .. ngx.var.b, { args = { t = 0.05 } })
+                    ngx.status = r.status; ngx.say("exited"); return ngx.exit(r.status)
+                end)
+            }
+        }
+        # a timer whose guarded function ends it with ngx.exit; answers once it ran
+        location ~ ^/timer/(\w+)$ {
+            set \$b \$1;
+            content_by_lua_block {
+                local b, d, key = require("iso_app")[ngx.var.b], ngx.shared.up, "timer:" .. ngx.now()
+                ngx.timer.at(0, function() b:call(function() d:set(key, 1); return ngx.exit(0) end) end)
+                for _ = 1, 500 do
+                    if d:get(key) then return ngx.say("ran") end
+                    ngx.sleep(0.01)
+                end
+                ngx.say("did not run")
+            }
+        }
+        # b:allow() across a removal of its name: /stale/hold holds the one permit until
+        # the flag `release` is set; /stale/wait waits for it (max_wait), then holds it
+        # until `done`; /stale/try allows without waiting, on the name's breaker now;
+        # /stale/flag?k=K[&set=1]
+        location = /stale/hold {
+            content_by_lua_block {
+                local b, d = require("iso_app").stale, ngx.shared.up
+                local t = assert(b:allow())
+                d:set("stale:held", 1)
+                for _ = 1, 1000 do if d:get("stale:release") then break end ngx.sleep(0.01) end
+                b:report(t, true)
+                ngx.say("held")
+            }
+        }
+        location = /stale/wait {
+            content_by_lua_block {
+                local b, d = require("iso_app").stale, ngx.shared.up
+                d:set("stale:waiting", 1)
+                local t, rej = b:allow()
+                if not t then return ngx.say("rejected: ", tostring(rej)) end
+                d:set("stale:got", 1)
+                for _ = 1, 1000 do if d:get("stale:done") then break end ngx.sleep(0.01) end
+                b:report(t, true)
+                ngx.say("waited")
+            }
+        }
+        location = /stale/try {
+            content_by_lua_block {
+                local b = require("fuse").get("stale")  -- (the name's breaker now, no max_wait)
+                local t, rej = b:allow()
+                if not t then return ngx.say(rej.reason) end
+                b:report(t, true)
+                ngx.say("admitted")
+            }
+        }
+        location = /stale/flag {
+            content_by_lua_block {
+                local d, k = ngx.shared.up, "stale:" .. ngx.var.arg_k
+                if ngx.var.arg_set then d:set(k, 1) end
+                ngx.say(d:get(k) or 0)
+            }
+        }
+        location = /stale/remove {
+            content_by_lua_block { ngx.say(require("fuse").remove("stale")) }
+        }
+        location = /gc {
+            content_by_lua_block { collectgarbage(); collectgarbage(); ngx.say(ngx.worker.pid()) }
         }
         location ~ ^/proxy/(\w+)$ {
             internal;
@@ -177,6 +258,49 @@ check "20 requests (4 times 5 at once) end in ngx.exit inside the guard ($codes)
 check "fuse.settle() gave their permits back: running 0" wait_for 5 running_is exiting 0
 codes=$(burst 5 "/g/exiting?t=0.3")
 check "the limit is whole: 5 at once all get through ($codes)" [ "$codes" = "200:5 " ]
+
+# ---------------------------------------------------------------- ngx.exit in a subrequest, in a timer
+# nginx runs no log phase for a subrequest or a timer: a guarded function that ends one
+# never returns to its guard, and its permit comes back when the worker collects the
+# coroutine nginx dropped (each poll makes one worker collect; on the old code the
+# permits stayed out for good: running 5 after the subrequests, the limit gone)
+collected() { get /gc > /dev/null; running_is "$1" 0; }
+codes=$(burst 5 "/sub/orphan")
+check "5 subrequests at once end in ngx.exit inside the guard ($codes)" [ "$codes" = "200:5 " ]
+check "their permits come back once the coroutines are collected: running 0" wait_for 10 collected orphan
+codes=$(burst 5 "/sub/orphan?log=1")
+check "with log_subrequest on, 5 more ($codes)" [ "$codes" = "200:5 " ]
+check "fuse.settle() in their log phase gave their permits back before they answered: running 0" \
+  running_is orphan 0
+ran=
+for _ in 1 2 3 4 5; do ran="$ran$(curl -s -m 10 "http://127.0.0.1:$PORT/timer/orphan") "; done
+check "5 timers end in ngx.exit inside the guard ($ran)" [ "$ran" = "ran ran ran ran ran " ]
+check "their permits come back too: running 0" wait_for 10 collected orphan
+codes=$(burst 5 "/g/orphan?t=0.3")
+check "the limit is whole: 5 at once all get through ($codes)" [ "$codes" = "200:5 " ]
+
+# ---------------------------------------------------------------- b:allow() across a removal
+# A ticket held, a second allow waiting for its permit (max_wait) while the name is
+# removed (fuse.remove: another worker, an admin), then the permit given back: the
+# waiter's permit is of the removed breaker, its ticket of the name's new one. Before,
+# it kept that permit, and the new breaker's limit of 1 admitted another call beside it.
+stale_flag() { curl -s -m 5 "http://127.0.0.1:$PORT/stale/flag?k=$1${2:+&set=1}"; }
+flag_set() { [ "$(stale_flag "$1")" = 1 ]; }
+curl -s -m 20 "http://127.0.0.1:$PORT/stale/hold" > "$T/stale.hold" & CLIENTS="$!"
+check "a ticket holds the permit of a limit of 1" wait_for 5 flag_set held
+curl -s -m 20 "http://127.0.0.1:$PORT/stale/wait" > "$T/stale.wait" & CLIENTS="$CLIENTS $!"
+wait_for 5 flag_set waiting
+check "the name removed while a second allow waits" [ "$(curl -s -m 5 "http://127.0.0.1:$PORT/stale/remove")" = true ]
+stale_flag release 1 > /dev/null
+check "the first ticket reported: the waiter gets a ticket" wait_for 5 flag_set got
+try=$(curl -s -m 5 "http://127.0.0.1:$PORT/stale/try")
+check "and it holds the permit of its name's breaker: a third allow is full ($try)" [ "$try" = full ]
+stale_flag done 1 > /dev/null
+wait $CLIENTS 2>/dev/null
+CLIENTS=
+check "both reported ($(cat "$T/stale.hold" "$T/stale.wait" | tr '\n' ' '))" \
+  [ "$(cat "$T/stale.hold" "$T/stale.wait" | tr '\n' ' ')" = "held waited " ]
+check "running 0 ($(stats stale))" running_is stale 0
 
 # ---------------------------------------------------------------- kill -9 with calls hanging
 pids_before=$(workers | sort)

@@ -176,6 +176,7 @@ static void processes_test(void) {
   is_int(fz_permit_take(b, 1), 0, "the limit is reached: refused");
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
+  is_int((int)peek(b).running, 2, "the child killed: running 2, the parent's (the child's 3 ended with it)");
   double t0 = now_s();
   int got = take_all(b, 3);
   is_int(got, 3, "the child killed with 3 permits: the parent takes 3 more");

@@ -39,6 +39,10 @@ _M.enabled = true
 local tonumber, cast = tonumber, ffi.cast
 local UINTPTR = ffi.typeof("uintptr_t")
 local req_start = C.ngx_http_lua_ffi_req_start_time
+local ok_sub = pcall(function() return C.ngx_http_lua_ffi_is_subrequest end)  -- (resty.core.misc)
+local is_sub = ok_sub and C.ngx_http_lua_ffi_is_subrequest
+local newproxy, getmetatable, setmetatable, pairs = newproxy, getmetatable, setmetatable, pairs
+local WEAK_KEYS = { __mode = "k" }
 
 local lists = {}   -- request address -> list
 local spare = {}   -- lists of ended requests, for reuse
@@ -61,6 +65,15 @@ local function settle_all(p, outcome)
   p.n = 0
 end
 
+-- The calls of subrequest list p that hold a permit (their own lists, see orphan, noted
+-- in p.orphans, weakly) counted as `outcome`.
+local function settle_orphans(p, outcome)
+  local w = p.orphans
+  if not w then return end
+  p.orphans = nil
+  for o in pairs(w) do settle_all(o, outcome) end
+end
+
 -- The entries of a request that ended without fuse.settle(): counted as ignored, and said.
 local function leftover(p)
   for j = 1, p.n do
@@ -79,18 +92,36 @@ local function leftover(p)
 end
 
 -- The list of request r (at address key, started at start); made or reused as needed.
-local function list_of(key, start)
+-- sub: r is a subrequest, whose log phase nginx never runs (it runs the main request's).
+local function list_of(r, key, start)
   local p = lists[key]
   if p == nil then
     local n = #spare
     if n > 0 then p = spare[n]; spare[n] = nil else p = { n = 0 } end
-    p.start = start
+    p.start, p.sub = start, is_sub and is_sub(r) == 1
     lists[key] = p
   elseif p.start ~= start then
     if p.n > 0 then leftover(p) end
-    p.start = start
+    settle_orphans(p, IGNORE)  -- (a subrequest that ended: nginx ran no log phase for it)
+    p.start, p.sub = start, is_sub and is_sub(r) == 1
   end
   return p
+end
+
+-- A call that no log phase may settle (in a timer, or in a subrequest: nginx runs its
+-- log phase only with `log_subrequest on`): a list of its own, which the guard holds
+-- while the function runs. A function that ends its timer or subrequest (ngx.exit)
+-- never returns: nginx drops its coroutine, and the list with it, and a finalizer (of a
+-- userdata only the list holds) counts the call as ignored and gives its permit back at
+-- the worker's next garbage collection (protected: an error raised in a finalizer would
+-- surface in whatever code the collection interrupted), unless the subrequest's log
+-- phase settled it first (its list notes the call, weakly: p.orphans).
+local function orphan(settle, ctx, ticket, t0, ph)
+  local p = { n = 1, settle, ctx, ticket, t0, ph or false }
+  local u = newproxy(true)
+  getmetatable(u).__gc = function() if p[1] then pcall(settle_all, p, IGNORE) end end
+  p.gc = u
+  return p, 1
 end
 
 local function trim(p, n)
@@ -105,8 +136,20 @@ function _M.track(settle, ctx, ticket, t0, ph)
   local r = exdata()
   if r == nil then return nil end
   local start = req_start(r)
-  if start == 0 then return nil end  -- a fake request (timer, init_worker): no log phase
-  local p = list_of(tonumber(cast(UINTPTR, r)), start)
+  -- a fake request (timer, init_worker), or a subrequest: a call that holds a permit of
+  -- max_concurrent gets a list of its own (a breaker without the option pays nothing new)
+  if start == 0 then return ph and orphan(settle, ctx, ticket, t0, ph) or nil end
+  local p = list_of(r, tonumber(cast(UINTPTR, r)), start)
+  if p.sub and ph then
+    local o, k = orphan(settle, ctx, ticket, t0, ph)
+    local w = p.orphans
+    if not w then
+      w = setmetatable({}, WEAK_KEYS)
+      p.orphans = w
+    end
+    w[o] = true
+    return o, k
+  end
   local n = p.n + 1
   p.n = n
   local i = 5 * n
@@ -123,6 +166,12 @@ function _M.untrack(p, n)
   end
 end
 
+-- Whether list p (from track) is the current request's.
+function _M.mine(p)
+  local r = exdata()
+  return r ~= nil and lists[tonumber(cast(UINTPTR, r))] == p
+end
+
 -- fuse.settle(): in the log phase, counts the calls of this request that ended it: a
 -- failure for a status of 500 or above, ignored for 499 (the client went away) or no
 -- status at all, else a success.
@@ -134,8 +183,11 @@ function _M.settle_request(status)
   if p == nil then return end
   if p.start ~= req_start(r) then
     leftover(p)
+    settle_orphans(p, IGNORE)
   else
-    settle_all(p, status >= 500 and FAILURE or (status == 499 or status < 100) and IGNORE or SUCCESS)
+    local outcome = status >= 500 and FAILURE or (status == 499 or status < 100) and IGNORE or SUCCESS
+    settle_all(p, outcome)
+    settle_orphans(p, outcome)  -- (a subrequest's log phase: log_subrequest on)
   end
   lists[key] = nil
   if #spare < 64 then spare[#spare + 1] = p end
