@@ -485,20 +485,13 @@ uint32_t fzp_running(const fzp *p) {
   return n <= 0 ? 0 : (uint32_t)n;
 }
 
-/* Whether a live process runs calls on p: its lanes' runs added up, but those of lanes
- * whose owner process is dead (a dead owner's calls died with it; its permits are taken
- * back when a caller needs them). A breaker in use is never idle, whatever its last use:
+/* Whether a live process runs calls on p (fzp_running leaves out the lanes of dead
+ * owners: their calls died with them; their permits are taken back when a caller needs
+ * them). A breaker in use is never idle, whatever its last use:
  * an eviction would make its name again with no permit held, and its limit would admit
  * as many calls again beside those still running (fz_state.c, fzi_unused_ns). */
 int fzp_in_use(const fzp *p) {
-  int64_t n = 0;
-  for (int i = 0; i < FZP_LANES; i++) {
-    int64_t run = (int64_t)at_load_acq(&p->lane[i].run);
-    if (!run) continue;
-    uint32_t pid = pid_of(at_load_acq(&p->lane[i].owner));
-    if (!pid || !pid_dead(pid)) n += run;
-  }
-  return n > 0;
+  return fzp_running(p) > 0;
 }
 
 /* ---------------------------------------------------------------- permits */
