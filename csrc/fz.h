@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FZ_ABI_VERSION 5
+#define FZ_ABI_VERSION 6  /* 6: a probe ticket of kind 0 (the lift of a timed forced_open) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -230,13 +230,15 @@ const char *fz_counter_name(int i);
  *          counted in the closed window), 2 (a half-open probe in slot `slot`) or 3
  *          (disabled: nothing will be counted), and flag is 1 when this very call made
  *          the transition open -> half_open (whatever the state became afterwards: the
- *          ticket of any kind carries it). So: odd = made open -> half_open.
+ *          ticket of any kind carries it). So: odd = made open -> half_open. kind 0
+ *          (with the flag) is a probe in slot `slot` whose call lifted a timed
+ *          forced_open whose time was up: it made forced_open -> open -> half_open.
  *     < 0  rejected. -ticket - 1 = state*4 + made, where state is the state that
  *          rejected the call (FZ_OPEN, FZ_HALF_OPEN with no free probe slot, or
  *          FZ_FORCED_OPEN) and made is 0, 1 when this call made open -> half_open,
  *          or 2 when it made half_open -> open (a probe past probe_timeout), or 3
- *          when it lifted a timed forced_open whose time was up (forced_open -> open;
- *          the rejection's state is then FZ_OPEN).
+ *          when it made forced_open -> open -> half_open (the lift) but found no
+ *          probe slot, or the half-open over, before its claim (state FZ_HALF_OPEN).
  *   The rejection is counted. The ticket must be given to fz_done exactly once (for
  *   callers that cannot be sure of that, fz_allow).
  *
@@ -379,9 +381,11 @@ const char *fz_counter_name(int i);
  *   the forced_open (published before the swap, as an open period's end is), so every
  *   thread and process sharing the breaker sees the same end; the lift is made lazily
  *   by the first caller that reads the state after it (fz_enter, fz_state,
- *   fz_stats_read) as the transition forced_open -> open. An fz_enter that makes it is
- *   rejected with made = 3 (see fz_enter). Of two timed force-opens racing, one's
- *   duration applies. Returns the transition code, like fz_force_open.
+ *   fz_stats_read) as the transitions forced_open -> open -> half_open, in one swap
+ *   (the generation moves by 2). An fz_enter that makes them is the first probe, as
+ *   the call that ends an open period is: its ticket is kind 0 with the flag (see
+ *   fz_enter). Of two timed force-opens racing, one's duration applies. Returns the
+ *   transition code, like fz_force_open.
  *
  * fz_events_init_shared(): moves the transition events ring into a MAP_SHARED
  *   anonymous mapping, so that processes forked afterwards (nginx workers) record into

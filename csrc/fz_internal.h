@@ -73,7 +73,11 @@ extern void (*fz_fault_hook)(const char *where);  /* defined in fz_state.c */
 
 __extension__ typedef unsigned __int128 u128;
 
-enum { KIND_NORMAL = 1, KIND_PROBE = 2, KIND_PASS = 3 };
+/* KIND_LIFT: a probe whose call also lifted a timed forced_open (flag set; see the
+ * design note in fz_state.c) */
+enum { KIND_LIFT = 0, KIND_NORMAL = 1, KIND_PROBE = 2, KIND_PASS = 3 };
+/* What a call made, in a rejection's `made` (and a ticket's flag, MADE_LIFT as KIND_LIFT) */
+enum { MADE_HALF = 1, MADE_REOPEN = 2, MADE_LIFT = 3 };
 enum { F_RATE = 1, F_CW = 2, F_SLOW = 4 };  /* flags: rules that need the slow path on success */
 
 /* The outcome bits of a count-window slot (low 4 bits; the era is above them). */

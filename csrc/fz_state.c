@@ -19,9 +19,11 @@
  *
  * One 64-bit state word `sw` holds generation << 3 | state. Every transition is one
  * compare-and-swap of that word from (g, from) to (g + 1, to), so exactly one caller
- * makes each transition and learns it from the return value. A ticket carries the
- * generation it was issued in; an outcome whose generation is not the current one is
- * stale and ignored.
+ * makes each transition and learns it from the return value. (The lift of a timed
+ * forced_open is two, forced_open -> open -> half_open, made by one swap from g to
+ * g + 2: the open state between them, due at once, is never seen; see lift_forced.)
+ * A ticket carries the generation it was issued in; an outcome whose generation is not
+ * the current one is stale and ignored.
  *
  * Memory ordering. The state word is read with acquire and swapped with acq_rel. What
  * an open state needs (the end of its period, `until`, stamped with its generation in
@@ -48,9 +50,13 @@
  * a ticket whose key is not the breaker's (another breaker's, or made up), and one whose
  * generation is current but whose kind that generation's state never issues (kind 1
  * needs closed, a probe half_open, a pass disabled), so no report can move forced_open
- * or disabled, or make a transition the state machine does not have. A rejection is
- * -(1 + state*4 + made). fz_allow (the two-step API, whose tickets go through user
- * code) records each admitted ticket in a ledger and hands out instead
+ * or disabled, or make a transition the state machine does not have. made is 1 when the
+ * call made open -> half_open; kind 0 with made 1 is a probe whose call made
+ * forced_open -> open -> half_open (the lift of a timed forced_open, one swap: see
+ * lift_forced), so that both transitions travel back with the probe. A rejection is
+ * -(1 + state*4 + made), made 0 to 3 (MADE_*). fz_allow (the two-step API, whose
+ * tickets go through user code) records each admitted ticket in a ledger and hands out
+ * instead
  *   use23 << 30 | entry12 << 18 | lane10 << 8 | 1 << 7 | the low 7 bits above,
  * naming the entry that holds the real ticket (use: a count of the thread's tickets);
  * fz_done marks the entry reported, so a ticket reported twice (FZ_EREPORTED) or to
@@ -376,6 +382,11 @@ static void stamp_probe(fz_breaker *b, unsigned slot, uint32_t g32, uint64_t t) 
   }
 }
 
+/* made: 0, MADE_HALF (this call made open -> half_open) or MADE_LIFT (it made
+ * forced_open -> open -> half_open, lift_forced): it travels back in the ticket or the
+ * rejection. A call that made the lift has no ticket of kind 1 or 3 that could say so:
+ * when the half-open it made is over before its claim (a reset, a disable), it is
+ * rejected as that half-open's, with its transitions. */
 static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made, uint32_t id) {
   uint32_t g32 = (uint32_t)sw_gen(sw);
   uint64_t ho = at_load_acq(&b->ho);
@@ -387,7 +398,7 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made, uint
     if (ahead > 0 || (uint32_t)__builtin_popcount(busy) >= OPT(b, cfg.probes)) {
       /* `probes` run already, or a later half-open began: this call's view is stale */
       count_rejection(b, epoch_at(b, t, id), id);
-      return rejection(FZ_HALF_OPEN, made ? 1 : 0);
+      return rejection(FZ_HALF_OPEN, made);
     }
     slot = (unsigned)__builtin_ctz(~busy);
     stamp_probe(b, slot, g32, t);
@@ -402,12 +413,13 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made, uint
   if (now_sw != sw) {
     probe_release(b, sw_gen(sw), slot);
     if (!still(b, id, now_sw)) return rejection(FZ_STALE, 0);  /* another breaker's state */
-    if (sw_state(now_sw) == FZ_CLOSED) return ticket(b, sw_gen(now_sw), 0, KIND_NORMAL, made ? 1 : 0);
-    if (sw_state(now_sw) == FZ_DISABLED) return ticket(b, sw_gen(now_sw), 0, KIND_PASS, made ? 1 : 0);
+    int st = sw_state(now_sw);
+    if (st == FZ_CLOSED && made != MADE_LIFT) return ticket(b, sw_gen(now_sw), 0, KIND_NORMAL, made);
+    if (st == FZ_DISABLED && made != MADE_LIFT) return ticket(b, sw_gen(now_sw), 0, KIND_PASS, made);
     count_rejection(b, epoch_at(b, t, id), id);
-    return rejection(sw_state(now_sw), made ? 1 : 0);
+    return rejection(st == FZ_CLOSED || st == FZ_DISABLED ? FZ_HALF_OPEN : st, made);
   }
-  return ticket(b, sw_gen(sw), slot, KIND_PROBE, made ? 1 : 0);
+  return ticket(b, sw_gen(sw), slot, made == MADE_LIFT ? KIND_LIFT : KIND_PROBE, made ? 1 : 0);
 }
 
 /* fz_enter when the circuit is not closed. A state machine: one case a state. */
@@ -422,11 +434,12 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw, u
   if (sw_state(sw) == FZ_REMOVED) return rejection(FZ_REMOVED, 0);
   uint64_t t = now_ns();
   if (sw_state(sw) == FZ_FORCED_OPEN) {  /* timed: lifted when its time is up */
-    int lifted = lift_forced(b, &sw, t, id);
-    if (!lifted && !still(b, id, sw)) return rejection(FZ_STALE, 0);
-    if (lifted || sw_state(sw) == FZ_FORCED_OPEN) {
+    /* the call that lifts it is the first probe, as the one that ends an open period */
+    if (lift_forced(b, &sw, t, id)) return claim_probe(b, sw, t, MADE_LIFT, id);
+    if (!still(b, id, sw)) return rejection(FZ_STALE, 0);
+    if (sw_state(sw) == FZ_FORCED_OPEN) {
       count_rejection(b, epoch_at(b, t, id), id);
-      return lifted ? rejection(FZ_OPEN, 3) : rejection(FZ_FORCED_OPEN, 0);
+      return rejection(FZ_FORCED_OPEN, 0);
     }
   }
   int made = settle(b, &sw, t, id);
@@ -435,7 +448,7 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw, u
     /* this call re-opened the circuit: it is rejected, and the rejection says so,
      * whatever another caller made of the state since */
     count_rejection(b, epoch_at(b, t, id), id);
-    return rejection(FZ_OPEN, 2);
+    return rejection(FZ_OPEN, MADE_REOPEN);
   }
   /* the transition this call made travels back in the ticket, whatever happened next */
   int to_half = made == trans_code(FZ_OPEN, FZ_HALF_OPEN);
@@ -448,7 +461,7 @@ static __attribute__((noinline)) double enter_slow(fz_breaker *b, uint64_t sw, u
     return claim_probe(b, sw, t, to_half, id);
   default: /* FZ_OPEN, FZ_FORCED_OPEN */
     count_rejection(b, epoch_at(b, t, id), id);
-    return rejection(sw_state(sw), to_half ? 1 : 0);
+    return rejection(sw_state(sw), to_half);
   }
 }
 
@@ -839,6 +852,7 @@ static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
    * that identity is the ticket's breaker's (every write below checks it, "Incarnations") */
   uint32_t id = (uint32_t)at_load_acq(&b->id);
   int kind = (int)(t >> 1 & 3);
+  if (kind == KIND_LIFT && (t & 1)) kind = KIND_PROBE;  /* a probe that lifted (flag set) */
   unsigned slot = (unsigned)(t >> 3 & 15);
   if (kind == 0 || (kind != KIND_PROBE && (t & 0x78)) || (t & TK_TRACKED) ||
       (t & KEY_MASK) != at_load_rlx(&b->key))  /* a ticket of another breaker, or made up */
@@ -877,9 +891,9 @@ static int done_slow(fz_breaker *b, uint64_t t, int outcome, double elapsed) {
 int fz_state(fz_breaker *b) {
   uint32_t id = (uint32_t)at_load_acq(&b->id);  /* before the state word, as in done_slow */
   uint64_t sw = at_load_acq(&b->sw);
-  int lifted = sw_state(sw) == FZ_FORCED_OPEN ? lift_forced(b, &sw, now_ns(), id) : 0;
-  int made = sw_state(sw) == FZ_OPEN || sw_state(sw) == FZ_HALF_OPEN ? settle(b, &sw, now_ns(), id) : 0;
-  return sw_state(sw) + 256 * both(lifted, made);
+  int made = sw_state(sw) == FZ_FORCED_OPEN ? lift_forced(b, &sw, now_ns(), id) : 0;
+  if (!made && (sw_state(sw) == FZ_OPEN || sw_state(sw) == FZ_HALF_OPEN)) made = settle(b, &sw, now_ns(), id);
+  return sw_state(sw) + 256 * made;
 }
 
 double fz_retry_after(fz_breaker *b) {
@@ -929,8 +943,8 @@ static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   uint64_t t = now_ns();
   uint32_t id = (uint32_t)at_load_acq(&b->id);  /* before the state word, as in done_slow */
   uint64_t sw = at_load_acq(&b->sw);
-  int lifted = settle_due ? lift_forced(b, &sw, t, id) : 0;
-  int made = settle_due ? both(lifted, settle(b, &sw, t, id)) : 0;
+  int made = settle_due ? lift_forced(b, &sw, t, id) : 0;
+  if (settle_due && !made) made = settle(b, &sw, t, id);
   uint32_t e = (uint32_t)epoch_at(b, t, id);
   memset(out, 0, sizeof *out);
   out->state = sw_state(sw);
@@ -1010,23 +1024,27 @@ static int both(int first, int second) { return first && second ? first + 128 * 
 
 /*
  * A timed forced_open whose time is up at t becomes an open circuit whose period is
- * over (stamped as ending when the forced_open ended), so that probes decide. Returns
- * the code of forced_open -> open when this caller made it, else 0; leaves the current
- * state word in *sw. The open stamp of gen + 1 is safe: no one else stamps it, as only
- * a trip or a reopen from gen would, and gen is a forced_open.
+ * over, so that probes decide: forced_open -> open -> half_open, made in one swap from
+ * generation gen to gen + 2 (two transitions, two generations; no one ever sees the open
+ * state of gen + 1, which would be due at once, so no stamp of it is needed). One swap,
+ * so that the caller that lifts it is the one that makes the half-open: fz_enter's
+ * probe then carries both transitions (KIND_LIFT), as a call that ends an open period
+ * carries open -> half_open. Returns both codes (both()) when this caller made it, else
+ * 0; leaves in *sw the state word it swapped in, or the current one.
  */
 static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id) {
   uint64_t end = forced_end(b, *sw), want = *sw;
   if (!end || t < end) return 0;
-  stamp_open(b, sw_gen(want) + 1, end);
   FAULT("lifting");
-  int made = 0;
-  if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(want) + 1, FZ_OPEN))) {
-    set_if(b, id, &b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
-    made = trans_code(FZ_FORCED_OPEN, FZ_OPEN);
+  uint64_t half = sw_make(sw_gen(want) + 2, FZ_HALF_OPEN);
+  if (!at_cas_acqrel(&b->sw, &want, half)) {
+    *sw = at_load_acq(&b->sw);
+    return 0;
   }
-  *sw = at_load_acq(&b->sw);
-  return made;
+  FAULT("lifted");
+  set_if(b, id, &b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
+  *sw = half;
+  return both(trans_code(FZ_FORCED_OPEN, FZ_OPEN), trans_code(FZ_OPEN, FZ_HALF_OPEN));
 }
 
 int fz_force_open_for(fz_breaker *b, double seconds) {

@@ -45,7 +45,8 @@ local OPEN, HALF_OPEN, REMOVED = 1, 2, 5
 local SUCCESS, FAILURE, IGNORE = 0, 1, 2
 local OPEN_TO_HALF = 64 + OPEN * 8 + HALF_OPEN
 local HALF_TO_OPEN = 64 + HALF_OPEN * 8 + OPEN
-local FORCED_TO_OPEN = 64 + 3 * 8 + OPEN
+-- forced_open -> open -> half_open: the lift of a timed forced_open (two codes, packed)
+local LIFTED = 64 + 3 * 8 + OPEN + 128 * OPEN_TO_HALF
 local PLAIN_OPEN_REJECTION = -(1 + OPEN * 4)
 local PLAIN_FORCED_REJECTION = -(1 + 3 * 4)  -- forced_open, no transition made
 local STALE = -(1 + 7 * 4)  -- fz_enter_id: the handle's breaker was removed or evicted
@@ -287,13 +288,20 @@ local function rej_of(br, i)
   return r
 end
 
+-- The transitions an admitted ticket t with its flag set made: open -> half_open, or
+-- for a probe of kind 0 the lift of a timed forced_open (forced_open -> open -> half_open).
+local function made_by(t)
+  if t % 8 == 1 then return LIFTED end
+  return OPEN_TO_HALF
+end
+
 -- The rejection for a negative ticket, firing the transition the rejected call made.
 local function rejected(br, listener, t)
   local r = -t - 1
   local made = r % 4
   if made == 1 then fire(listener, br.name, OPEN_TO_HALF)
   elseif made == 2 then fire(listener, br.name, HALF_TO_OPEN)
-  elseif made == 3 then fire(listener, br.name, FORCED_TO_OPEN) end
+  elseif made == 3 then fire(listener, br.name, LIFTED) end
   return rej_of(br, floor(r / 4))
 end
 
@@ -584,7 +592,7 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
         return fallback(r, ...)
       end
       local ph = limit and h  -- (the handle whose permit the call holds)
-      if t % 2 == 1 then fire(listener, br.name, OPEN_TO_HALF) end
+      if t % 2 == 1 then fire(listener, br.name, made_by(t)) end
       local t0 = slow and now() or 0
       local p, k
       if TRACK then p, k = track(record, br, t, t0, ph) end
@@ -608,7 +616,7 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
       return nil, r
     end
     local ph = limit and h  -- (the handle whose permit the call holds)
-    if t % 2 == 1 then fire(listener, br.name, OPEN_TO_HALF) end
+    if t % 2 == 1 then fire(listener, br.name, made_by(t)) end
     local t0 = slow and now() or 0
     local p, k
     if TRACK then p, k = track(record, br, t, t0, ph) end
@@ -998,7 +1006,7 @@ function Breaker:allow()
       return nil, rejected(self, self.on_state_change, t)
     end
   end
-  if t % 2 == 1 then fire(self.on_state_change, self.name, OPEN_TO_HALF) end
+  if t % 2 == 1 then fire(self.on_state_change, self.name, made_by(t)) end
   if limit then
     local held = held_of(self)
     local e = { ph, false, false, self, held[t] }

@@ -46,21 +46,64 @@ describe("fuse #" .. BACKEND, function()
       assert.equal("closed", b:state())
     end)
 
-    it("the call that finds the time up lifts it (rejected), the next one is the probe", function()
+    -- as after an ordinary open period: the first call after the end is the probe (it
+    -- made forced_open -> open -> half_open), and nothing is rejected or counted for it
+    local function first_call_after_the_end(lifted)
       local seen, on = recorder()
-      local b = fuse.new { name = uname("lift"), fails = 3, on_state_change = on }
-      b:force_open(2)
+      local b = fuse.new { name = uname(lifted and "lift" or "plain"), fails = 1, open_for = 2,
+                           on_state_change = on }
+      if lifted then b:force_open(2) else support.fail(b) end
+      local before = b:stats().rejections_total
       clock:advance(3)
       local ran = 0
-      local r, rej = b:call(function() ran = ran + 1 end)
-      assert.is_nil(r)
-      assert.equal(0, ran)
-      assert.equal("open", rej.state)
-      assert.equal(0, rej.retry_after)
-      assert.same({ "closed>forced_open", "forced_open>open" }, seen)
       assert.equal("ok", b:call(function() ran = ran + 1; return "ok" end))
       assert.equal(1, ran)
+      assert.equal(before, b:stats().rejections_total)
+      return seen, b
+    end
+
+    it("the first call after the end is the probe, as after an open period", function()
+      local seen = first_call_after_the_end(true)
       assert.same({ "closed>forced_open", "forced_open>open", "open>half_open", "half_open>closed" }, seen)
+      local plain = first_call_after_the_end(false)
+      assert.same({ "closed>open", "open>half_open", "half_open>closed" }, plain)
+    end)
+
+    it("after the end, `probes` calls are admitted at once through allow, each listener once", function()
+      local _, _, since = fuse.events()
+      local seen, on = recorder()
+      local name = uname("allow")
+      local b = fuse.new { name = name, fails = 3, probes = 2, on_state_change = on }
+      b:force_open(1)
+      clock:advance(1)
+      local t1 = b:allow()
+      local t2 = b:allow()
+      local t3, rej = b:allow()
+      assert.is_number(t1)
+      assert.is_number(t2)
+      assert.is_nil(t3)
+      assert.equal("half_open", rej.state)
+      assert.same({ "closed>forced_open", "forced_open>open", "open>half_open" }, seen)
+      local got = {}
+      for i, e in ipairs(fuse.events(since)) do got[i] = e.from .. ">" .. e.to end
+      assert.same({ "closed>forced_open", "forced_open>open", "open>half_open" }, got)
+      b:report(t1, true)
+      assert.equal("half_open", b:state())
+      b:report(t2, true)
+      assert.equal("closed", b:state())
+      assert.same({ "closed>forced_open", "forced_open>open", "open>half_open", "half_open>closed" }, seen)
+    end)
+
+    it("the first call after the end, failing, re-opens for open_for", function()
+      local seen, on = recorder()
+      local b = fuse.new { name = uname("fail1"), fails = 3, open_for = 7, on_state_change = on }
+      b:force_open(1)
+      clock:advance(1)
+      local _, err = b:call(function() return nil, "down" end)
+      assert.equal("down", err)
+      assert.same({ "closed>forced_open", "forced_open>open", "open>half_open", "half_open>open" }, seen)
+      assert.equal("open", b:state())
+      assert.near(7, b:stats().retry_after, EPS)
     end)
 
     it("a failed probe after the lift re-opens for open_for", function()

@@ -358,6 +358,14 @@ int main(void) {
   sleep_s(0.15);
   is_int(state(b), FZ_OPEN, "after probe_timeout the slot is free again: open");
   ok(recovers(b, 0.15), "and after open_for a new probe closes it");
+  /* the lift of a timed forced_open: one swap to half_open, then the lifter's claim */
+  b = breaker("lifted");
+  fz_force_open_for(b, 0.05);
+  sleep_s(0.1);
+  ok(die_in_child("lifted", take_probe, b), "a process died right after lifting a timed forced_open");
+  is_int(state(b), FZ_HALF_OPEN, "it left the circuit half_open, no slot taken");
+  ok(recovers(b, 0), "the next call is the probe, and its success closes");
+
   permit_faults();
   registry_faults();
   return done_testing();

@@ -4,7 +4,7 @@
  * Include it after "../csrc/fz.h" and "tap.h".
  *
  *   at(1000); later(1.5);         the manual clock: set it, move it on (seconds)
- *   state(b), kind_of(ticket)     FZ_CLOSED...; 1 closed, 2 probe, 3 disabled (0: rejection)
+ *   state(b), kind_of(ticket)     FZ_CLOSED...; 1 closed, 2 probe (a lifting one too), 3 disabled (0: rejection)
  *   peek(b).failures_total        fz_stats_peek, as a value
  *   code(FZ_CLOSED, FZ_OPEN)      a transition as fz_state and fz_done report it
  *   in_thread(fn, arg)            fn(arg) in a thread of its own, waited for
@@ -31,7 +31,11 @@ static inline void at(double s) { *manual_now() = s; fz_clock_manual(s); }
 static inline void later(double s) { at(*manual_now() + s); }
 
 static inline int state(fz_breaker *b) { return fz_state(b) & 255; }
-static inline int kind_of(double t) { return t > 0 ? (int)((uint64_t)t >> 1 & 3) : 0; }
+/* (kind 0 with the flag set: a probe that lifted a timed forced_open, read as 2) */
+static inline int kind_of(double t) {
+  int k = t > 0 ? (int)((uint64_t)t >> 1 & 3) : 0;
+  return t > 0 && k == 0 && ((uint64_t)t & 1) ? 2 : k;
+}
 
 static inline fz_stats peek(fz_breaker *b)
 {

@@ -48,15 +48,46 @@ static void test_timed_force_open(void) {
   is_int((int)fz_stats_read(b, &s), 0, "stats: nothing due");
   is_int((int)s.opens_total, 1, "the lift is not counted as an open; the re-open is");
 
-  /* the lift by fz_enter: rejected with made = 3 */
+  /* the lift by fz_enter: that call is the probe, as the one that ends an open period
+   * (until this fix it was rejected with made = 3, and the next call probed) */
   fz_force_open_for(b, 1);
   later(1);
-  r = fz_enter(b);
-  is_int((int)(-r - 1), FZ_OPEN * 4 + 3, "fz_enter at the end: rejected as open, made = 3 (it lifted)");
+  fz_stats_peek(b, &s);  /* (a pure read: fz_stats_read would make the lift) */
+  uint64_t rejections = s.rejections_total;
   t = fz_enter(b);
-  ok(t > 0 && (long long)t % 2 == 1, "the next call made open -> half_open and probes");
+  ok(t > 0, "fz_enter at the end: admitted");
+  is_int((int)((long long)t & 7), 1, "a probe of kind 0, flag set: it made forced_open -> open -> half_open");
+  is_int(kind_of(t), 2, "kind_of reads it as a probe");
+  r = fz_enter(b);
+  is_int((int)(-r - 1), FZ_HALF_OPEN * 4, "the next call finds the one probe slot taken: rejected, nothing made");
+  is_int(fz_done(b, t, FZ_SUCCESS, -1), code(FZ_HALF_OPEN, FZ_CLOSED), "its success closed the circuit");
+  fz_stats_read(b, &s);
+  is_int((int)(s.rejections_total - rejections), 1, "only the second call was counted as rejected");
+  is_int(fz_done(b, t, FZ_SUCCESS, -1), 0, "the probe reported again: stale, nothing");
+
+  /* a lifted probe that fails re-opens for open_for (the lift began a new run) */
+  fz_force_open_for(b, 1);
+  later(1);
+  t = fz_enter(b);
+  is_int((int)((long long)t & 7), 1, "lifted again: the probe");
+  is_int(fz_done(b, t, FZ_FAILURE, -1), code(FZ_HALF_OPEN, FZ_OPEN), "its failure re-opens");
+  is_dbl(fz_retry_after(b), 20, 1e-9, "for open_for * backoff");
+  later(20);
+
+  /* fz_allow's ticket keeps the flag and kind: the tracked ticket stands for it */
+  fz_reset(b);
+  fz_force_open_for(b, 1);
+  later(1);
+  t = fz_allow(b);
+  ok(t > 0 && ((long long)t & 0x80), "fz_allow at the end: a tracked ticket");
+  is_int((int)((long long)t & 7), 1, "with kind 0 and the flag: it lifted");
+  is_int(fz_done(b, t, FZ_SUCCESS, -1), code(FZ_HALF_OPEN, FZ_CLOSED), "its success closed the circuit");
+  is_int(fz_done(b, t, FZ_SUCCESS, -1), FZ_EREPORTED, "reported twice: refused");
+
+  /* a made-up kind 0 ticket without the flag is refused */
+  t = fz_enter(b);
+  is_int(fz_done(b, (double)((long long)t & ~7LL), FZ_SUCCESS, -1), FZ_ETICKET, "kind 0 without the flag: FZ_ETICKET");
   fz_done(b, t, FZ_SUCCESS, -1);
-  is_int(fz_state(b), FZ_CLOSED, "its success closed the circuit");
 
   /* an untimed force-open after a timed one is never lifted */
   fz_force_open_for(b, 1);

@@ -9,6 +9,9 @@
  *                                    identity check and the act (pause "manual-checked")
  *   a timed force-open racing a trip the trip's end never lends itself to the
  *                                    force-open (pause "trip-stamped")
+ *   the lift of a timed force-open   the call that makes it is the probe; against a
+ *                                    state read, another call, a reset (pauses
+ *                                    "lifting", "lifted")
  *   idle eviction of a running call  its outcome is not lost: fz_done answers FZ_ESTALE
  *                                    and fz_late_id counts it into the name's breaker
  *   reconfigure while calls run      options are atomic (this part is for TSan)
@@ -158,6 +161,101 @@ static void forced_vs_trip(void) {
   fz_breaker_free(b);
 }
 
+/* ---------------------------------------------------------------- the lift */
+
+/* The lift of a timed forced_open (forced_open -> open -> half_open, one swap) by the
+ * first call after its end: that call is the probe, as the one that ends an open period.
+ * Each race below parks a call at "lifting" (before its swap) or "lifted" (after it,
+ * before its probe claim) while another caller acts; every transition is reported to
+ * exactly one caller, and a call that made the lift always says so. */
+typedef struct lift_job {
+  fz_breaker *b;
+  double t;
+} lift_job;
+
+static void do_lift_enter(void *p) {
+  lift_job *j = p;
+  j->t = fz_enter(j->b);
+}
+
+static fz_breaker *timed_forced(double at_s, uint32_t probes) {
+  at(at_s);
+  fz_config c = defaults();
+  c.probes = probes;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  fz_force_open_for(b, 5);
+  later(5);
+  return b;
+}
+
+enum { LIFTS = 64 + FZ_FORCED_OPEN * 8 + FZ_OPEN + 128 * (64 + FZ_OPEN * 8 + FZ_HALF_OPEN) };
+#define PLAIN_PROBE 4.0          /* low 3 bits: kind 2, flag 0 */
+#define LIFTED_PROBE 1.0         /* low 3 bits: kind 0, flag 1 */
+static double low3(double t) { return t > 0 ? (double)((uint64_t)t & 7) : t; }
+
+static void lift_races(void) {
+  lift_job j;
+  parked k;
+
+  /* a state read lifts while the call is parked before its swap */
+  j = (lift_job){ timed_forced(7000, 1), 0 };
+  ok(run_parked(&k, "lifting", do_lift_enter, &j), "lift vs state(): the call parked before its swap");
+  is_int(fz_state(j.b), FZ_HALF_OPEN + 256 * LIFTS, "lift vs state(): the read made both transitions");
+  release(&k);
+  is_dbl(low3(j.t), PLAIN_PROBE, 0, "lift vs state(): the call lost the swap, made nothing, and is the probe");
+  is_int(fz_done(j.b, j.t, FZ_SUCCESS, -1), code(FZ_HALF_OPEN, FZ_CLOSED), "lift vs state(): its success closes");
+  fz_breaker_free(j.b);
+
+  /* two calls at the end: the one that swaps is the probe and says it lifted */
+  j = (lift_job){ timed_forced(7100, 1), 0 };
+  ok(run_parked(&k, "lifting", do_lift_enter, &j), "lift vs lift: the first call parked before its swap");
+  double t = fz_enter(j.b);
+  is_dbl(low3(t), LIFTED_PROBE, 0, "lift vs lift: the other call lifted and is the probe");
+  release(&k);
+  is_dbl(j.t, -(1 + FZ_HALF_OPEN * 4), 0, "lift vs lift: the parked one lost, made nothing, is rejected (1 probe)");
+  fz_done(j.b, t, FZ_SUCCESS, -1);
+  fz_breaker_free(j.b);
+
+  /* with probes = 2 the loser is the second probe */
+  j = (lift_job){ timed_forced(7200, 2), 0 };
+  ok(run_parked(&k, "lifting", do_lift_enter, &j), "lift vs lift, 2 probes: parked before its swap");
+  t = fz_enter(j.b);
+  release(&k);
+  is_dbl(low3(t), LIFTED_PROBE, 0, "lift vs lift, 2 probes: the lifter is a probe");
+  is_dbl((double)((uint64_t)j.t & 0x7f), PLAIN_PROBE + 8, 0, "lift vs lift, 2 probes: the other is the probe of slot 1");
+  fz_done(j.b, t, FZ_SUCCESS, -1);
+  is_int(fz_done(j.b, j.t, FZ_SUCCESS, -1), code(FZ_HALF_OPEN, FZ_CLOSED), "lift vs lift, 2 probes: two successes close");
+  fz_breaker_free(j.b);
+
+  /* the lifter swapped, then another call took the one probe slot before its claim */
+  j = (lift_job){ timed_forced(7300, 1), 0 };
+  ok(run_parked(&k, "lifted", do_lift_enter, &j), "slot taken: the lifter parked after its swap");
+  t = fz_enter(j.b);
+  is_dbl(low3(t), PLAIN_PROBE, 0, "slot taken: the other call claimed the slot (it made nothing)");
+  release(&k);
+  is_dbl(j.t, -(1 + FZ_HALF_OPEN * 4 + 3), 0, "slot taken: the lifter is rejected as half_open, made = 3 (both)");
+  fz_done(j.b, t, FZ_SUCCESS, -1);
+  fz_breaker_free(j.b);
+
+  /* the lifter swapped, then a reset ended the half-open before its claim */
+  j = (lift_job){ timed_forced(7400, 1), 0 };
+  ok(run_parked(&k, "lifted", do_lift_enter, &j), "reset: the lifter parked after its swap");
+  is_int(fz_reset(j.b), code(FZ_HALF_OPEN, FZ_CLOSED), "reset: half_open -> closed");
+  uint64_t rej = peek(j.b).rejections_total;
+  release(&k);
+  is_dbl(j.t, -(1 + FZ_HALF_OPEN * 4 + 3), 0, "reset: the lifter is rejected as half_open, made = 3 (both)");
+  is_int((int)(peek(j.b).rejections_total - rej), 1, "reset: and counted as a rejection");
+  is_int(state(j.b), FZ_CLOSED, "reset: the circuit stays closed");
+  t = fz_enter(j.b);
+  is_dbl(low3(t), 2, 0, "reset: the next call is a closed call");
+  fz_done(j.b, t, FZ_SUCCESS, -1);
+  /* the slot the lifter claimed and gave back: the next half-open has its probe */
+  fz_force_open_for(j.b, 1);
+  later(1);
+  is_dbl(low3(fz_enter(j.b)), LIFTED_PROBE, 0, "reset: the next lift's call is the probe again");
+  fz_breaker_free(j.b);
+}
+
 /* ---------------------------------------------------------------- idle eviction */
 
 /* A call enters a closed breaker, which is evicted as idle while the call runs (its slot
@@ -297,6 +395,7 @@ int main(void) {
   manual_anonymous();
   remove_named("pad");
   forced_vs_trip();
+  lift_races();
   evicted_mid_call();
   removed_mid_call();
   eviction_loses_to_trip();

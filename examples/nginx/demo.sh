@@ -122,8 +122,8 @@ for _ in $(seq 12); do
   sleep 0.4
 done
 echo "   -> every worker answered 503 with Retry-After (fuse.reject) until the 3 s were over;"
-echo "      the first call after them found the time up (forced_open -> open, still 503),"
-echo "      the next one was the probe: it went through and closed the circuit"
+echo "      the first call after them was the probe (forced_open -> open -> half_open):"
+echo "      it went through and closed the circuit"
 sleep 0.6
 echo "   what each worker's fuse.watch logged (error.log, [warn]):"
 grep -F "fuse: breaker twostep" "$P/logs/error.log" | tail -n 16 |

@@ -1,7 +1,7 @@
 -- generated from csrc/fz.h by make cdef: do not edit
 -- (edit the FZ_CDEF region of csrc/fz.h, then run `make cdef`)
 return {
-  abi = 5,
+  abi = 6,
   cdef = [=[
 enum {
   FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4,

@@ -1536,7 +1536,7 @@ local function log_record(self, rec, r)
     local plain = self._plain  -- (not_plain's array when there is no `slow` rule, else false)
     if plain then
       local s, t = resp_status(r), rec.ticket
-      if s >= 100 and s < 499 and not plain[s] and (not t or floor(t / 2) % 4 ~= 2)
+      if s >= 100 and s < 499 and not plain[s] and (not t or floor(t / 2) % 2 == 1)
           and internal(r) == 0 and not from_cache(self) then
         local peer = rec.peer
         if t and not peer.removed then peer.report(peer.b, t, true, nil) end
