@@ -633,6 +633,38 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.is_true(pool:set_peers({ "10.0.0.1:1", "10.0.0.1:3", "10.0.0.1:4" }))
   end)
 
+  it("a set_peers whose list the dict cannot hold changes nothing: no new peer's breaker, no weight", function()
+    -- a dict with room for no new stored list once `full` is set (nginx's safe_set fails)
+    local t, full = {}, false
+    local dname = unique("dict")
+    upstream._stores[dname] = {
+      get = function(_, k) return t[k] end,
+      set = function(_, k, v) t[k] = v; return true end,
+      safe_set = function(_, k, v) if full then return false, "no memory" end; t[k] = v; return true end,
+      safe_add = function(_, k, v) if t[k] ~= nil then return false, "exists" end; t[k] = v; return true end,
+      delete = function(_, k) t[k] = nil end,
+      incr = function(_, k, n) if t[k] == nil then return nil, "not found" end; t[k] = t[k] + n; return t[k] end,
+      get_keys = function() local out = {}; for k in pairs(t) do out[#out + 1] = k end; return out end,
+    }
+    finally(function() upstream._stores[dname] = nil end)
+    local name = unique("p")
+    local pool = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { dict = dname })
+    full = true
+    local ok, err = pool:set_peers({ { addr = "10.0.0.1:1", weight = 5 }, "10.0.0.1:2", "10.0.0.1:3" })
+    assert.is_nil(ok)
+    assert.equal("cannot store the peer list: no memory", err)
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:3"))  -- no breaker of a peer the pool does not have
+    assert.same({
+      { addr = "10.0.0.1:1", weight = 1, state = "closed" },
+      { addr = "10.0.0.1:2", weight = 1, state = "closed" },
+    }, pool:peers())
+    assert.equal("1 2 1 2 1 2", order(pool, 6))  -- the round robin of the weights in force
+    full = false
+    assert.is_true(pool:set_peers({ { addr = "10.0.0.1:1", weight = 5 }, "10.0.0.1:2", "10.0.0.1:3" }))
+    assert.equal(5, pool:peers()[1].weight)
+    assert.truthy(fuse.get(name .. "/10.0.0.1:3"))
+  end)
+
   it("two pools of one name share each peer's breaker (as nginx workers do)", function()
     local name = unique("p")
     local a = upstream.new(name, { "10.0.0.1:1" }, { fails = 1, max_ejected = 1 })

@@ -436,19 +436,19 @@ local function peer_breaker(self, addr)
 end
 
 -- Builds the peer array from a checked list, keeping the peer objects (breaker, SWRR
--- weight) of addresses already in the pool. A breaker that cannot be made (a full
--- registry, a bad option) raises its message, once the breakers this call made before it
--- are removed: a failed upstream.new or set_peers holds no registry slot. Breakers that
--- existed already (the pool's peers, one another worker's pool of this name made, a peer
--- kept across a reload) stay.
+-- weight) of addresses already in the pool; the weights of the list are theirs once
+-- install() takes the array (until then the pool is as it was). A breaker that cannot be
+-- made (a full registry, a bad option) raises its message, once the breakers this call
+-- made before it are removed: a failed upstream.new or set_peers holds no registry slot.
+-- Breakers that existed already (the pool's peers, one another worker's pool of this name
+-- made, a peer kept across a reload) stay. Returns the array, its peers by address and
+-- the names of the breakers this call made.
 local function build(self, list)
   local old = self._by_addr or {}
   local peers, by_addr, made = {}, {}, {}
   for i, p in ipairs(list) do
     local peer = old[p.addr]
-    if peer then
-      peer.weight = p.weight
-    else
+    if not peer then
       local ok, b, new = pcall(peer_breaker, self, p.addr)
       if not ok then
         for _, name in ipairs(made) do fuse.remove(name) end
@@ -464,7 +464,7 @@ local function build(self, list)
     end
     peers[i], by_addr[p.addr] = peer, peer
   end
-  return peers, by_addr
+  return peers, by_addr, made
 end
 
 -- The round robin's schedule. While every pick is admitted at the first ask, smooth
@@ -538,7 +538,8 @@ local function forget(self, addr)
   store:delete(pfx .. "r/" .. self.name .. "/" .. addr)
 end
 
-local function install(self, peers, by_addr, remove)
+local function install(self, peers, by_addr, remove, list)
+  for i, p in ipairs(list) do peers[i].weight = p.weight end
   for addr, peer in pairs(self._by_addr or {}) do
     if not by_addr[addr] and not peer.removed then
       peer.removed = true
@@ -585,7 +586,7 @@ local function refresh(self, v)
       if ok then
         -- every worker removes what left: one that re-made a breaker meanwhile (a pick
         -- between the writer's store and its removal) takes it away again
-        install(self, peers, by_addr, true)
+        install(self, peers, by_addr, true, list)
         self._list_s = s
       end
     end
@@ -737,13 +738,16 @@ function Pool:set_peers(peers)
   local list = check_peers(self.name, peers, 2)
   sync(self)
   check_open(self, 2)
-  local ok, new, by_addr = pcall(build, self, list)
+  local ok, new, by_addr, made = pcall(build, self, list)
   if not ok then error(new, 2) end
   local s = encode(list)
   local stored, err = self._store:safe_set(self._lkey, s)
-  if not stored then return nil, "cannot store the peer list: " .. tostring(err) end
+  if not stored then  -- nothing changes: the breakers made for new peers go again
+    for _, name in ipairs(made) do fuse.remove(name) end
+    return nil, "cannot store the peer list: " .. tostring(err)
+  end
   self._ver = changed(self._store, self._vkey)
-  install(self, new, by_addr, true)
+  install(self, new, by_addr, true, list)
   self._list_s = s
   read_ramps(self)
   -- Another worker's set_peers may have stored its list between this store and this
