@@ -308,6 +308,21 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.truthy(fuse.metrics():find('fuse_upstream_dry_run_picks_total{pool="' .. name .. '"} 2', 1, true))
   end)
 
+  it("enforce = false with slow_start: a peer whose breaker closes keeps its whole share (no ramp)", function()
+    local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2" },
+      { fails = 1, open_for = 5, slow_start = 10, enforce = false })
+    open_peer(pool, "10.0.0.1:2")
+    clock:advance(5)
+    local probe
+    repeat                                        -- its probe succeeds: closed
+      local peer, ticket = pool:pick()
+      if ticket then peer.b:report(ticket, true) end
+      probe = peer.addr == "10.0.0.1:2" and ticket
+    until probe
+    assert.equal("closed", pool:peers()[2].state)
+    assert.equal("1 2 1 2 1 2", order(pool, 6))   -- a dry run: the round robin as before
+  end)
+
   it("slow_start: a peer whose breaker closes after being open ramps from 10% to 100%", function()
     local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2" },
       { fails = 1, open_for = 5, slow_start = 10, max_ejected = 1 })

@@ -674,8 +674,9 @@ function _M.new(name, peers, opts)
   local store = store_for(o.dict, 2)
   changes_counter()
   local pfx = ""
+  -- (a dry run ramps no peer: a ramp is the breaker acting, a healed peer's share cut to 10%)
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
-    _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.slow_start,
+    _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.enforce and o.slow_start or 0,
     _bopts = bopts, _slow = bopts.slow ~= nil, _plain = bopts.slow == nil and not_plain(o.fail), _store = store,
     _looks = 0,
     _pfx = pfx,
