@@ -254,6 +254,24 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal(0, pool:panics())
   end)
 
+  it("a retry whose closed candidate turns out busy takes the untried panic peer, not a tried one", function()
+    -- 1 failed this request's first try (closed), 2 is full under max_concurrent (a call
+    -- running), 3 is open and, with max_ejected = 0, a panic candidate. At every phase of
+    -- the round robin the retry goes to 3: only when every untried peer is skipped do the
+    -- tried ones come back.
+    local A = { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }
+    for phase = 1, 6 do
+      local pool = upstream.new(unique("p"), A, { max_concurrent = 1, max_ejected = 0, fails = 1 })
+      order(pool, phase)
+      open_peer(pool, A[3])
+      local running = pool._peers[2].b:allow()
+      local peer, ticket = pool:pick({ [pool._peers[1]] = true })
+      assert.equal(A[3] .. " (phase " .. phase .. ")", peer.addr .. " (phase " .. phase .. ")")
+      assert.is_nil(ticket)
+      pool._peers[2].b:report(running, true)
+    end
+  end)
+
   it("a retry goes to a peer the request has not tried while one is admitted, else to a tried one", function()
     local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }, { max_ejected = 1 })
     local tried = {}

@@ -894,6 +894,7 @@ local function pick_from(self, tried, now, rejected, only)
   end
   while true do
     local best, bestv, total = nil, -huge, 0
+    local nopan = false  -- the panic peers stay out of this round's round robin step
     if retry and known then
       for i = 1, n do
         if not ex[i] and not skip[i] and not pan[i] then
@@ -901,13 +902,13 @@ local function pick_from(self, tried, now, rejected, only)
           if p.cur + p.weight > bestv then best, bestv = i, p.cur + p.weight end
         end
       end
-      if best then  -- the panic peers stay out of this pick's round robin step
-        for i = 1, n do if pan[i] and not ex[i] then ex[i] = true end end
-      end
+      -- (this round only: when that peer rejects the try, the panic peers are candidates
+      -- again, before the tried peers come back)
+      nopan = best ~= nil
       best, bestv = nil, -huge
     end
     for i = 1, n do
-      if not ex[i] and not skip[i] then
+      if not ex[i] and not skip[i] and not (nopan and pan[i]) then
         local p = peers[i]
         local w = weight_of(p, now, ss)
         p.w = w
@@ -936,7 +937,8 @@ local function pick_from(self, tried, now, rejected, only)
       if not pan[best] then ticket = p.b:allow() end
       if ticket or pan[best] or not self._enforce then
         for i = 1, n do
-          if not ex[i] and not skip[i] then peers[i].cur = peers[i].cur + peers[i].w end
+          local q = peers[i]
+          if not ex[i] and not skip[i] and not (nopan and pan[i]) then q.cur = q.cur + q.w end
         end
         p.cur = p.cur - total
         if not ticket then count(self, pan[best] and self._pkey or self._dkey) end
