@@ -428,6 +428,31 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal(0, again:failures(peer.addr, "status"))
   end)
 
+  it("a closed pool's panics, failures and tries raise, in every copy (never the next pool's counts)", function()
+    local name = unique("p")
+    local opts = { max_ejected = 0, fails = 1 }
+    local a = upstream.new(name, { "10.0.0.1:1" }, opts)
+    local b = upstream.new(name, { "10.0.0.1:1" }, opts)   -- another worker's copy
+    a:close()
+    local c = upstream.new(name, { "10.0.0.1:1" }, opts)   -- the name's next pool
+    open_peer(c, "10.0.0.1:1")
+    c:pick()                                                -- a panic pick
+    upstream._failed(c, { peer = c._peers[1], ticket = false }, "status")
+    assert.equal(1, c:panics())
+    for _, pool in ipairs({ a, b }) do
+      for _, call in ipairs({ function() return pool:panics() end,
+          function() return pool:failures("10.0.0.1:1", "status") end, function() return pool:tries() end }) do
+        local ok, e = pcall(call)
+        assert.is_false(ok, tostring(e))
+        assert.truthy(e:find("pool '" .. name .. "' is closed", 1, true), e)
+      end
+    end
+    -- and tries() follows a set_peers made through another copy (default min(#peers, 3))
+    local d = upstream.new(name, { "10.0.0.1:1" }, opts)
+    assert.is_true(c:set_peers({ "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }))
+    assert.equal(3, d:tries())
+  end)
+
   it("close, then upstream.new of the name: the old pool's copies stay closed, closing nothing new", function()
     -- (fails) close() left a mark that upstream.new of the name deleted: a copy (another
     -- nginx worker) that had not synced between the two took the new pool's list and went

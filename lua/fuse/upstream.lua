@@ -792,6 +792,8 @@ function Pool:peers()
 end
 
 function Pool:tries()
+  sync(self)
+  check_open(self, 2)
   return self._tries or min(#self._peers, 3)
 end
 
@@ -1062,11 +1064,15 @@ end
 
 -- The panic picks counted for this pool, across all workers.
 function Pool:panics()
+  sync(self)
+  check_open(self, 2)  -- (a closed pool's key may be its name's next pool's)
   return self._store:get(self._pkey) or 0
 end
 
 -- The failures of class `class` counted for peer `addr`, across all workers.
 function Pool:failures(addr, class)
+  sync(self)
+  check_open(self, 2)
   local canon = parse_addr(addr) or addr
   return self._store:get(self._pfx .. "c/" .. self.name .. "/" .. canon .. "/" .. class) or 0
 end
