@@ -691,6 +691,35 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.is_true(pool:set_peers({ "10.0.0.1:1", "10.0.0.1:3", "10.0.0.1:4" }))
   end)
 
+  it("a reload whose edited list fails on a full registry drops no peer of the list in force", function()
+    -- (fails) upstream.new stored the config's list and removed the breakers of the peers
+    -- it drops before it made the new peers' breakers: when that failed, the stored list
+    -- was the failed config's, and the workers still serving lost the dropped peer's
+    -- breaker (its open state) and took the failed list at their next sync
+    local name = unique("p")
+    local pool = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { fails = 1 })
+    open_peer(pool, "10.0.0.1:2")
+    local fill = {}
+    finally(function() for _, f in ipairs(fill) do fuse.remove(f) end end)
+    while true do
+      local f = unique("fill")
+      if not pcall(fuse.new, { name = f }) then break end
+      fill[#fill + 1] = f
+    end
+    fuse.remove(table.remove(fill))   -- room for one new breaker of the three it needs
+    local ok, e = pcall(upstream.new, name, { "10.0.0.1:1", "10.0.0.1:3", "10.0.0.1:4", "10.0.0.1:5" },
+      { fails = 1 })
+    assert.is_false(ok)
+    assert.truthy(e:find("breaker registry is full", 1, true), e)
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:3"))   -- nothing of its own left
+    assert.same({
+      { addr = "10.0.0.1:1", weight = 1, state = "closed" },
+      { addr = "10.0.0.1:2", weight = 1, state = "open" },
+    }, pool:peers())
+    -- made again with the config in force (the old workers' reload): the same list
+    assert.equal("10.0.0.1:2", upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { fails = 1 }):peers()[2].addr)
+  end)
+
   it("a set_peers whose list the dict cannot hold changes nothing: no new peer's breaker, no weight", function()
     -- a dict with room for no new stored list once `full` is set (nginx's safe_set fails)
     local t, full = {}, false

@@ -705,19 +705,26 @@ function _M.new(name, peers, opts)
   end
   self._gen = gen
   local stored = store:get(self._lkey)
-  if stored and store:get(self._bkey) == cfg then
+  local from_cfg = not (stored and store:get(self._bkey) == cfg)
+  if not from_cfg then
     local from_store = decode(stored)
     if #from_store > 0 then list = from_store end
-  else
-    local ok, err = store:safe_set(self._lkey, cfg)
-    if not ok then raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2) end
+  end
+  -- The breakers first: a new() that fails (a full registry) stores no list and drops no
+  -- peer of the list in force, which the workers still serving go on with.
+  local ok, peers_or_err, by_addr, made = pcall(build, self, list)
+  if not ok then error(peers_or_err, 2) end
+  if from_cfg then
+    local stored_ok, err = store:safe_set(self._lkey, cfg)
+    if not stored_ok then
+      for _, n in ipairs(made) do fuse.remove(n) end
+      raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2)
+    end
     store:safe_set(self._bkey, cfg)
     changed(store, self._vkey)
     if stored then drop_left(self, decode(stored), list) end  -- (a closed name has none)
   end
   store:safe_add(self._pkey, 0)  -- the panic counter shows (at 0) from the start
-  local ok, peers_or_err, by_addr = pcall(build, self, list)
-  if not ok then error(peers_or_err, 2) end
   set_array(self, peers_or_err, by_addr)
   self._list_s = encode(list)
   self._ver = store:get(self._vkey)
