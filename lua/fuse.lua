@@ -234,16 +234,19 @@ do
   local ngx = rawget(_G, "ngx")
   if type(ngx) == "table" and type(ngx.sleep) == "function" then ngx_now, ngx_sleep = ngx.now, ngx.sleep end
 end
-local min = math.min
+local min, max = math.min, math.max
 
 -- Waits up to max_wait seconds for a permit of h (OpenResty: yields with ngx.sleep, in
 -- steps from 1 ms doubling up to 20 ms); true when one was taken. A phase where
--- ngx.sleep is not allowed (the error is caught) gives up at once.
+-- ngx.sleep is not allowed (the error is caught) gives up at once. A step is 1 ms at
+-- least: ngx.sleep takes whole milliseconds, and a sleep of 0 ms (what is left of the
+-- wait, below 1 ms, or a rounding of 1 ms below it) resumes from nginx's posted events
+-- without the loop's time moving, so ngx.now() and `left` never change: a worker spun.
 local function wait_permit(h, max_wait)
   local deadline, step = ngx_now() + max_wait, 0.001
   while true do
     local left = deadline - ngx_now()
-    if left <= 0 or not pcall(ngx_sleep, min(step, left)) then return false end
+    if left <= 0 or not pcall(ngx_sleep, max(min(step, left), 0.001)) then return false end
     if core.fz_permit_take(h, 0) == 1 then return true end
     step = min(step * 2, 0.02)
   end

@@ -254,6 +254,24 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal(0, pool:panics())
   end)
 
+  it("a retry whose closed candidate turns out busy takes the untried panic peer, not a tried one", function()
+    -- 1 failed this request's first try (closed), 2 is full under max_concurrent (a call
+    -- running), 3 is open and, with max_ejected = 0, a panic candidate. At every phase of
+    -- the round robin the retry goes to 3: only when every untried peer is skipped do the
+    -- tried ones come back.
+    local A = { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }
+    for phase = 1, 6 do
+      local pool = upstream.new(unique("p"), A, { max_concurrent = 1, max_ejected = 0, fails = 1 })
+      order(pool, phase)
+      open_peer(pool, A[3])
+      local running = pool._peers[2].b:allow()
+      local peer, ticket = pool:pick({ [pool._peers[1]] = true })
+      assert.equal(A[3] .. " (phase " .. phase .. ")", peer.addr .. " (phase " .. phase .. ")")
+      assert.is_nil(ticket)
+      pool._peers[2].b:report(running, true)
+    end
+  end)
+
   it("a retry goes to a peer the request has not tried while one is admitted, else to a tried one", function()
     local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }, { max_ejected = 1 })
     local tried = {}
@@ -306,6 +324,21 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal("1 2 1 2", order(pool, 4))
     assert.equal(0, pool:panics())
     assert.truthy(fuse.metrics():find('fuse_upstream_dry_run_picks_total{pool="' .. name .. '"} 2', 1, true))
+  end)
+
+  it("enforce = false with slow_start: a peer whose breaker closes keeps its whole share (no ramp)", function()
+    local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2" },
+      { fails = 1, open_for = 5, slow_start = 10, enforce = false })
+    open_peer(pool, "10.0.0.1:2")
+    clock:advance(5)
+    local probe
+    repeat                                        -- its probe succeeds: closed
+      local peer, ticket = pool:pick()
+      if ticket then peer.b:report(ticket, true) end
+      probe = peer.addr == "10.0.0.1:2" and ticket
+    until probe
+    assert.equal("closed", pool:peers()[2].state)
+    assert.equal("1 2 1 2 1 2", order(pool, 6))   -- a dry run: the round robin as before
   end)
 
   it("slow_start: a peer whose breaker closes after being open ramps from 10% to 100%", function()
@@ -393,6 +426,31 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.falsy(fuse.metrics():find('pool="' .. name .. '"', 1, true))
     local again = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
     assert.equal(0, again:failures(peer.addr, "status"))
+  end)
+
+  it("a closed pool's panics, failures and tries raise, in every copy (never the next pool's counts)", function()
+    local name = unique("p")
+    local opts = { max_ejected = 0, fails = 1 }
+    local a = upstream.new(name, { "10.0.0.1:1" }, opts)
+    local b = upstream.new(name, { "10.0.0.1:1" }, opts)   -- another worker's copy
+    a:close()
+    local c = upstream.new(name, { "10.0.0.1:1" }, opts)   -- the name's next pool
+    open_peer(c, "10.0.0.1:1")
+    c:pick()                                                -- a panic pick
+    upstream._failed(c, { peer = c._peers[1], ticket = false }, "status")
+    assert.equal(1, c:panics())
+    for _, pool in ipairs({ a, b }) do
+      for _, call in ipairs({ function() return pool:panics() end,
+          function() return pool:failures("10.0.0.1:1", "status") end, function() return pool:tries() end }) do
+        local ok, e = pcall(call)
+        assert.is_false(ok, tostring(e))
+        assert.truthy(e:find("pool '" .. name .. "' is closed", 1, true), e)
+      end
+    end
+    -- and tries() follows a set_peers made through another copy (default min(#peers, 3))
+    local d = upstream.new(name, { "10.0.0.1:1" }, opts)
+    assert.is_true(c:set_peers({ "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3" }))
+    assert.equal(3, d:tries())
   end)
 
   it("close, then upstream.new of the name: the old pool's copies stay closed, closing nothing new", function()
@@ -631,6 +689,67 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.is_nil(fuse.get(other .. "/10.0.0.1:2"))
     -- the room is there again: a set_peers that fits now succeeds
     assert.is_true(pool:set_peers({ "10.0.0.1:1", "10.0.0.1:3", "10.0.0.1:4" }))
+  end)
+
+  it("a reload whose edited list fails on a full registry drops no peer of the list in force", function()
+    -- (fails) upstream.new stored the config's list and removed the breakers of the peers
+    -- it drops before it made the new peers' breakers: when that failed, the stored list
+    -- was the failed config's, and the workers still serving lost the dropped peer's
+    -- breaker (its open state) and took the failed list at their next sync
+    local name = unique("p")
+    local pool = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { fails = 1 })
+    open_peer(pool, "10.0.0.1:2")
+    local fill = {}
+    finally(function() for _, f in ipairs(fill) do fuse.remove(f) end end)
+    while true do
+      local f = unique("fill")
+      if not pcall(fuse.new, { name = f }) then break end
+      fill[#fill + 1] = f
+    end
+    fuse.remove(table.remove(fill))   -- room for one new breaker of the three it needs
+    local ok, e = pcall(upstream.new, name, { "10.0.0.1:1", "10.0.0.1:3", "10.0.0.1:4", "10.0.0.1:5" },
+      { fails = 1 })
+    assert.is_false(ok)
+    assert.truthy(e:find("breaker registry is full", 1, true), e)
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:3"))   -- nothing of its own left
+    assert.same({
+      { addr = "10.0.0.1:1", weight = 1, state = "closed" },
+      { addr = "10.0.0.1:2", weight = 1, state = "open" },
+    }, pool:peers())
+    -- made again with the config in force (the old workers' reload): the same list
+    assert.equal("10.0.0.1:2", upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { fails = 1 }):peers()[2].addr)
+  end)
+
+  it("a set_peers whose list the dict cannot hold changes nothing: no new peer's breaker, no weight", function()
+    -- a dict with room for no new stored list once `full` is set (nginx's safe_set fails)
+    local t, full = {}, false
+    local dname = unique("dict")
+    upstream._stores[dname] = {
+      get = function(_, k) return t[k] end,
+      set = function(_, k, v) t[k] = v; return true end,
+      safe_set = function(_, k, v) if full then return false, "no memory" end; t[k] = v; return true end,
+      safe_add = function(_, k, v) if t[k] ~= nil then return false, "exists" end; t[k] = v; return true end,
+      delete = function(_, k) t[k] = nil end,
+      incr = function(_, k, n) if t[k] == nil then return nil, "not found" end; t[k] = t[k] + n; return t[k] end,
+      get_keys = function() local out = {}; for k in pairs(t) do out[#out + 1] = k end; return out end,
+    }
+    finally(function() upstream._stores[dname] = nil end)
+    local name = unique("p")
+    local pool = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { dict = dname })
+    full = true
+    local ok, err = pool:set_peers({ { addr = "10.0.0.1:1", weight = 5 }, "10.0.0.1:2", "10.0.0.1:3" })
+    assert.is_nil(ok)
+    assert.equal("cannot store the peer list: no memory", err)
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:3"))  -- no breaker of a peer the pool does not have
+    assert.same({
+      { addr = "10.0.0.1:1", weight = 1, state = "closed" },
+      { addr = "10.0.0.1:2", weight = 1, state = "closed" },
+    }, pool:peers())
+    assert.equal("1 2 1 2 1 2", order(pool, 6))  -- the round robin of the weights in force
+    full = false
+    assert.is_true(pool:set_peers({ { addr = "10.0.0.1:1", weight = 5 }, "10.0.0.1:2", "10.0.0.1:3" }))
+    assert.equal(5, pool:peers()[1].weight)
+    assert.truthy(fuse.get(name .. "/10.0.0.1:3"))
   end)
 
   it("two pools of one name share each peer's breaker (as nginx workers do)", function()

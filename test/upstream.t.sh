@@ -712,6 +712,24 @@ check "the peers' gauge after a reset with requests in flight: 2 requests at onc
   eval '[ "$(maxc "$E")" = 2 ] && [ "$(hits "$E")" = 2 ]'
 mode "$E" 'mode=ok&reset=1'
 
+# ---------------------------------------------------------------- max_wait in pool:access()
+# Pool mw (max_ejected = 1, max_concurrent = 1, max_wait = 0.03): its one peer full,
+# pool:access() waits 0.03 s for a permit and answers 503. Before, a wait of fuse's
+# max_wait slept 0 ms once less than 1 ms was left (ngx.sleep takes whole ms), and an
+# ngx.sleep(0) that nginx never leaves its posted events for spun the worker for good
+# (of waits of 0.01 to 0.06 s, those of 0.03 and up never ended here). Last here: on the old code a
+# worker no longer answers.
+mw_codes=""
+for _ in 1 2 3 4 5 6 7 8; do
+  mw_codes="$mw_codes$(curl -s -m 3 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/mw") "
+done
+check "max_wait in pool:access(): 8 requests with the peer full are answered 503 within 3 s each ($mw_codes)" \
+  [ "$mw_codes" = "503 503 503 503 503 503 503 503 " ]
+# (a spinning worker never takes its master's QUIT, and outlives a master killed: kill it)
+if [ "$mw_codes" != "503 503 503 503 503 503 503 503 " ]; then
+  for w in $(workers "$(cat "$P/logs-pools/nginx.pid")"); do kill -9 "$w" 2>/dev/null; done
+fi
+
 # ---------------------------------------------------------------- logs
 bad=$(grep -hE '\[(alert|crit|emerg)\]|lua entry thread aborted|runtime error|attempt to' \
   "$F/logs/error.log" "$P/logs-pools/error.log" "$P/logs-peers/error.log" 2>/dev/null)

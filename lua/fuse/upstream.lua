@@ -436,19 +436,19 @@ local function peer_breaker(self, addr)
 end
 
 -- Builds the peer array from a checked list, keeping the peer objects (breaker, SWRR
--- weight) of addresses already in the pool. A breaker that cannot be made (a full
--- registry, a bad option) raises its message, once the breakers this call made before it
--- are removed: a failed upstream.new or set_peers holds no registry slot. Breakers that
--- existed already (the pool's peers, one another worker's pool of this name made, a peer
--- kept across a reload) stay.
+-- weight) of addresses already in the pool; the weights of the list are theirs once
+-- install() takes the array (until then the pool is as it was). A breaker that cannot be
+-- made (a full registry, a bad option) raises its message, once the breakers this call
+-- made before it are removed: a failed upstream.new or set_peers holds no registry slot.
+-- Breakers that existed already (the pool's peers, one another worker's pool of this name
+-- made, a peer kept across a reload) stay. Returns the array, its peers by address and
+-- the names of the breakers this call made.
 local function build(self, list)
   local old = self._by_addr or {}
   local peers, by_addr, made = {}, {}, {}
   for i, p in ipairs(list) do
     local peer = old[p.addr]
-    if peer then
-      peer.weight = p.weight
-    else
+    if not peer then
       local ok, b, new = pcall(peer_breaker, self, p.addr)
       if not ok then
         for _, name in ipairs(made) do fuse.remove(name) end
@@ -464,7 +464,7 @@ local function build(self, list)
     end
     peers[i], by_addr[p.addr] = peer, peer
   end
-  return peers, by_addr
+  return peers, by_addr, made
 end
 
 -- The round robin's schedule. While every pick is admitted at the first ask, smooth
@@ -538,7 +538,8 @@ local function forget(self, addr)
   store:delete(pfx .. "r/" .. self.name .. "/" .. addr)
 end
 
-local function install(self, peers, by_addr, remove)
+local function install(self, peers, by_addr, remove, list)
+  for i, p in ipairs(list) do peers[i].weight = p.weight end
   for addr, peer in pairs(self._by_addr or {}) do
     if not by_addr[addr] and not peer.removed then
       peer.removed = true
@@ -585,7 +586,7 @@ local function refresh(self, v)
       if ok then
         -- every worker removes what left: one that re-made a breaker meanwhile (a pick
         -- between the writer's store and its removal) takes it away again
-        install(self, peers, by_addr, true)
+        install(self, peers, by_addr, true, list)
         self._list_s = s
       end
     end
@@ -673,8 +674,9 @@ function _M.new(name, peers, opts)
   local store = store_for(o.dict, 2)
   changes_counter()
   local pfx = ""
+  -- (a dry run ramps no peer: a ramp is the breaker acting, a healed peer's share cut to 10%)
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
-    _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.slow_start,
+    _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.enforce and o.slow_start or 0,
     _bopts = bopts, _slow = bopts.slow ~= nil, _plain = bopts.slow == nil and not_plain(o.fail), _store = store,
     _looks = 0,
     _pfx = pfx,
@@ -703,19 +705,26 @@ function _M.new(name, peers, opts)
   end
   self._gen = gen
   local stored = store:get(self._lkey)
-  if stored and store:get(self._bkey) == cfg then
+  local from_cfg = not (stored and store:get(self._bkey) == cfg)
+  if not from_cfg then
     local from_store = decode(stored)
     if #from_store > 0 then list = from_store end
-  else
-    local ok, err = store:safe_set(self._lkey, cfg)
-    if not ok then raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2) end
+  end
+  -- The breakers first: a new() that fails (a full registry) stores no list and drops no
+  -- peer of the list in force, which the workers still serving go on with.
+  local ok, peers_or_err, by_addr, made = pcall(build, self, list)
+  if not ok then error(peers_or_err, 2) end
+  if from_cfg then
+    local stored_ok, err = store:safe_set(self._lkey, cfg)
+    if not stored_ok then
+      for _, n in ipairs(made) do fuse.remove(n) end
+      raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2)
+    end
     store:safe_set(self._bkey, cfg)
     changed(store, self._vkey)
     if stored then drop_left(self, decode(stored), list) end  -- (a closed name has none)
   end
   store:safe_add(self._pkey, 0)  -- the panic counter shows (at 0) from the start
-  local ok, peers_or_err, by_addr = pcall(build, self, list)
-  if not ok then error(peers_or_err, 2) end
   set_array(self, peers_or_err, by_addr)
   self._list_s = encode(list)
   self._ver = store:get(self._vkey)
@@ -737,13 +746,16 @@ function Pool:set_peers(peers)
   local list = check_peers(self.name, peers, 2)
   sync(self)
   check_open(self, 2)
-  local ok, new, by_addr = pcall(build, self, list)
+  local ok, new, by_addr, made = pcall(build, self, list)
   if not ok then error(new, 2) end
   local s = encode(list)
   local stored, err = self._store:safe_set(self._lkey, s)
-  if not stored then return nil, "cannot store the peer list: " .. tostring(err) end
+  if not stored then  -- nothing changes: the breakers made for new peers go again
+    for _, name in ipairs(made) do fuse.remove(name) end
+    return nil, "cannot store the peer list: " .. tostring(err)
+  end
   self._ver = changed(self._store, self._vkey)
-  install(self, new, by_addr, true)
+  install(self, new, by_addr, true, list)
   self._list_s = s
   read_ramps(self)
   -- Another worker's set_peers may have stored its list between this store and this
@@ -787,6 +799,8 @@ function Pool:peers()
 end
 
 function Pool:tries()
+  sync(self)
+  check_open(self, 2)
   return self._tries or min(#self._peers, 3)
 end
 
@@ -889,6 +903,7 @@ local function pick_from(self, tried, now, rejected, only)
   end
   while true do
     local best, bestv, total = nil, -huge, 0
+    local nopan = false  -- the panic peers stay out of this round's round robin step
     if retry and known then
       for i = 1, n do
         if not ex[i] and not skip[i] and not pan[i] then
@@ -896,13 +911,13 @@ local function pick_from(self, tried, now, rejected, only)
           if p.cur + p.weight > bestv then best, bestv = i, p.cur + p.weight end
         end
       end
-      if best then  -- the panic peers stay out of this pick's round robin step
-        for i = 1, n do if pan[i] and not ex[i] then ex[i] = true end end
-      end
+      -- (this round only: when that peer rejects the try, the panic peers are candidates
+      -- again, before the tried peers come back)
+      nopan = best ~= nil
       best, bestv = nil, -huge
     end
     for i = 1, n do
-      if not ex[i] and not skip[i] then
+      if not ex[i] and not skip[i] and not (nopan and pan[i]) then
         local p = peers[i]
         local w = weight_of(p, now, ss)
         p.w = w
@@ -931,7 +946,8 @@ local function pick_from(self, tried, now, rejected, only)
       if not pan[best] then ticket = p.b:allow() end
       if ticket or pan[best] or not self._enforce then
         for i = 1, n do
-          if not ex[i] and not skip[i] then peers[i].cur = peers[i].cur + peers[i].w end
+          local q = peers[i]
+          if not ex[i] and not skip[i] and not (nopan and pan[i]) then q.cur = q.cur + q.w end
         end
         p.cur = p.cur - total
         if not ticket then count(self, pan[best] and self._pkey or self._dkey) end
@@ -1055,11 +1071,15 @@ end
 
 -- The panic picks counted for this pool, across all workers.
 function Pool:panics()
+  sync(self)
+  check_open(self, 2)  -- (a closed pool's key may be its name's next pool's)
   return self._store:get(self._pkey) or 0
 end
 
 -- The failures of class `class` counted for peer `addr`, across all workers.
 function Pool:failures(addr, class)
+  sync(self)
+  check_open(self, 2)
   local canon = parse_addr(addr) or addr
   return self._store:get(self._pfx .. "c/" .. self.name .. "/" .. canon .. "/" .. class) or 0
 end
