@@ -339,7 +339,6 @@ static int settle(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id) {
 /* The timed forced_open (defined with the manual states). */
 static uint64_t forced_end(fz_breaker *b, uint64_t sw);
 static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id);
-static int both(int first, int second);
 
 /* ---------------------------------------------------------------- admission */
 
@@ -1019,9 +1018,6 @@ static uint64_t forced_end(fz_breaker *b, uint64_t sw) {
   return at_load_rlx(&b->forced_until);
 }
 
-/* Two transition codes made by one caller, in order: first + 128 * second. */
-static int both(int first, int second) { return first && second ? first + 128 * second : first + second; }
-
 /*
  * A timed forced_open whose time is up at t becomes an open circuit whose period is
  * over, so that probes decide: forced_open -> open -> half_open, made in one swap from
@@ -1029,8 +1025,9 @@ static int both(int first, int second) { return first && second ? first + 128 * 
  * state of gen + 1, which would be due at once, so no stamp of it is needed). One swap,
  * so that the caller that lifts it is the one that makes the half-open: fz_enter's
  * probe then carries both transitions (KIND_LIFT), as a call that ends an open period
- * carries open -> half_open. Returns both codes (both()) when this caller made it, else
- * 0; leaves in *sw the state word it swapped in, or the current one.
+ * carries open -> half_open. Returns the two transition codes, in order (first + 128 *
+ * second), when this caller made it, else 0; leaves in *sw the state word it swapped
+ * in, or the current one.
  */
 static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id) {
   uint64_t end = forced_end(b, *sw), want = *sw;
@@ -1044,7 +1041,7 @@ static int lift_forced(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id) {
   FAULT("lifted");
   set_if(b, id, &b->cur_open_ns, OPT(b, open_for_ns));  /* a new run of open periods */
   *sw = half;
-  return both(trans_code(FZ_FORCED_OPEN, FZ_OPEN), trans_code(FZ_OPEN, FZ_HALF_OPEN));
+  return trans_code(FZ_FORCED_OPEN, FZ_OPEN) + 128 * trans_code(FZ_OPEN, FZ_HALF_OPEN);
 }
 
 int fz_force_open_for(fz_breaker *b, double seconds) {
