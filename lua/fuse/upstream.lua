@@ -736,6 +736,13 @@ local function check_open(self, level)
   if self._closed then raise(fmt("pool '%s' is closed", self.name), level + 1) end
 end
 
+-- The pool brought to the store's version (any worker's set_peers, close or ramp), and
+-- open; raises at `level` when it is closed.
+local function check_live(self, level)
+  sync(self)
+  check_open(self, level + 1)
+end
+
 -- pool:set_peers(list): replaces the pool's peers, in every worker (their next pick).
 -- Peers that stay keep their breaker (and so their state); new ones get a fresh breaker;
 -- the breakers and counters of peers that left are removed. Requests in flight that
@@ -744,8 +751,7 @@ end
 function Pool:set_peers(peers)
   check_open(self, 2)
   local list = check_peers(self.name, peers, 2)
-  sync(self)
-  check_open(self, 2)
+  check_live(self, 2)
   local ok, new, by_addr, made = pcall(build, self, list)
   if not ok then error(new, 2) end
   local s = encode(list)
@@ -789,8 +795,7 @@ end
 
 -- pool:peers() -> { { addr = "...", weight = n, state = "closed" }, ... }
 function Pool:peers()
-  sync(self)
-  check_open(self, 2)
+  check_live(self, 2)
   local out = {}
   for i, p in ipairs(self._peers) do
     out[i] = { addr = p.addr, weight = p.weight, state = p.b:state() }
@@ -799,8 +804,7 @@ function Pool:peers()
 end
 
 function Pool:tries()
-  sync(self)
-  check_open(self, 2)
+  check_live(self, 2)
   return self._tries or min(#self._peers, 3)
 end
 
@@ -1064,22 +1068,19 @@ local function pick(self, tried)
 end
 
 function Pool:pick(tried)
-  sync(self)
-  check_open(self, 2)
+  check_live(self, 2)
   return pick(self, tried)
 end
 
 -- The panic picks counted for this pool, across all workers.
 function Pool:panics()
-  sync(self)
-  check_open(self, 2)  -- (a closed pool's key may be its name's next pool's)
+  check_live(self, 2)  -- (a closed pool's key may be its name's next pool's)
   return self._store:get(self._pkey) or 0
 end
 
 -- The failures of class `class` counted for peer `addr`, across all workers.
 function Pool:failures(addr, class)
-  sync(self)
-  check_open(self, 2)
+  check_live(self, 2)
   local canon = parse_addr(addr) or addr
   return self._store:get(self._pfx .. "c/" .. self.name .. "/" .. canon .. "/" .. class) or 0
 end
