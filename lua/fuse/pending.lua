@@ -98,13 +98,14 @@ local function list_of(r, key, start)
   if p == nil then
     local n = #spare
     if n > 0 then p = spare[n]; spare[n] = nil else p = { n = 0 } end
-    p.start, p.sub = start, is_sub and is_sub(r) == 1
     lists[key] = p
   elseif p.start ~= start then
     if p.n > 0 then leftover(p) end
     settle_orphans(p, IGNORE)  -- (a subrequest that ended: nginx ran no log phase for it)
-    p.start, p.sub = start, is_sub and is_sub(r) == 1
+  else
+    return p
   end
+  p.start, p.sub = start, is_sub and is_sub(r) == 1
   return p
 end
 
