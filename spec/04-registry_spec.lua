@@ -221,20 +221,12 @@ describe("fuse #" .. BACKEND, function()
     end)
 
     it("of a process's own registry says how to raise its capacity, without shared", function()
-      local script = os.tmpname()
-      local f = assert(io.open(script, "w"))
-      f:write(("package.path = %q; package.cpath = %q; "):format(package.path, package.cpath))
-      f:write([[
+      local out = support.run_child([[
         local fuse = require "fuse"
         fuse.init{ capacity = 1 }
         fuse.new{ name = "one" }
         io.write(select(2, pcall(fuse.new, { name = "two" })), "\n")
       ]])
-      f:close()
-      local p = assert(io.popen(("%q %q 2>&1"):format(support.interpreter(), script)))
-      local out = p:read("*a")
-      p:close()
-      os.remove(script)
       -- (shared = true would make it another registry, one for forked workers)
       assert.equal("fuse: cannot create breaker 'two': breaker registry is full (capacity 1; "
         .. "raise it with fuse.init{ capacity = N })\n", out)

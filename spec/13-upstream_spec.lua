@@ -20,6 +20,19 @@ local function order(pool, n)
 end
 
 -- fails a peer's breaker through its own tickets until it opens
+-- Fills the registry but for `room` slots, in a test (its fillers go at the test's end).
+local function fill_registry(room)
+  local fill = {}
+  finally(function() for _, f in ipairs(fill) do fuse.remove(f) end end)
+  while true do
+    local f = unique("fill")
+    if not pcall(fuse.new, { name = f }) then break end
+    fill[#fill + 1] = f
+  end
+  assert.truthy(#fill > room)
+  for _ = 1, room do fuse.remove(table.remove(fill)) end
+end
+
 local function open_peer(pool, addr)
   local b = fuse.get(pool.name .. "/" .. addr)
   for _ = 1, 100 do
@@ -656,17 +669,7 @@ describe("fuse.upstream #" .. BACKEND, function()
   it("a set_peers or upstream.new that fails on a full registry leaves no breaker of its own", function()
     local name = unique("p")
     local pool = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
-    -- fill the registry, then make room for two breakers
-    local fill = {}
-    finally(function() for _, f in ipairs(fill) do fuse.remove(f) end end)
-    while true do
-      local f = unique("fill")
-      if not pcall(fuse.new, { name = f }) then break end
-      fill[#fill + 1] = f
-    end
-    assert.truthy(#fill > 2)
-    fuse.remove(table.remove(fill))
-    fuse.remove(table.remove(fill))
+    fill_registry(2)
     -- peer 1 stays, 3 and 4 fit, 5 does not
     local line = debug.getinfo(1, "l").currentline + 2
     local ok, e = pcall(function()
@@ -699,14 +702,7 @@ describe("fuse.upstream #" .. BACKEND, function()
     local name = unique("p")
     local pool = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { fails = 1 })
     open_peer(pool, "10.0.0.1:2")
-    local fill = {}
-    finally(function() for _, f in ipairs(fill) do fuse.remove(f) end end)
-    while true do
-      local f = unique("fill")
-      if not pcall(fuse.new, { name = f }) then break end
-      fill[#fill + 1] = f
-    end
-    fuse.remove(table.remove(fill))   -- room for one new breaker of the three it needs
+    fill_registry(1)   -- room for one new breaker of the three it needs
     local ok, e = pcall(upstream.new, name, { "10.0.0.1:1", "10.0.0.1:3", "10.0.0.1:4", "10.0.0.1:5" },
       { fails = 1 })
     assert.is_false(ok)

@@ -170,21 +170,29 @@ print(b:stats().state, retired)
     end)
   end)
 
-  describe("fuse.metrics", function()
-    it("has one series per name when a name is removed and made again in a later slot meanwhile", function()
-      -- another worker does it while this one walks the slots: here, while it reads "b"
-      local out = run_child([[
+  -- A child's registry of a, b, d with a free slot after b, and remake_a(): what another
+  -- worker does while this one walks the slots (removes "a", makes it in that slot).
+  local REMADE = [[
 local B = jit and require("fuse.ffi") or require("fuse.core")
 fuse = require "fuse"
 fuse.init{ capacity = 4 }
 for _, n in ipairs{ "a", "b", "x", "d" } do fuse.new{ name = n, fails = 1 } end
 fuse.remove("x")  -- a free slot after "b"
+local function remake_a()
+  fuse.remove("a")
+  fuse.new{ name = "a", fails = 1 }  -- in the free slot
+end
+]]
+
+  describe("fuse.metrics", function()
+    it("has one series per name when a name is removed and made again in a later slot meanwhile", function()
+      -- another worker does it while this one walks the slots: here, while it reads "b"
+      local out = run_child(REMADE .. [[
 local peek, done = B.peek, false
 B.peek = function(h, s)
   if not done and B.name_of(h) == "b" then
     done = true
-    fuse.remove("a")
-    fuse.new{ name = "a", fails = 1 }  -- in the free slot
+    remake_a()
   end
   return peek(h, s)
 end
@@ -200,19 +208,13 @@ print(done, n)
   describe("fuse.list", function()
     it("lists a name once when it is removed and made again in a later slot meanwhile", function()
       -- as for fuse.metrics above: another worker does it while this one reads "b"
-      local out = run_child([[
-local B = jit and require("fuse.ffi") or require("fuse.core")
-fuse = require "fuse"
-fuse.init{ capacity = 4 }
-for _, n in ipairs{ "a", "b", "x", "d" } do fuse.new{ name = n, fails = 1 } end
-fuse.remove("x")  -- a free slot after "b"
+      local out = run_child(REMADE .. [[
 local name_of, done = B.name_of, false
 B.name_of = function(h)
   local name = name_of(h)
   if not done and name == "b" then
     done = true
-    fuse.remove("a")
-    fuse.new{ name = "a", fails = 1 }  -- in the free slot
+    remake_a()
   end
   return name
 end
