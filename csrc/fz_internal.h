@@ -118,7 +118,7 @@ struct fz_breaker {
   uint64_t ev_next;             /* under the registry's lock: the next mark to write */
 
   /* Half-open admission. */
-  _Alignas(LINE) uint64_t ho;   /* concurrent: gen32 << 32 | successes << 16 | busy slots */
+  _Alignas(LINE) uint64_t ho;   /* concurrent: gen32 << 32 | HO_FAILED | successes << 16 | busy slots */
   uint64_t probe_start[FZ_MAX_PROBES]; /* concurrent: gen22 << 42 | start in ms (mod 2^42) */
 
   /* Failures and slow calls: not striped, they decide trips and are rare. */

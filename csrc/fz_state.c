@@ -41,7 +41,8 @@
  * is one compare-and-swap on a word holding the generation, the probe successes and a
  * bitmask of busy probe slots; a probe is taken back (its busy bit cleared) by exactly
  * one caller, its report or a caller that finds it past probe_timeout, and only that
- * one counts it. Nothing here is a pointer, so a breaker can live in memory shared by
+ * one counts it; a failed one marks the half-open failed in that same swap, so that it
+ * admits nothing more before the re-open (HO_FAILED). Nothing here is a pointer, so a breaker can live in memory shared by
  * processes; nothing takes a lock except registry creation.
  *
  * Tickets. An admitted call's ticket (an exact double below 2^53) is
@@ -267,6 +268,22 @@ static int open_due(fz_breaker *b, uint64_t sw, uint64_t t) {
   return at_load_acq(&b->until_gen) != sw_gen(sw) || t >= at_load_rlx(&b->until);
 }
 
+/* The half-open word `ho`: gen32 << 32 | HO_FAILED | successes << 16 | busy slots. A
+ * probe that failed (its report, or a caller that took it back at its timeout) sets
+ * HO_FAILED in the swap that takes its slot back, before the swap that re-opens: the
+ * half-open it ends admits no other call meanwhile (the freed slot would send a second
+ * probe into what just failed, to run while the circuit is open again), no success
+ * closes it, and any caller that finds it makes the re-open itself (settle), so that a
+ * process killed between the two swaps leaves nothing half-done. */
+#define HO_FAILED (UINT64_C(1) << 31)
+static uint32_t ho_succ(uint64_t ho) { return (uint32_t)(ho >> 16) & 0x7fff; }
+
+/* Whether a probe of half-open generation sw failed and its re-open is still to make. */
+static int ho_failed(fz_breaker *b, uint64_t sw) {
+  uint64_t ho = at_load_acq(&b->ho);
+  return (uint32_t)(ho >> 32) == (uint32_t)sw_gen(sw) && (ho & HO_FAILED);
+}
+
 /*
  * A probe of generation sw that has outlived probe_timeout re-opens the circuit.
  * Returns 1 + the slot of the first such probe, or 0. A busy slot whose stamp is of
@@ -293,19 +310,22 @@ static unsigned probe_timed_out(fz_breaker *b, uint64_t sw, uint64_t t) {
 }
 
 /*
- * Takes the busy probe `slot` of half-open g32 back (with `succ`, also counting one
- * probe success). Exactly one caller takes a probe back: the probe's own report, or a
- * caller that found it timed out; only that one counts the probe's outcome. Stores the
- * new half-open word in *out. Returns 0 when the slot was not busy in g32.
+ * Takes the busy probe `slot` of half-open g32 back: with `succ`, counting one probe
+ * success; else marking the half-open failed (HO_FAILED, see ho_succ), for the caller to
+ * re-open. Exactly one caller takes a probe back: the probe's own report, or a caller
+ * that found it timed out; only that one counts the probe's outcome. Stores the new
+ * half-open word in *out. Returns 0 when the slot was not busy in g32.
  */
 static int probe_take(fz_breaker *b, uint32_t g32, unsigned slot, int succ, uint64_t *out) {
   uint64_t ho = at_load_acq(&b->ho);
   for (;;) {
     if ((uint32_t)(ho >> 32) != g32 || !(ho & 1u << slot)) return 0;
     uint64_t want = ho & ~(UINT64_C(1) << slot);
-    if (succ) want = (want & ~(UINT64_C(0xffff) << 16)) | ((ho >> 16 & 0xffff) + 1) << 16;
+    if (succ) want += UINT64_C(1) << 16;  /* (at most FZ_MAX_PROBES: never into HO_FAILED) */
+    else want |= HO_FAILED;
     if (at_cas_acqrel(&b->ho, &ho, want)) {
       *out = want;
+      if (!succ) FAULT("probe-failed");
       return 1;
     }
   }
@@ -321,6 +341,10 @@ static int settle(fz_breaker *b, uint64_t *sw, uint64_t t, uint32_t id) {
     uint64_t want = *sw;
     if (at_cas_acqrel(&b->sw, &want, sw_make(sw_gen(*sw) + 1, FZ_HALF_OPEN)))
       made = trans_code(FZ_OPEN, FZ_HALF_OPEN);
+  } else if (st == FZ_HALF_OPEN && ho_failed(b, *sw)) {
+    /* a probe failed and its re-open is not made yet (its maker is between its two
+     * swaps, or was killed there): made here, once, by whichever swap wins */
+    made = reopen(b, *sw, t, id);
   } else if (st == FZ_HALF_OPEN && (slot = probe_timed_out(b, *sw, t))) {
     uint64_t ho;
     /* the caller that takes the timed-out probe back counts it as failed, once */
@@ -391,11 +415,13 @@ static double claim_probe(fz_breaker *b, uint64_t sw, uint64_t t, int made, uint
   uint64_t ho = at_load_acq(&b->ho);
   unsigned slot;
   for (;;) {
-    uint32_t succ = (uint32_t)(ho >> 16) & 0xffff, busy = (uint32_t)ho & 0xffff;
+    uint32_t succ = ho_succ(ho), busy = (uint32_t)ho & 0xffff;
     int32_t ahead = (int32_t)((uint32_t)(ho >> 32) - g32);
     if (ahead < 0) succ = busy = 0;  /* the first probe of this generation */
-    if (ahead > 0 || (uint32_t)__builtin_popcount(busy) >= OPT(b, cfg.probes)) {
-      /* `probes` run already, or a later half-open began: this call's view is stale */
+    if (ahead > 0 || (ahead == 0 && (ho & HO_FAILED)) ||
+        (uint32_t)__builtin_popcount(busy) >= OPT(b, cfg.probes)) {
+      /* `probes` run already, a probe failed (the re-open is under way), or a later
+       * half-open began: this call's view is stale */
       count_rejection(b, epoch_at(b, t, id), id);
       return rejection(FZ_HALF_OPEN, made);
     }
@@ -750,7 +776,7 @@ static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int
   if (bad) return reopen(b, sw, t, id);
   /* only the success that completes `probes` closes; later ones of this generation
    * (probes still running when it closed) are stale */
-  return (ho >> 16 & 0xffff) == OPT(b, cfg.probes) ? close_circuit(b, sw, id) : 0;
+  return !(ho & HO_FAILED) && ho_succ(ho) == OPT(b, cfg.probes) ? close_circuit(b, sw, id) : 0;
 }
 
 /* An ignored probe gives its slot back. */
@@ -1302,8 +1328,8 @@ static void reepoch(fz_breaker *b) {
 static void fewer_probes(fz_breaker *b, uint32_t probes) {
   uint64_t sw = at_load_acq(&b->sw), ho = at_load_acq(&b->ho);
   if (sw_state(sw) != FZ_HALF_OPEN) return;
-  while ((uint32_t)(ho >> 32) == (uint32_t)sw_gen(sw) && (ho >> 16 & 0xffff) >= probes) {
-    uint64_t want = (ho & ~(UINT64_C(0xffff) << 16)) | (uint64_t)(probes - 1) << 16;
+  while ((uint32_t)(ho >> 32) == (uint32_t)sw_gen(sw) && ho_succ(ho) >= probes) {
+    uint64_t want = (ho & ~(UINT64_C(0x7fff) << 16)) | (uint64_t)(probes - 1) << 16;  /* HO_FAILED kept */
     if (at_cas_acqrel(&b->ho, &ho, want)) break;
   }
 }

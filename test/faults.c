@@ -351,6 +351,14 @@ int main(void) {
   is_int(state(b), FZ_OPEN, "after probe_timeout the dead probe counts as failed: open again");
   ok(recovers(b, 0.15), "and after open_for a new probe closes it");
 
+  b = breaker("probe-failed");
+  fail_once(b);
+  sleep_s(0.15);
+  ok(die_in_child("probe-failed", fail_once, b), "a process died between taking its failed probe back and re-opening");
+  t = fz_enter(b);
+  is_dbl(t, -(1 + FZ_OPEN * 4 + 2), 0, "the next call makes the re-open it left (and is rejected, told so)");
+  ok(recovers(b, 0.15), "and after open_for a new probe closes it");
+
   b = breaker("probe-releasing");
   fail_once(b);
   sleep_s(0.15);

@@ -12,6 +12,9 @@
  *   the lift of a timed force-open   the call that makes it is the probe; against a
  *                                    state read, another call, a reset (pauses
  *                                    "lifting", "lifted")
+ *   a failed probe                   the half-open it ends admits no other call
+ *                                    between the take-back and the re-open (pause
+ *                                    "probe-failed"), and no success closes it
  *   idle eviction of a running call  its outcome is not lost: fz_done answers FZ_ESTALE
  *                                    and fz_late_id counts it into the name's breaker
  *   reconfigure while calls run      options are atomic (this part is for TSan)
@@ -158,6 +161,72 @@ static void forced_vs_trip(void) {
   is_dbl(fz_retry_after(b), 80, 1e-6, "force vs trip: its own end, 80 s away");
   later(80);
   is_int(state(b), FZ_HALF_OPEN, "force vs trip: lifted at its own end (probes decide)");
+  fz_breaker_free(b);
+}
+
+/* ---------------------------------------------------------------- a failed probe */
+
+/* A failed probe's report takes its slot back, then re-opens the circuit. Parked
+ * between the two (the pause "probe-failed"), the half-open it ends admits no other
+ * call: the freed slot must not let a second probe run into a peer just seen failing
+ * (it would run while the circuit is open again, its outcome stale). A caller that
+ * finds the half-open so makes the re-open itself (a reporter killed there would leave
+ * it for ever), and is told; the report's own swap then loses. With probes = 2 the
+ * other probe's success does not close a half-open that a probe failed. Same for a
+ * probe taken back at its timeout (settle, whose take-back parks at the same point). */
+static void failed_probe(int probes) {
+  at(6000);
+  fz_config c = defaults();
+  c.fails = 1, c.probes = (uint32_t)probes;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  later(10);
+  done_job j = { b, fz_enter(b), 0 };
+  double other = probes > 1 ? fz_enter(b) : 0;
+  ok(kind_of(j.ticket) == 2 && (probes == 1 || kind_of(other) == 2), "failed probe (probes %d): admitted", probes);
+  parked k;
+  ok(run_parked(&k, "probe-failed", do_fail, &j), "failed probe (probes %d): its report parked after the take-back",
+     probes);
+  is_int((int)peek(b).state, FZ_HALF_OPEN, "failed probe (probes %d): still half_open meanwhile (a peek)", probes);
+  if (probes > 1)
+    is_int(fz_done(b, other, FZ_SUCCESS, -1), 0, "failed probe (probes 2): the other probe's success closes nothing");
+  double t = fz_enter(b);
+  is_dbl(t, -(1 + FZ_OPEN * 4 + 2), 0,
+         "failed probe (probes %d): the next call is rejected, and it made the re-open (MADE_REOPEN)", probes);
+  release(&k);
+  is_int(j.rc, 0, "failed probe (probes %d): the parked report's swap lost: the re-open was told once", probes);
+  is_int(state(b), FZ_OPEN, "failed probe (probes %d): open", probes);
+  ok(fz_enter(b) < 0, "failed probe (probes %d): and stays open for open_for", probes);
+  later(10);
+  ok(kind_of(fz_enter(b)) == 2, "failed probe (probes %d): then admits a probe again", probes);
+  fz_breaker_free(b);
+}
+
+/* The same window in the take-back of a probe past probe_timeout (settle). */
+static void enter_job(void *p) {
+  done_job *j = p;
+  j->ticket = fz_enter(j->b);
+}
+
+static void timed_out_probe(void) {
+  at(7000);
+  fz_config c = defaults();
+  c.fails = 1;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  later(10);
+  double probe = fz_enter(b);
+  ok(kind_of(probe) == 2, "timed-out probe: admitted");
+  later(5);  /* probe_timeout */
+  done_job j = { b, 0, 0 };
+  parked k;
+  ok(run_parked(&k, "probe-failed", enter_job, &j), "timed-out probe: a caller parked after taking it back");
+  double t = fz_enter(b);
+  is_dbl(t, -(1 + FZ_OPEN * 4 + 2), 0, "timed-out probe: another caller is rejected, and made the re-open");
+  release(&k);
+  is_dbl(j.ticket, -(1 + FZ_OPEN * 4), 0, "timed-out probe: the parked caller is rejected, its swap lost");
+  is_int(fz_done(b, probe, FZ_SUCCESS, -1), 0, "timed-out probe: its late success counts nothing");
+  is_int(state(b), FZ_OPEN, "timed-out probe: open");
   fz_breaker_free(b);
 }
 
@@ -394,6 +463,9 @@ int main(void) {
   for (int what = RESET; what <= FORCE_OPEN_FOR; what++) manual_interleaved(what);
   manual_anonymous();
   remove_named("pad");
+  failed_probe(1);
+  failed_probe(2);
+  timed_out_probe();
   forced_vs_trip();
   lift_races();
   evicted_mid_call();
