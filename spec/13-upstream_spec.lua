@@ -870,6 +870,16 @@ describe("fuse.upstream #" .. BACKEND, function()
         "fuse: unknown option 'fail' (did you mean 'fails'?)")
     end)
 
+    -- (balancer_by_lua* cannot yield: before, a full peer was skipped without the wait in
+    -- the balancer, and pool:access() waited up to max_wait for each full peer in turn)
+    it("for max_wait, which no try of a pool can wait for", function()
+      says(err_of(unique("p"), { "10.9.9.9:1" }, { max_concurrent = 1, max_wait = 0.03 }),
+        "fuse.upstream: option 'max_wait' cannot work in a pool, got 0.03: each try is admitted in "
+        .. "balancer_by_lua*, where nothing can wait")
+      says(err_of(unique("p"), { "10.9.9.9:1" }, { max_concurrent = 1, max_wait = "1" }), 'got "1"')
+      assert.truthy(upstream.new(unique("p"), { "10.9.9.9:1" }, { max_concurrent = 1, max_wait = 0 }))
+    end)
+
     it("in set_peers", function()
       local pool = upstream.new(unique("p"), { "10.9.9.9:1" })
       local line = debug.getinfo(1, "l").currentline + 1

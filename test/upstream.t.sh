@@ -712,18 +712,26 @@ check "the peers' gauge after a reset with requests in flight: 2 requests at onc
   eval '[ "$(maxc "$E")" = 2 ] && [ "$(hits "$E")" = 2 ]'
 mode "$E" 'mode=ok&reset=1'
 
-# ---------------------------------------------------------------- max_wait in pool:access()
-# Pool mw (max_ejected = 1, max_concurrent = 1, max_wait = 0.03): its one peer full,
-# pool:access() waits 0.03 s for a permit and answers 503. Before, a wait of fuse's
-# max_wait slept 0 ms once less than 1 ms was left (ngx.sleep takes whole ms), and an
-# ngx.sleep(0) that nginx never leaves its posted events for spun the worker for good
-# (of waits of 0.01 to 0.06 s, those of 0.03 and up never ended here). Last here: on the old code a
-# worker no longer answers.
+# ---------------------------------------------------------------- max_wait
+# A pool refuses max_wait: each try is admitted in balancer_by_lua*, which cannot wait.
+# Before, upstream.new took it; the balancer skipped a full peer at once all the same
+# (its ngx.sleep raised, caught), and pool:access() waited up to max_wait for each full
+# peer in turn (3 peers, max_wait 0.1 s: 0.3 s), then gave the permit back unused.
+mw_err=$(curl -s -m 5 "http://127.0.0.1:$POOLS/mwpool")
+mw_want="option 'max_wait' cannot work in a pool, got 0.03: each try is admitted in balancer_by_lua*"
+check "upstream.new with max_wait under nginx: an error that says why ($mw_err)" \
+  eval 'case "$mw_err" in *"$mw_want"*) true ;; *) false ;; esac'
+# Breaker mw (max_concurrent = 1, max_wait = 0.03), full: a second allow waits 0.03 s and
+# is rejected. Before, a wait of fuse's max_wait slept 0 ms once less than 1 ms was left
+# (ngx.sleep takes whole ms), and an ngx.sleep(0) that nginx never leaves its posted
+# events for spun the worker for good (of waits of 0.01 to 0.06 s, those of 0.03 and up
+# never ended here; found through pool:access()). Last here: on the old code a worker no
+# longer answers.
 mw_codes=""
 for _ in 1 2 3 4 5 6 7 8; do
   mw_codes="$mw_codes$(curl -s -m 3 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/mw") "
 done
-check "max_wait in pool:access(): 8 requests with the peer full are answered 503 within 3 s each ($mw_codes)" \
+check "max_wait: 8 requests with the breaker full are answered 503 within 3 s each ($mw_codes)" \
   [ "$mw_codes" = "503 503 503 503 503 503 503 503 " ]
 # (a spinning worker never takes its master's QUIT, and outlives a master killed: kill it)
 if [ "$mw_codes" != "503 503 503 503 503 503 503 503 " ]; then
