@@ -382,6 +382,34 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.near(0.5, share(100), 0.02)            -- done: full weight
   end)
 
+  -- (another worker's probe closes the peer while this one picks from its schedule, which
+  -- reads no ramp: the ramp reaches it at its next sync, before its next pick)
+  it("slow_start in every copy: one on its schedule when another copy's probe closes the peer ramps it", function()
+    local name, peers = unique("p"), { "10.0.0.1:1", "10.0.0.1:2" }
+    local opts = { fails = 1, open_for = 5, slow_start = 10, max_ejected = 1 }
+    local w1, w2 = upstream.new(name, peers, opts), upstream.new(name, peers, opts)
+    assert.equal("1 2 1", order(w2, 3))
+    assert.equal(1, w2._pos)                      -- w2 on its schedule
+    open_peer(w1, "10.0.0.1:2")
+    clock:advance(5)
+    local probe
+    repeat                                        -- w1's probe closes the peer
+      local peer, ticket = w1:pick()
+      probe = peer.addr == "10.0.0.1:2"
+      peer.b:report(ticket, true)
+    until probe
+    assert.equal("closed", w1:peers()[2].state)
+    assert.equal(1, w2._pos)                      -- still on its schedule: w2 picked nothing
+    local b = 0
+    for _ = 1, 110 do
+      local peer, ticket = w2:pick()
+      if peer.addr == "10.0.0.1:2" then b = b + 1 end
+      peer.b:report(ticket, true)
+    end
+    assert.is_false(w2._pos)
+    assert.near(0.1 / 1.1, b / 110, 0.02)         -- weight 0.1 against 1, as in w1
+  end)
+
   it("set_peers in one pool reaches every pool of that name (as every nginx worker) at its next pick", function()
     local name = unique("p")
     local a = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
@@ -868,6 +896,16 @@ describe("fuse.upstream #" .. BACKEND, function()
         "fuse: option 'fails' must be a positive integer, got \"x\"")
       says(err_of(unique("p"), { "10.9.9.9:1" }, { fail = 3 }),
         "fuse: unknown option 'fail' (did you mean 'fails'?)")
+    end)
+
+    -- (balancer_by_lua* cannot yield: before, a full peer was skipped without the wait in
+    -- the balancer, and pool:access() waited up to max_wait for each full peer in turn)
+    it("for max_wait, which no try of a pool can wait for", function()
+      says(err_of(unique("p"), { "10.9.9.9:1" }, { max_concurrent = 1, max_wait = 0.03 }),
+        "fuse.upstream: option 'max_wait' cannot work in a pool, got 0.03: each try is admitted in "
+        .. "balancer_by_lua*, where nothing can wait")
+      says(err_of(unique("p"), { "10.9.9.9:1" }, { max_concurrent = 1, max_wait = "1" }), 'got "1"')
+      assert.truthy(upstream.new(unique("p"), { "10.9.9.9:1" }, { max_concurrent = 1, max_wait = 0 }))
     end)
 
     it("in set_peers", function()

@@ -253,6 +253,13 @@ local function check_opts(opts, level)
     if POOL_KEYS[k] then o[k] = v
     elseif k == "name" then
       raise("option 'name' is not allowed: each peer's breaker is named \"<pool>/<addr>\"", level + 1)
+    elseif k == "max_wait" and v ~= 0 then
+      -- every try is admitted in balancer_by_lua*, which cannot yield; pool:access() alone
+      -- could wait, and only for a permit it gives back before the balancer asks again
+      raise(fmt("option 'max_wait' cannot work in a pool, got %s: each try is admitted in "
+        .. "balancer_by_lua*, where nothing can wait (ngx.sleep is disabled there), so a full "
+        .. "peer is skipped at once; leave max_wait out (max_concurrent alone limits each peer)",
+        show(v)), level + 1)
     else bopts[k] = v end
   end
   local m = o.max_ejected
@@ -1312,7 +1319,7 @@ function Pool:access()
     if s.state ~= "open" and s.state ~= "forced_open" then
       -- it admits this request unless it is busy (half-open with its probe slots taken,
       -- or full under max_concurrent), which admits nothing either: asked with a ticket,
-      -- given back unjudged
+      -- given back unjudged (at once: a pool's breakers have no max_wait, see check_opts)
       local t = b:allow()
       if t then b:report(t, nil); return end
     end
