@@ -316,6 +316,26 @@ if command -v promtool >/dev/null; then
 fi
 
 # ---------------------------------------------------------------- pools nginx
+# No root trace that began in fuse.upstream aborted in any worker, after 2 s of healthy
+# traffic (wrk, 8 connections) on pool w12: the interpreter calls the phases' small
+# helpers before the phases compile, and a helper whose traces keep aborting is
+# blacklisted for the worker's life (a one-line `return c_fn(r)`, a tail call into C,
+# aborted each time: "leaving loop in root trace"). First here: the traffic is the pools'
+# first. /jit answers for the worker that takes it (fresh connections), until all 4 did.
+allmode 'mode=ok&reset=1'
+wrk -t2 -c8 -d2s "http://127.0.0.1:$POOLS/p/w12" > /dev/null 2>&1
+jit_seen="" jit_out=""
+for _ in $(seq 200); do
+  jl=$(curl -s -m 5 -H 'Connection: close' -w ' %header{x-worker-pid}' "http://127.0.0.1:$POOLS/jit" | tr -d '\n')
+  jp=${jl##* }
+  grep -qw "$jp" <<< "$jit_seen" && continue
+  jit_seen="$jit_seen $jp" jit_out="$jit_out${jit_out:+; }pid $jp: ${jl% *}"
+  [ "$(wc -w <<< "$jit_seen")" -ge 4 ] && break
+done
+jit_ok() { # 4 workers, each with root traces in fuse.upstream and no abort of one
+  [ "$(wc -w <<< "$jit_seen")" = 4 ] && ! grep -qE ': (0 [0-9]+|[0-9]+ [1-9][0-9]*) ' <<< "$jit_out; "
+}
+check "JIT: no root trace begun in fuse.upstream aborted, in 4 workers after 2 s of traffic (root traces, aborts [where]: $jit_out)" jit_ok
 # max_ejected = 1: every peer open -> 503 + Retry-After of the soonest (open_for 3)
 allmode 'mode=fail&reset=1'
 get "$POOLS" /p/ej1

@@ -1169,21 +1169,27 @@ local c_is_internal = NGX and c_fn("ngx_http_lua_ffi_req_is_internal") or nil
 local int_out = NGX and require("ffi").new("int[1]") or nil
 local err_out = NGX and require("ffi").new("char *[1]") or nil
 
+-- (These three return the C call in parentheses: `return (f(r))` is no tail call. The
+-- interpreter calls them before the phases are compiled, so a trace may begin at their
+-- entry; a tail call into C from a trace's first frame aborts it ("leaving loop in root
+-- trace"), and an entry whose traces keep aborting is blacklisted for the process's life,
+-- and with it every later trace through it: test/upstream.t.sh's JIT check.)
+
 -- The request's start time (r: the request, from get_request()).
 local function start_time(r)
-  if c_start_time then return c_start_time(r) end
+  if c_start_time then return (c_start_time(r)) end
   return req_start_time()
 end
 
 -- The response status (r: the request), as ngx.status reads it.
 local function resp_status(r)
-  if c_resp_status then return c_resp_status(r) end
+  if c_resp_status then return (c_resp_status(r)) end
   return ngx.status
 end
 
 -- 1 when request r went through an internal redirect (ngx.req.is_internal()), else 0.
 local function internal(r)
-  if c_is_internal then return c_is_internal(r) end
+  if c_is_internal then return (c_is_internal(r)) end
   return ngx.req.is_internal() and 1 or 0
 end
 
