@@ -174,7 +174,7 @@ function _M.new(B, each_breaker, sync)
   function M.metrics()
     sync()
     local peek, nseries = B.peek, #METRICS
-    local count = B.count()  -- the slots handed out: more than the breakers, or about
+    local count = B.count()  -- the slots handed out: room for every breaker the walk sees
     local s, n, at, labels, cols = {}, 0, table_new(0, count), table_new(count, 0), {}
     local label_bytes = 0
     for k = 1, nseries do cols[k] = table_new(count, 0) end
