@@ -332,6 +332,7 @@ bench: all
 	$(call need,bench/bench.lua)
 	$(LUA_ENV) $(LUAJIT) bench/bench.lua
 	$(LUA_ENV) $(LUAJIT) bench/registry.lua
+	$(LUA_ENV) $(LUAJIT) bench/metrics.lua
 	$(LUA_ENV) $(LUAJIT) bench/limit.lua
 	$(MAKE) --no-print-directory build/bench_atomic && build/bench_atomic
 	@if [ -f bench/threads.c ]; then \

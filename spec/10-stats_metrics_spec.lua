@@ -402,5 +402,109 @@ describe("fuse #" .. BACKEND, function()
       assert.equal(0, rc, out)
       assert.equal("", out)
     end)
+
+    -- The text as fuse.metrics wrote it before it was made cheaper at 100,000 breakers
+    -- (one table per breaker, one string.format per line): the reference it must equal
+    -- byte for byte, with any numbers and any names.
+    local B = jit and require("fuse.ffi") or require("fuse.core")
+    local options = require "fuse.options"
+    local SERIES = {
+      { "fuse_state", "gauge", "Breaker state: 0 closed, 1 open, 2 half_open, 3 forced_open, 4 disabled.", "state" },
+      { "fuse_window_calls", "gauge", "Calls (successes and failures) in the current window.", "calls" },
+      { "fuse_window_failure_rate", "gauge", "Failures over calls in the current window.", "failure_rate" },
+      { "fuse_calls_total", "counter", "Calls whose outcome was recorded.", "calls_total" },
+      { "fuse_successes_total", "counter", "Calls recorded as successes.", "successes_total" },
+      { "fuse_failures_total", "counter", "Calls recorded as failures.", "failures_total" },
+      { "fuse_slow_calls_total", "counter", "Calls that took at least the slow threshold.", "slow_total" },
+      { "fuse_rejections_total", "counter", "Calls rejected without running.", "rejections_total" },
+      { "fuse_opens_total", "counter", "Times the circuit opened.", "opens_total" },
+      { "fuse_running", "gauge", "Guarded calls running now (max_concurrent's permits held).", "running" },
+      { "fuse_full_total", "counter", "Calls rejected because max_concurrent calls were running.", "full_total" },
+    }
+    local function reference()
+      local rows, at = {}, {}
+      for i = 0, B.count() - 1 do
+        local h = B.at(i)
+        if h then
+          local name, s = B.name_of(h), {}
+          B.peek(h, s)
+          s.calls_total = s.successes_total + s.failures_total
+          if s.state ~= 5 then
+            local label = options.utf8_text(name):gsub("[\\\"\n]",
+              { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" })
+            local k = at[name] or #rows + 1
+            at[name], rows[k] = k, { label, s }
+          end
+        end
+      end
+      local out = {}
+      for _, m in ipairs(SERIES) do
+        out[#out + 1] = ("# HELP %s %s\n# TYPE %s %s\n"):format(m[1], m[3], m[1], m[2])
+        for _, row in ipairs(rows) do
+          out[#out + 1] = ('%s{name="%s"} %.17g\n'):format(m[1], row[1], row[2][m[4]])
+        end
+      end
+      out[#out + 1] = ("# HELP fuse_registry_full_total Calls run unguarded: their breaker was gone "
+        .. "and the registry full.\n# TYPE fuse_registry_full_total counter\n"
+        .. "fuse_registry_full_total %.17g\n"):format(B.full_total())
+      out[#out + 1] = ("# HELP fuse_registry_evictions_total Idle breakers evicted to make room.\n"
+        .. "# TYPE fuse_registry_evictions_total counter\nfuse_registry_evictions_total %.17g\n")
+        :format(B.evictions_total())
+      return table.concat(out) .. fuse._counter_metrics()
+    end
+
+    -- Numbers a breaker's stats may hold or come near: at the edge of what is written as
+    -- digits (14 digits, 1e14, 2^53 and past it), huge counters, rates such as 1/3, the
+    -- tiniest doubles, NaN, the infinities and -0; under Lua 5.4 integers past 2^53 and whole
+    -- floats (whose tostring ends in ".0") too.
+    local AWKWARD = { 0, 1, 7, 1023, 99999999999999, 1e14, 1e14 + 1, 2 ^ 53, 2 ^ 53 + 2, 1e17,
+      12345678901234567890, 2 ^ 64, 1 / 3, 2 / 3, 0.1, 1.5, 1e-300, 5e-324, math.huge, -math.huge, 0 / 0, -0.0 }
+    local tointeger = rawget(math, "tointeger")  -- (Lua 5.3 and later)
+    if tointeger then
+      for _, v in ipairs{ 3.0, 0.0 } do AWKWARD[#AWKWARD + 1] = v end
+      for _, v in ipairs{ rawget(math, "maxinteger"), 9007199254740993, 99999999999999, 100000000000000, 12 } do
+        AWKWARD[#AWKWARD + 1] = tointeger(v)
+      end
+    end
+    local FIELDS = { "calls", "failure_rate", "successes_total", "failures_total", "slow_total",
+      "rejections_total", "opens_total", "running", "full_total" }
+
+    it("writes the reference formatter's text byte for byte, with awkward numbers and names", function()
+      local names = { uname("plain"), uname('quote"d'), uname("back\\slash"), uname("new\nline"),
+        uname("caf\195\169"), uname("bad\255utf8"), uname("lone\128\"\\\n"), uname("\240\159\146\169") }
+      for j = 1, #AWKWARD do names[#names + 1] = uname("awkward-" .. j) end
+      local row = {}
+      for j, n in ipairs(names) do
+        fuse.new{ name = n, fails = 1000 }
+        row[n] = j
+      end
+      local peek = B.peek
+      B.peek = function(h, s)  -- each field of the named breakers cycles through AWKWARD
+        peek(h, s)
+        local j = row[B.name_of(h)]
+        if j then
+          for f, field in ipairs(FIELDS) do s[field] = AWKWARD[(j + f) % #AWKWARD + 1] end
+        end
+      end
+      local ok, got = pcall(fuse.metrics)
+      local again_ok, again = pcall(fuse.metrics)  -- (its labels as the first scrape left them)
+      local want = reference()
+      B.peek = peek
+      assert(ok, got)
+      assert(again_ok, again)
+      for n in pairs(row) do fuse.remove(n) end
+      for _, text in ipairs{ got, again } do
+        if text ~= want then  -- the first line that differs, not two texts of kilobytes
+          local at = 1
+          while text:sub(at, at) == want:sub(at, at) do at = at + 1 end
+          local from = (want:sub(1, at):match(".*\n()") or 1)
+          assert.equal(want:match("[^\n]*", from), text:match("[^\n]*", from))
+        end
+        assert.equal(#want, #text)
+      end
+      for _, v in ipairs(AWKWARD) do  -- every number's text is in it
+        assert.is_truthy(got:find(('"} %.17g\n'):format(v), 1, true), ("%.17g"):format(v))
+      end
+    end)
   end)
 end)
