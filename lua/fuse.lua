@@ -1165,16 +1165,21 @@ end
 -- fn(h, name, still) for the live breaker of each registry slot from `from` (0) up to
 -- `upto` (excluded; the slots handed out so far), where still() says whether that
 -- breaker is still the slot's; fn returning true stops the walk. Returns the slot after
--- the last one looked at.
+-- the last one looked at. (still is one callable table per walk, over the slot being
+-- looked at, not a closure: a closure made in the loop (FNEW) aborted every trace of the
+-- walk and LuaJIT blacklisted the loop; one made at the walk's entry aborts the traces
+-- that begin there (FNEW, and UCLO at the return). fn calls still() before it returns.)
+local STILL = { __call = function(s) return B.id(s.h) == s.id end }
 local function each_breaker(fn, from, upto)
   local i, n = from or 0, upto or B.count()
+  local still = setmetatable({}, STILL)
   while i < n do
     local h = B.at(i)
-    local id = h and B.id(h)
     i = i + 1
     if h then
+      still.h, still.id = h, B.id(h)
       local name = B.name_of(h)
-      if fn(h, name, function() return B.id(h) == id end) then break end
+      if fn(h, name, still) then break end
     end
   end
   return i
