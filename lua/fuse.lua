@@ -1164,8 +1164,9 @@ end
 -- (excluded; the slots handed out so far), where id is the breaker's identity read
 -- before its name: B.id(h) == id says whether that breaker is still the slot's (one
 -- removed or reused meanwhile is not). fn returning true stops the walk. Returns the
--- slot after the last one looked at. (No closure per slot: making one is a bytecode
--- LuaJIT does not compile, and 100,000 slots are walked at every fuse.metrics().)
+-- slot after the last one looked at. (No closure per slot: making one (FNEW) is a
+-- bytecode LuaJIT does not compile; every trace of the walk aborted, and LuaJIT
+-- blacklisted the loop. 100,000 slots are walked at every fuse.metrics().)
 local function each_breaker(fn, from, upto)
   local i, n = from or 0, upto or B.count()
   while i < n do

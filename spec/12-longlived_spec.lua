@@ -11,6 +11,7 @@ local support = require "spec.support"
 if support.ffi_only("the JIT specs") then return end
 
 local jit_support = require "spec.jit_support"
+local jutil = require "jit.util"
 
 local INTERPRETED_CALLS = 100000
 local CALL_SITES = 2000
@@ -159,6 +160,65 @@ describe("fuse #ffi", function()
     end)
     assert_none_blacklisted(jit_support.fuse_roots(flat(keep)), aborts)
     assert_hot_loop_compiles()
+  end)
+
+  -- The registry walk (fuse.list, the admin endpoint's pages, fuse.metrics) runs once per
+  -- scrape, for as long as the process lives. Its loop made a closure per breaker (FNEW,
+  -- which LuaJIT does not compile) and the backend's name_of tail-called ffi.string: every
+  -- trace that began in them aborted, and LuaJIT blacklisted both.
+  it("the registry walk compiles: no trace begun in its loop or in the backend's name_of aborts", function()
+    local names = {}
+    for i = 1, 50 do
+      names[i] = "s12-walk-" .. i
+      fuse.new { name = names[i], fails = 5 }
+    end
+    local each_breaker
+    for i = 1, math.huge do
+      local k, v = debug.getupvalue(fuse.list, i)
+      if k == nil then break end
+      if k == "each_breaker" then each_breaker = v end
+    end
+    assert.is_function(each_breaker, "fuse.list has no upvalue each_breaker: the spec needs updating")
+    local walk = jutil.funcinfo(each_breaker)
+    -- the walk's loop: its lines before the return (a side trace from the loop's exit, once
+    -- per walk, records the return into the caller, whose closure's upvalues it cannot
+    -- close (UCLO): the caller's business, not the loop's)
+    local ret_line = walk.lastlinedefined
+    for pc = 1, walk.bytecodes - 1 do
+      local op = jit_support.opname(each_breaker, pc)
+      if op == "RET1" or op == "RET" then
+        ret_line = math.min(ret_line, jutil.funcinfo(each_breaker, pc).currentline)
+      end
+    end
+    local name_of = jutil.funcinfo(require("fuse.ffi").name_of)
+    -- the walk from interpreted callers (a scrape's handler) and from a loop of its own
+    local list_caller = assert(load("return function() return require('fuse').list() end", "=scrape<list>"))()
+    local page_caller = assert(load("return function() return require('fuse')._page(0, 100, 5000, "
+      .. "function(n) return n end) end", "=scrape<page>"))()
+    jit.off(list_caller)
+    jit.off(page_caller)
+    local listed = 0
+    local aborts = jit_support.fuse_aborts(function()
+      for _ = 1, 1000 do listed = #list_caller() end
+      for _ = 1, 1000 do page_caller() end
+    end)
+    assert.is_true(listed >= 50, ("fuse.list() listed %d names, 50 made"):format(listed))
+    -- where the aborted traces began: "fuse.lua:LINE" or "ffi.lua:LINE"
+    local bad = {}
+    for _, a in ipairs(aborts) do
+      local file, line = a:match("^trace started at ([%w_]+%.lua):(%d+) ")
+      line = tonumber(line)
+      local in_loop = file == "fuse.lua" and line > walk.linedefined and line < ret_line
+      local in_name_of = file == "ffi.lua" and line >= name_of.linedefined and line <= name_of.lastlinedefined
+      if in_loop or in_name_of then bad[#bad + 1] = a end
+    end
+    assert.is_true(#bad == 0, ("%d aborts of traces begun in the walk's loop (fuse.lua:%d-%d) or name_of "
+      .. "(ffi.lua:%d):\n  %s"):format(#bad, walk.linedefined + 1, ret_line - 1, name_of.linedefined,
+      table.concat(bad, "\n  ", 1, math.min(#bad, 20))))
+    local blacklisted = jit_support.blacklisted(jit_support.fuse_roots())
+    assert.is_true(#blacklisted == 0, ("%d blacklisted entries or loops in fuse's functions:\n  %s")
+      :format(#blacklisted, table.concat(blacklisted, "\n  ")))
+    for _, name in ipairs(names) do fuse.remove(name) end
   end)
 
   it("no function of fuse is blacklisted after 2,000 distinct call sites", function()

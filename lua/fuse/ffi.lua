@@ -93,7 +93,8 @@ function _M.at(i)
   return h
 end
 
-function _M.name_of(h) return ffi.string(C.fz_breaker_name(h)) end
+-- (parenthesized: a tail call of ffi.string aborts a trace that begins here)
+function _M.name_of(h) return (ffi.string(C.fz_breaker_name(h))) end
 
 function _M.config(h)
   C.fz_breaker_config(h, cfg_buf)

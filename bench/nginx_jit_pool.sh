@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# bench/nginx_jit_pool.sh [seconds] [lua_dir] -- which functions of fuse LuaJIT has
+# blacklisted in each nginx worker after SECONDS (60) of wrk traffic through a
+# fuse.upstream pool of two peers, one of them refusing connections (its breaker open
+# most of the time); HEALTHY=1: both peers answer. Not a make target; a diagnostic.
+#
+# A blacklisted entry or loop (IFUNCF, IFORL, ILOOP, ...) runs interpreted for the
+# worker's life, and every trace through it aborts. Found 2026-12-04 (branch jit): with
+# one peer of two down, pick_from, pick and Pool:balance (upstream.lua:888, 1012, 1473)
+# were blacklisted in both workers within 60 s; with both peers healthy, none (only
+# resync, jit.off by design). The cause: the per-peer loops of pick and pick_from run
+# two times when a pool has two peers, and LuaJIT cannot start a root trace at a loop
+# that runs fewer than three times ("leaving loop in root trace"); run interpreted often
+# enough, such a loop is blacklisted, and then every trace through it aborts.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
+SECS=${1:-60}; TREE=${2:-$ROOT/lua}
+command -v "$NGINX" >/dev/null || { echo "nginx not installed" >&2; exit 1; }
+command -v wrk >/dev/null || { echo "wrk not installed" >&2; exit 1; }
+T=$(mktemp -d /tmp/fuse-jit-pool.XXXXXX); P=$T/prefix
+mkdir -p "$P/logs" "$P/temp"
+copy_fuse "$T" "$TREE"
+read -r PORT OK DEAD < <(pick_ports 3 | { read -r b; echo "$b $((b+1)) $((b+2))"; })
+EXTRA=""
+[ -n "${HEALTHY:-}" ] && EXTRA="    server { listen 127.0.0.1:$DEAD; location / { return 200 ok; } }"
+cat > "$P/nginx.conf" <<CONF
+$(nginx_load_modules)
+worker_processes 2;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_temp_paths)
+$(nginx_lua_paths "$T")
+    lua_shared_dict fuse_upstream 1m;
+    init_by_lua_block {
+        local fuse = require "fuse"
+        fuse.init{ shared = true, capacity = 64 }
+        package.loaded.backend = require("fuse.upstream").new("backend", { "127.0.0.1:$OK", "127.0.0.1:$DEAD" },
+            { fails = 3, window = 10, open_for = 5 })
+    }
+    upstream backend {
+        server 0.0.0.1;
+        balancer_by_lua_block { require("backend"):balance() }
+        keepalive 32;
+    }
+    server {
+        listen 127.0.0.1:$OK;
+        location / { return 200 "ok\n"; }
+    }
+$EXTRA
+    server {
+        listen 127.0.0.1:$PORT;
+        add_header X-Worker-Pid \$pid always;
+        log_by_lua_block { require("fuse.upstream").log() }
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_next_upstream error timeout http_500 http_502 http_503 http_504;
+            proxy_connect_timeout 1s;
+        }
+        location = /scan {
+            content_by_lua_block {
+                local jutil, vmdef = require "jit.util", require "jit.vmdef"
+                local seen, bad, nf = {}, {}, 0
+                local BL = { IFUNCF = true, IFUNCV = true, IFORL = true, IITERL = true, ILOOP = true }
+                local function visit(v)
+                    local tv = type(v)
+                    if (tv ~= "table" and tv ~= "function" and tv ~= "proto") or seen[v] then return end
+                    seen[v] = true
+                    if tv == "table" then for k, x in next, v do visit(k); visit(x) end; visit(debug.getmetatable(v)); return end
+                    local info = jutil.funcinfo(v)
+                    if not info.source then return end
+                    if tv == "function" then
+                        for i = 1, info.upvalues do local _, u = debug.getupvalue(v, i); visit(u) end
+                        visit(info.proto); return
+                    end
+                    nf = nf + 1
+                    for pc = 0, info.bytecodes - 1 do
+                        local ins = jutil.funcbc(v, pc)
+                        local op = ins and vmdef.bcnames:sub((ins % 256) * 6 + 1, (ins % 256) * 6 + 6):gsub(" +\$", "")
+                        if op and BL[op] then bad[#bad + 1] = info.loc .. " " .. op .. "@" .. pc end
+                    end
+                    for i = 1, info.gcconsts do visit(jutil.funck(v, -i)) end
+                end
+                for name, mod in pairs(package.loaded) do if name:find("fuse") or name:find("backend") then visit(mod) end end
+                ngx.say(nf, " protos; blacklisted: ", table.concat(bad, "; "))
+            }
+        }
+    }
+}
+CONF
+"$NGINX" -p "$P/" -c nginx.conf || exit 1
+trap 'cleanup_nginx "$(cat "$P/logs/nginx.pid")"; rm -rf "$T"' EXIT
+wait_for 10 curl -s -o /dev/null "http://127.0.0.1:$PORT/scan" || { echo "nginx did not answer" >&2; exit 1; }
+wrk -t2 -c16 -d"${SECS}s" "http://127.0.0.1:$PORT/" | grep -E "Requests/sec|Non-2xx"
+for _ in $(seq 20); do curl -s -m 5 -H 'Connection: close' -w ' pid %header{x-worker-pid}\n' "http://127.0.0.1:$PORT/scan"; done | sort -u
