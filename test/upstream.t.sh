@@ -317,13 +317,13 @@ fi
 
 # ---------------------------------------------------------------- pools nginx
 # No root trace that began in fuse.upstream aborted in any worker, after 2 s of healthy
-# traffic (wrk, 8 connections) on pool w12: the interpreter calls the phases' small
+# traffic (wrk, 32 connections, so that every worker takes some) on pool w12: the interpreter calls the phases' small
 # helpers before the phases compile, and a helper whose traces keep aborting is
 # blacklisted for the worker's life (a one-line `return c_fn(r)`, a tail call into C,
 # aborted each time: "leaving loop in root trace"). First here: the traffic is the pools'
 # first. /jit answers for the worker that takes it (fresh connections), until all 4 did.
 allmode 'mode=ok&reset=1'
-wrk -t2 -c8 -d2s "http://127.0.0.1:$POOLS/p/w12" > /dev/null 2>&1
+wrk -t2 -c32 -d2s "http://127.0.0.1:$POOLS/p/w12" > /dev/null 2>&1
 jit_seen="" jit_out=""
 for _ in $(seq 200); do
   jl=$(curl -s -m 5 -H 'Connection: close' -w ' %header{x-worker-pid}' "http://127.0.0.1:$POOLS/jit" | tr -d '\n')
