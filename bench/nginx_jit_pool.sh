@@ -2,7 +2,8 @@
 # bench/nginx_jit_pool.sh [seconds] [lua_dir] -- which functions of fuse LuaJIT has
 # blacklisted in each nginx worker after SECONDS (60) of wrk traffic through a
 # fuse.upstream pool of two peers, one of them refusing connections (its breaker open
-# most of the time); HEALTHY=1: both peers answer. Not a make target; a diagnostic.
+# most of the time); HEALTHY=1: both peers answer; PEERS=n DOWN=k: n peers (2), the last k
+# (1) refusing. Not a make target; a diagnostic.
 #
 # A blacklisted entry or loop (IFUNCF, IFORL, ILOOP, ...) runs interpreted for the
 # worker's life, and every trace through it aborts. Found 2026-12-04 (branch jit): with
@@ -11,7 +12,9 @@
 # resync, jit.off by design). The cause: the per-peer loops of pick and pick_from run
 # two times when a pool has two peers, and LuaJIT cannot start a root trace at a loop
 # that runs fewer than three times ("leaving loop in root trace"); run interpreted often
-# enough, such a loop is blacklisted, and then every trace through it aborts.
+# enough, such a loop is blacklisted, and then every trace through it aborts. Fixed
+# 2026-12-04 (branch loops): for two peers, the pick that goes on from a rejected peer
+# has no loop; none blacklisted in 2 x 60 s (resync aside), none with PEERS=3 DOWN=1|2.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,9 +27,17 @@ command -v wrk >/dev/null || { echo "wrk not installed" >&2; exit 1; }
 T=$(mktemp -d /tmp/fuse-jit-pool.XXXXXX); P=$T/prefix
 mkdir -p "$P/logs" "$P/temp"
 copy_fuse "$T" "$TREE"
-read -r PORT OK DEAD < <(pick_ports 3 | { read -r b; echo "$b $((b+1)) $((b+2))"; })
-EXTRA=""
-[ -n "${HEALTHY:-}" ] && EXTRA="    server { listen 127.0.0.1:$DEAD; location / { return 200 ok; } }"
+# PEERS=n (2) peers, the last DOWN=k (1) of them refusing connections (none with HEALTHY=1)
+NPEERS=${PEERS:-2}; NDOWN=${DOWN:-1}
+[ -n "${HEALTHY:-}" ] && NDOWN=0
+[ "$NDOWN" -lt "$NPEERS" ] || { echo "DOWN=$NDOWN: at least one of the PEERS=$NPEERS peers must answer" >&2; exit 1; }
+PORT=$(pick_ports $((NPEERS + 1))) || exit 1
+LIST=""; EXTRA=""
+for ((i = 1; i <= NPEERS; i++)); do
+  LIST="$LIST\"127.0.0.1:$((PORT + i))\", "
+  [ "$i" -le $((NPEERS - NDOWN)) ] && EXTRA="$EXTRA    server { listen 127.0.0.1:$((PORT + i)); location / { return 200 \"ok\\n\"; } }
+"
+done
 cat > "$P/nginx.conf" <<CONF
 $(nginx_load_modules)
 worker_processes 2;
@@ -41,17 +52,13 @@ $(nginx_lua_paths "$T")
     init_by_lua_block {
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 64 }
-        package.loaded.backend = require("fuse.upstream").new("backend", { "127.0.0.1:$OK", "127.0.0.1:$DEAD" },
+        package.loaded.backend = require("fuse.upstream").new("backend", { $LIST},
             { fails = 3, window = 10, open_for = 5 })
     }
     upstream backend {
         server 0.0.0.1;
         balancer_by_lua_block { require("backend"):balance() }
         keepalive 32;
-    }
-    server {
-        listen 127.0.0.1:$OK;
-        location / { return 200 "ok\n"; }
     }
 $EXTRA
     server {

@@ -235,4 +235,36 @@ describe("fuse #ffi", function()
     assert_none_blacklisted(jit_support.fuse_roots(flat(keep)), aborts)
     assert_hot_loop_compiles()
   end)
+
+  -- A pool with open peers: a pick whose round robin falls on an open peer goes on to the
+  -- others, on almost every pick. With two peers its loops over the peers ran twice, and a
+  -- loop that runs twice cannot start a trace ("leaving loop in root trace"): LuaJIT
+  -- blacklisted them, and with them pick_from, pick and pool:pick (under nginx
+  -- pool:balance: the balancer interpreted for the worker's life). (Last: the pools it
+  -- closes leave free slots in the registry, which the walk's check above does not expect.)
+  it("no function of fuse.upstream is blacklisted after 100,000 picks in pools of two peers, one open", function()
+    local upstream = require "fuse.upstream"
+    local pools = {}
+    for k, open in ipairs({ 2, 1, false }) do  -- the peer forced open (none: both healthy)
+      local name = "s12-pool" .. k
+      pools[k] = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { fails = 2, open_for = 600 })
+      if open then fuse.get(name .. "/10.0.0.1:" .. open):force_open() end
+    end
+    -- called from its own caller, which the JIT never compiles (as nginx calls the balancer)
+    local caller = assert(load("local pool = ... local p, t = pool:pick() if t then p.b:report(t, true) end "
+      .. "return p.addr", "=interpreted<pick>"))
+    jit.off(caller)
+    local firsts = {}
+    local aborts = jit_support.fuse_aborts(function()
+      for k, pool in ipairs(pools) do
+        firsts[k] = 0
+        for _ = 1, INTERPRETED_CALLS do
+          if caller(pool) == "10.0.0.1:1" then firsts[k] = firsts[k] + 1 end
+        end
+      end
+    end)
+    assert.same({ INTERPRETED_CALLS, 0, INTERPRETED_CALLS / 2 }, firsts)
+    assert_none_blacklisted(jit_support.fuse_roots(pools), aborts)
+    for _, pool in ipairs(pools) do pool:close() end
+  end)
 end)

@@ -343,6 +343,33 @@ jit_ok() { # 4 workers, each with root traces in fuse.upstream; none begun at a 
     ! grep -qwF -f <(tr ' ' '\n' <<< "$helper_lines" | grep .) <<< "$jit_out"
 }
 check "JIT: no root trace begun at the phases' helpers ($helper_lines) aborted, in 4 workers after 2 s of traffic (root traces, aborts [where]: $jit_out)" jit_ok
+# No function or loop of fuse.upstream blacklisted by LuaJIT in any worker after 20,000
+# requests through pool jt, of two peers with D refusing (open from its second failure
+# on), then 100,000 picks of it in each worker: there a pick whose round robin falls on D
+# goes on to the other peer, on almost every pick. A loop over two peers cannot start a
+# trace ("leaving loop in root trace"): one that ran on each such pick was blacklisted
+# within seconds of such traffic, and with it pick_from, pick and pool:balance (the
+# balancer interpreted for the worker's life). /jitbl answers for the worker that takes
+# it (fresh connections), until all 4 did. resync is interpreted by design (jit.off).
+ab -q -k -n 20000 -c 8 "http://127.0.0.1:$POOLS/p/jt" > "$T/jt.ab" 2>&1
+jt_reqs=$(sed -n 's/^Complete requests: *\([0-9]*\)/\1/p' "$T/jt.ab")
+jt_fails=$(sed -n 's/^Non-2xx responses: *\([0-9]*\)/\1/p' "$T/jt.ab")
+resync_line=$(grep -n '^local function resync' "$ROOT/lua/fuse/upstream.lua" | cut -d: -f1)
+jt_seen="" jt_out=""
+for _ in $(seq 200); do
+  jl=$(curl -s -m 60 -H 'Connection: close' -w ' %header{x-worker-pid}' "http://127.0.0.1:$POOLS/jitbl?picks=100000" |
+    tr -d '\n')
+  jp=${jl##* }
+  grep -qw "$jp" <<< "$jt_seen" && continue
+  jt_seen="$jt_seen $jp" jt_out="$jt_out${jt_out:+; }pid $jp: ${jl% *}"
+  [ "$(wc -w <<< "$jt_seen")" -ge 4 ] && break
+done
+jt_ok() { # 20,000 answered 200; 4 workers scanned fuse.upstream, none found a blacklisted bytecode
+  [ "$(wc -w <<< "$jt_seen")" = 4 ] && [ "${jt_reqs:-0}" = 20000 ] && [ -z "$jt_fails" ] &&
+    ! sed "s/upstream\.lua:$resync_line IFUNCF@0//g" <<< "$jt_out" | grep -qE '[0-9]+ I[A-Z]+@[0-9]+' &&
+    [ "$(grep -oE 'pid [0-9]+: [1-9][0-9]*;' <<< "$jt_out" | wc -l)" = 4 ]
+}
+check "JIT: no function or loop of fuse.upstream blacklisted, in 4 workers after $jt_reqs requests (non-2xx: ${jt_fails:-0}) and 100,000 picks each through two peers, one refusing (protos; blacklisted: $jt_out)" jt_ok
 # max_ejected = 1: every peer open -> 503 + Retry-After of the soonest (open_for 3)
 allmode 'mode=fail&reset=1'
 get "$POOLS" /p/ej1

@@ -876,42 +876,12 @@ local function weight_of(p, now, ss)
   return w
 end
 
--- One pick for a try (no nginx needed): smooth weighted round robin over the peers not
--- tried yet by this request (`tried`: peer -> true, or nil) that are admitted: closed,
--- half-open with a free slot, and open peers past max_ejected's allowance (panic picks,
--- counted). When every untried peer is skipped, the tried ones that are admitted. With
--- enforce = false no peer is skipped. Returns peer, ticket (nil for a panic pick or a dry
--- run's pick of a rejected peer); or nil, retry_after (seconds) when every peer was skipped.
--- pick_from is the whole of it; `rejected` (with tried nil) is the peer whose breaker
--- rejected the first round of pick's fast path, which pick_from goes on from. `only`:
--- the untried peers or none (nil, retry_after), never back to the tried ones.
-local function pick_from(self, tried, now, rejected, only)
+-- pick_from's rounds, from its arrays and state as set up (see pick_from).
+local function rounds(self, now, only, strict, nbusy, known, fallback, retry)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
   local busy = self._busy
   local n = #peers
-  local left = 0
-  for i = 1, n do
-    local t = tried ~= nil and tried[peers[i]] or false
-    ex[i], skip[i], pan[i], open[i], busy[i] = t, false, false, false, false
-    if not t then left = left + 1 end
-  end
-  local strict, nbusy = true, 0  -- (see decide)
   local ss = self._slow_start
-  local known = false  -- the open set was read (only once a peer rejected the try)
-  local fallback = left == 0
-  if fallback then
-    if only then return nil, huge end
-    for i = 1, n do ex[i] = false end
-  end
-  -- a retry (tried is given) prefers admitted peers over panic picks: the request has
-  -- failed once already, and a peer picked in panic is open
-  local retry = tried ~= nil and next(tried) ~= nil
-  if rejected then  -- as the loop below does after a rejection
-    known = true
-    for i = 1, n do open[i] = is_open(peers[i].b) end
-    if not open[rejected] then busy[rejected], nbusy = true, 1 end
-    decide(self, n, strict)
-  end
   while true do
     local best, bestv, total = nil, -huge, 0
     local nopan = false  -- the panic peers stay out of this round's round robin step
@@ -976,6 +946,91 @@ local function pick_from(self, tried, now, rejected, only)
   end
 end
 
+-- One pick for a try (no nginx needed): smooth weighted round robin over the peers not
+-- tried yet by this request (`tried`: peer -> true, or nil) that are admitted: closed,
+-- half-open with a free slot, and open peers past max_ejected's allowance (panic picks,
+-- counted). When every untried peer is skipped, the tried ones that are admitted. With
+-- enforce = false no peer is skipped. Returns peer, ticket (nil for a panic pick or a dry
+-- run's pick of a rejected peer); or nil, retry_after (seconds) when every peer was skipped.
+-- pick_from is the whole of it; `rejected` (with tried nil) is the peer whose breaker
+-- rejected the first round of pick's fast path, which pick_from goes on from. `only`:
+-- the untried peers or none (nil, retry_after), never back to the tried ones.
+local function pick_from(self, tried, now, rejected, only)
+  local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
+  local busy = self._busy
+  local n = #peers
+  local left = 0
+  for i = 1, n do
+    local t = tried ~= nil and tried[peers[i]] or false
+    ex[i], skip[i], pan[i], open[i], busy[i] = t, false, false, false, false
+    if not t then left = left + 1 end
+  end
+  local strict, nbusy = true, 0  -- (see decide)
+  local known = false  -- the open set was read (only once a peer rejected the try)
+  local fallback = left == 0
+  if fallback then
+    if only then return nil, huge end
+    for i = 1, n do ex[i] = false end
+  end
+  -- a retry (tried is given) prefers admitted peers over panic picks: the request has
+  -- failed once already, and a peer picked in panic is open
+  local retry = tried ~= nil and next(tried) ~= nil
+  if rejected then  -- as the loop below does after a rejection
+    known = true
+    for i = 1, n do open[i] = is_open(peers[i].b) end
+    if not open[rejected] then busy[rejected], nbusy = true, 1 end
+    decide(self, n, strict)
+  end
+  return rounds(self, now, only, strict, nbusy, known, fallback, retry)
+end
+
+-- pick_from(self, nil, nil, r) in a pool of two peers: its set-up, decide and first round
+-- written out for the two, without a loop; what follows a second rejection goes on in
+-- rounds. (LuaJIT cannot start a trace at a loop that runs twice: "leaving loop in root
+-- trace"; such a loop that runs often is blacklisted, and then every trace through it
+-- aborts. With one of two peers open, pick_from ran here on every pick.)
+local function pick_two(self, r)
+  local peers, ex, skip, pan, open, busy = self._peers, self._ex, self._skip, self._pan, self._open, self._busy
+  local p1, p2 = peers[1], peers[2]
+  local o1, o2 = is_open(p1.b), is_open(p2.b)
+  local b1, b2 = r == 1 and not o1, r == 2 and not o2
+  -- decide(self, 2, true): a busy peer is skipped; the open ones in list order while the
+  -- allowance lasts, the others picked in panic
+  local a = floor(self.max_ejected * 2 + 1e-9)
+  local s1, s2, n1, n2, taken = b1, b2, false, false, 0
+  if o1 and not b1 then if taken < a then s1, taken = true, taken + 1 else n1 = true end end
+  if o2 and not b2 then if taken < a then s2 = true else n2 = true end end
+  ex[1], ex[2], open[1], open[2], busy[1], busy[2] = false, false, o1, o2, b1, b2
+  skip[1], skip[2], pan[1], pan[2] = s1, s2, n1, n2
+  local nbusy = (b1 or b2) and 1 or 0
+  local best = nil  -- the first round: the peer not skipped with the most (the first on a tie)
+  if not s1 then best = 1 end
+  if not s2 and (best == nil or p2.cur + p2.weight > p1.cur + p1.weight) then best = 2 end
+  if best == nil then return rounds(self, nil, nil, true, nbusy, true, false, false) end
+  local p, panic = peers[best], pan[best]
+  local ticket = nil
+  if not panic then ticket = p.allow(p.b) end
+  if ticket or panic or not self._enforce then
+    local total = (s1 and 0 or p1.weight) + (s2 and 0 or p2.weight)
+    if not s1 then p1.cur = p1.cur + p1.weight end
+    if not s2 then p2.cur = p2.cur + p2.weight end
+    p.cur = p.cur - total
+    if not ticket then count(self, panic and self._pkey or self._dkey) end
+    return p, ticket
+  end
+  -- rejected too: as rounds goes on after a rejection
+  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
+  if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
+  decide(self, 2, true)
+  return rounds(self, nil, nil, true, nbusy, true, false, false)
+end
+
+-- pick_from(self, nil, now, r): a first try goes on after peer r rejected it.
+local function rejected_first(self, now, r)
+  if now == nil and self._n == 2 then return pick_two(self, r) end
+  return pick_from(self, nil, now, r)
+end
+
 -- A retry's pick (`tried`: the peers this request tried): first among the untried peers
 -- whose breaker counts no failure in its window, when there is one (a peer that has just
 -- failed other requests is likely to fail this one: with two sick peers of three, the
@@ -1021,7 +1076,7 @@ local function pick(self, tried)
       return p, ticket
     end
     to_cur(self)
-    return pick_from(self, nil, nil, i)
+    return rejected_first(self, nil, i)
   end
   local now = ramp_now(self)
   to_cur(self)
@@ -1032,7 +1087,12 @@ local function pick(self, tried)
   end
   local peers = self._peers
   local best, bestv, total = 1, -huge, 0
-  if now == nil then  -- no ramp: each weight is the peer's own
+  if now == nil and self._n == 2 then  -- (as the loop below, without a loop: see pick_two)
+    local p1, p2 = peers[1], peers[2]
+    local c1, c2 = p1.cur + p1.weight, p2.cur + p2.weight
+    p1.cur, p2.cur, total = c1, c2, p1.weight + p2.weight
+    if c2 > c1 then best = 2 end
+  elseif now == nil then  -- no ramp: each weight is the peer's own
     for i = 1, self._n do
       local p = peers[i]
       local w = p.weight
@@ -1065,13 +1125,16 @@ local function pick(self, tried)
     return p, ticket
   end
   self._clean = 0
-  if now == nil then
+  if now == nil and self._n == 2 then
+    local p1, p2 = peers[1], peers[2]
+    p1.cur, p2.cur = p1.cur - p1.weight, p2.cur - p2.weight
+  elseif now == nil then
     -- (whole numbers: exact; after a ramp made them fractional, within a rounding)
     for i = 1, self._n do local q = peers[i]; q.cur = q.cur - q.weight end
   else
     for i = 1, self._n do peers[i].cur = self._old[i] end
   end
-  return pick_from(self, nil, now, best)
+  return rejected_first(self, now, best)
 end
 
 function Pool:pick(tried)
