@@ -708,12 +708,7 @@ local function run_for(br, fn)
   return go
 end
 
-local function check_callable(fn, what, level)
-  local mt = type(fn) == "table" and getmetatable(fn)
-  if type(fn) ~= "function" and not (mt and mt.__call) then
-    error("fuse: " .. what .. " needs a function, got " .. show(fn), level + 1)
-  end
-end
+local check_callable = options.check_callable
 
 -- In nginx's init_by_lua* (the first start or a reload): a named breaker that exists
 -- with other numeric options is reconfigured, not an error.

@@ -14,7 +14,7 @@ local fuse = require "fuse"
 local options = require "fuse.options"
 
 local ceil, floor, max = math.ceil, math.floor, math.max
-local getmetatable, ipairs, pcall, tonumber, tostring, type = getmetatable, ipairs, pcall, tonumber, tostring, type
+local ipairs, pcall, tonumber, tostring, type = ipairs, pcall, tonumber, tostring, type
 local concat = table.concat
 local show = options.show  -- how every message of fuse's shows a value
 
@@ -289,10 +289,7 @@ end
 -- fuse.watch(fn [, interval]): in init_worker_by_lua*, fn(name, from, to) in this
 -- worker for every transition any worker makes, polled every `interval` seconds (0.5).
 function _M.watch(fn, interval)
-  local mt = type(fn) == "table" and getmetatable(fn)
-  if type(fn) ~= "function" and not (mt and mt.__call) then  -- (callable: as fuse.wrap's fn)
-    error("fuse: fuse.watch needs a function, got " .. show(fn), 2)
-  end
+  options.check_callable(fn, "fuse.watch", 2)  -- (callable: as fuse.wrap's fn)
   if interval ~= nil and (type(interval) ~= "number" or not (interval >= 0.001 and interval <= 3600)) then
     error("fuse: fuse.watch's interval must be seconds from 0.001 to 3600, got " .. show(interval), 2)
   end

@@ -6,11 +6,12 @@
 -- check(opts, level) and check_init(opts, level) raise with error(msg, level): `level`
 -- counts from the function that calls check, as error() would inside it. The facade's
 -- fuse.new calls check(opts, 3) so that the error points at its caller's line. Every
--- helper below returns a message instead of raising, so only check itself calls error.
+-- helper below returns a message instead of raising, so only the check* functions call error.
 
 local type, pairs, ipairs, tostring, tonumber, error, pcall, require, rawget = type, pairs,
   ipairs, tostring, tonumber, error, pcall, require, rawget
 local floor, huge, abs, max, min = math.floor, math.huge, math.abs, math.max, math.min
+local getmetatable = getmetatable
 local fmt, byte, sort, concat = string.format, string.byte, table.sort, table.concat
 
 local _M = {}
@@ -174,6 +175,17 @@ local function show(v)
   return t
 end
 _M.show = show
+
+-- Raises "fuse: WHAT needs a function, got ..." unless fn is callable: a function, or a
+-- table whose metatable has __call. `level`: as error() would take it in the function
+-- that calls check_callable (fuse.wrap, fuse.watch: 2, their callers' lines).
+local function check_callable(fn, what, level)
+  local mt = type(fn) == "table" and getmetatable(fn)
+  if type(fn) ~= "function" and not (mt and mt.__call) then
+    error("fuse: " .. what .. " needs a function, got " .. show(fn), level + 1)
+  end
+end
+_M.check_callable = check_callable
 
 local function bad(name, what, v)
   return fmt("fuse: option '%s' must be %s, got %s", name, what, show(v))
