@@ -1175,22 +1175,16 @@ local function each_breaker(fn, from, upto)
   return i
 end
 
+-- (one page of every slot: a name removed and made again in a later slot during the
+-- walk, by another worker, is listed once, as fuse.metrics shows it once)
 function _M.list()
-  local names, seen = {}, {}
-  each_breaker(function(h, name, id)
-    -- a name removed and made again in a later slot during the walk (another worker)
-    -- is seen twice: listed once, as fuse.metrics shows it once
-    if B.id(h) == id and not seen[name] then
-      seen[name] = true
-      names[#names + 1] = name
-    end
-  end)
-  return names
+  return (_M._page(0, huge, huge, function(name) return name end))
 end
 
--- Internal, for fuse.admin: one page of a walk over the registry, in slot order. From
--- slot `from` (0 at first), looking at `budget` slots at most, calls fn(name) for each
--- live breaker and lists what it returns (nil: nothing) until `limit` are listed.
+-- Internal, for fuse.admin and fuse.list: one page of a walk over the registry, in slot
+-- order. From slot `from` (0 at first), looking at `budget` slots at most, calls
+-- fn(name) for each live breaker and lists what it returns (nil: nothing) until `limit`
+-- are listed.
 -- Returns the list and the slot the next page starts from, or nil when the walk is
 -- over. A breaker that lives through the whole walk is seen once (slots do not move);
 -- one made or removed meanwhile may be seen or not, once per name and page.
