@@ -74,7 +74,8 @@ local function settle_orphans(p, outcome)
   for o in pairs(w) do settle_all(o, outcome) end
 end
 
--- The entries of a request that ended without fuse.settle(): counted as ignored, and said.
+-- The entries of a request that ended without fuse.settle(): counted as ignored, and said;
+-- its subrequests' calls that hold a permit too (nginx ran no log phase for them).
 local function leftover(p)
   for j = 1, p.n do
     if p[5 * j - 4] then
@@ -89,6 +90,7 @@ local function leftover(p)
     end
   end
   settle_all(p, IGNORE)
+  settle_orphans(p, IGNORE)
 end
 
 -- The list of request r (at address key, started at start); made or reused as needed.
@@ -100,8 +102,7 @@ local function list_of(r, key, start)
     if n > 0 then p = spare[n]; spare[n] = nil else p = { n = 0 } end
     lists[key] = p
   elseif p.start ~= start then
-    if p.n > 0 then leftover(p) end
-    settle_orphans(p, IGNORE)  -- (a subrequest that ended: nginx ran no log phase for it)
+    leftover(p)
   else
     return p
   end
@@ -184,7 +185,6 @@ function _M.settle_request(status)
   if p == nil then return end
   if p.start ~= req_start(r) then
     leftover(p)
-    settle_orphans(p, IGNORE)
   else
     local outcome = status >= 500 and FAILURE or (status == 499 or status < 100) and IGNORE or SUCCESS
     settle_all(p, outcome)
