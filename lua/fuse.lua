@@ -1257,6 +1257,5 @@ _M._counter_value = B.counter_value_c or metrics.counter_value
 -- fuse._counter_word(i): under LuaJIT the counter's word (a uint64_t pointer), which
 -- fuse.upstream reads at every pick with one load; nil under the C module.
 _M._counter_word = B.counter_word
-_M._counter_metrics = metrics.counter_metrics
 
 return _M

@@ -116,6 +116,20 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.truthy(fuse.metrics():find('fuse_upstream_panic_total{pool="' .. pool.name .. '"} 15', 1, true))
   end)
 
+  it("writes a pool's name in its series as fuse_state writes its peers' names: UTF-8, escaped", function()
+    -- a byte that is not UTF-8 (Latin-1 e acute) and quote marks: Prometheus refuses the
+    -- whole scrape for either, and the pool's label must match its peers' name labels
+    local base = unique("p")
+    local pool = upstream.new(base .. '-caf\233 "q"', { "10.0.0.1:1", "10.0.0.1:2" }, { max_ejected = 0 })
+    open_peer(pool, "10.0.0.1:1")
+    assert.equal("1 2", order(pool, 2))
+    assert.equal(1, pool:panics())
+    local want = base .. '-caf\\\\xE9 \\"q\\"'
+    local text = fuse.metrics()
+    assert.truthy(text:find('\nfuse_upstream_panic_total{pool="' .. want .. '"} 1\n', 1, true), text)
+    assert.truthy(text:find('\nfuse_state{name="' .. want .. '/10.0.0.1:1"} 1\n', 1, true), text)
+  end)
+
   it("max_ejected = 0: every open peer is picked as if closed", function()
     local pool = upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2" }, { max_ejected = 0 })
     open_peer(pool, "10.0.0.1:1")

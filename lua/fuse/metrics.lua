@@ -1,7 +1,8 @@
 -- fuse.metrics: the Prometheus text exposition of the registry's breakers (fuse.metrics())
 -- and the shared counters fuse.upstream keeps (csrc/fz_counters.c); the facade
--- (lua/fuse.lua) gives fuse.metrics, fuse._counter, fuse._count, fuse._counter_value and
--- fuse._counter_metrics from here, over its backend.
+-- (lua/fuse.lua) gives fuse.metrics, fuse._counter, fuse._count and fuse._counter_value
+-- from here, over its backend. fuse.upstream's own series come from upstream.metrics(),
+-- which fuse.metrics() appends, with its labels written by this file's label().
 local options = require "fuse.options"
 
 local error, ipairs, setmetatable, type = error, ipairs, setmetatable, type
@@ -9,8 +10,6 @@ local byte, concat, fmt = string.byte, table.concat, string.format
 
 local REMOVED = 5  -- FZ_REMOVED: retired, its identity not moved yet
 local E_FULL = -3
-
-local PANIC = "upstream_panic:"
 
 local LABEL_ESCAPES = { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }
 
@@ -132,7 +131,7 @@ function _M.new(B, each_breaker, sync)
 
   ---------------------------------------------------------------------------- shared counters
   -- Internal, for fuse.upstream: counters shared by every thread and by every nginx worker
-  -- forked after fuse loaded (csrc/fz_counters.c), shown by fuse.metrics().
+  -- forked after fuse loaded (csrc/fz_counters.c): its peer lists' change counter.
 
   -- fuse._counter(name) -> index for fuse._count; raises when the name is bad or the
   -- table is full.
@@ -147,22 +146,6 @@ function _M.new(B, each_breaker, sync)
 
   function M.count(i, n) B.counter_add(i, n or 1) end
   function M.counter_value(i) return B.counter_value(i) end
-
-  -- fuse_upstream_panic_total{pool="..."}, one row per pool; "" when there is none.
-  local function counter_metrics()
-    local out = {}
-    for i = 0, B.counters_max - 1 do
-      local name = B.counter_name(i)
-      if name and name:sub(1, #PANIC) == PANIC then
-        out[#out + 1] = ('fuse_upstream_panic_total{pool="%s"} %.17g\n')
-          :format(label(name:sub(#PANIC + 1)), B.counter_value(i))
-      end
-    end
-    if #out == 0 then return "" end
-    return "# HELP fuse_upstream_panic_total Open peers picked because max_ejected was reached.\n"
-      .. "# TYPE fuse_upstream_panic_total counter\n" .. concat(out)
-  end
-  M.counter_metrics = counter_metrics
 
   ---------------------------------------------------------------------------- metrics
 
@@ -223,7 +206,7 @@ function _M.new(B, each_breaker, sync)
       :format(B.evictions_total()))
     -- fuse.upstream's counters (panic picks, failure classes), when a pool was made
     local up = package.loaded["fuse.upstream"]
-    out:put(counter_metrics(), type(up) == "table" and type(up.metrics) == "function" and up.metrics() or "")
+    if type(up) == "table" and type(up.metrics) == "function" then out:put(up.metrics()) end
     return out:tostring()
   end
 

@@ -1674,9 +1674,9 @@ end
 
 ---------------------------------------------------------------------------- metrics
 
-local function label(s)
-  return (s:gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
-end
+-- A label value: the label() of fuse.metrics' breaker names (UTF-8, with \, " and \n
+-- escaped), so that a pool's series and its peers' fuse_state{name="<pool>/<peer>"} agree.
+local label = require("fuse.metrics").label
 
 -- upstream.metrics(): the pools' counters in Prometheus text (fuse.metrics() appends it):
 -- fuse_upstream_panic_total{pool}, fuse_upstream_dry_run_picks_total{pool},
@@ -1699,7 +1699,7 @@ function _M.metrics()
             local pool, peer, class = rest:match("^(.+)/([^/]+)/(%a+)$")
             if pool then
               fails[#fails + 1] = fmt('fuse_upstream_failures_total{pool="%s",peer="%s",class="%s"} %.17g\n',
-                label(pool), peer, class, v)
+                label(pool), label(peer), class, v)
             end
           end
         end
