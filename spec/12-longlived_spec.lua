@@ -236,6 +236,100 @@ describe("fuse #ffi", function()
     assert_hot_loop_compiles()
   end)
 
+  -- The log phase and the balancer of requests with retries (those of a sick peer), under
+  -- a fake nginx (spec/fake_nginx.lua): pool:log() split the $upstream_* lists with
+  -- string.gmatch and judged the tries in a loop over them, and the balancer's retry read
+  -- the previous try's header time with gmatch and listed the tried peers in a loop that
+  -- ran once: loops that run once or twice per call cannot start a trace ("leaving loop
+  -- in root trace"), and LuaJIT blacklisted them (judge_tries' loop within 100,000
+  -- requests). (Before the pools of two peers: the walk's check above expects no free
+  -- slot in the registry.)
+  it("no trace of pool:log() or of the balancer's retry aborts, none is blacklisted, "
+    .. "after 100,000 requests with a retry", function()
+    local nginx = require("spec.fake_nginx").new()
+    local pool = nginx.upstream.new("s12-retries", { "10.0.0.1:1", "10.0.0.1:2" }, { fails = 1000000 })
+    local req, var = nginx.req, nginx.var
+    -- the functions of those two paths, found through the phases' upvalues (those the
+    -- old code had too are required)
+    local function upvalue(fn, name)
+      for i = 1, math.huge do
+        local k, v = debug.getupvalue(fn, i)
+        if k == nil then return nil end
+        if k == name then return v end
+      end
+    end
+    local fns = { log = pool.log, balance = pool.balance }
+    fns.log_record = upvalue(pool.log, "log_record")
+    fns.judge_tries = fns.log_record and upvalue(fns.log_record, "judge_tries")
+    fns.judge = fns.log_record and upvalue(fns.log_record, "judge")
+    fns.split = fns.judge_tries and upvalue(fns.judge_tries, "split")
+    fns.judge_previous = upvalue(pool.balance, "judge_previous")
+    fns.last_value = fns.judge_previous and upvalue(fns.judge_previous, "last_value")
+    for _, name in ipairs({ "log_record", "judge_tries", "judge", "split", "judge_previous", "last_value" }) do
+      assert.is_function(fns[name], "no function " .. name .. " among the phases' upvalues: the spec needs updating")
+    end
+    fns.judge_at = upvalue(fns.judge_tries, "judge_at")
+    fns.take_value = upvalue(fns.split, "take_value")
+    fns.runs = upvalue(fns.split, "runs")
+    fns.tried_of = upvalue(pool.balance, "tried_of")
+    local ranges = {}  -- linedefined -> { first, last, name }
+    for name, fn in pairs(fns) do
+      local fi = jutil.funcinfo(fn)
+      ranges[#ranges + 1] = { fi.linedefined, fi.lastlinedefined, name }
+    end
+    local function named(line)
+      for _, r in ipairs(ranges) do if line >= r[1] and line <= r[2] then return r[3] end end
+    end
+    -- each phase called from its own caller, which the JIT never compiles (as nginx does)
+    local balance = assert(load("local pool = ... return function() return pool:balance() end",
+      "=interpreted<balance>"))(pool)
+    local log = assert(load("local pool = ... return function() return pool:log() end", "=interpreted<log>"))(pool)
+    jit.off(balance)
+    jit.off(log)
+    local aborts = jit_support.fuse_aborts(function()
+      for i = 1, INTERPRETED_CALLS do
+        req.start = 1000 + i / 1000  -- (a request a millisecond)
+        req.failure, req.code = nil, nil
+        var.upstream_status, var.upstream_header_time, var.upstream_response_time = nil, nil, nil
+        balance()
+        req.failure, req.code = "failed", 502  -- (no connection: the header time is "-")
+        var.upstream_header_time = "- : "
+        balance()
+        if i % 2 == 0 then
+          var.upstream_status, var.upstream_header_time = "502, 200", "-, 0.002"
+          var.upstream_response_time = "0.001, 0.002"
+        else
+          var.upstream_status, var.upstream_header_time = "502, 503", "-, 0.001"
+          var.upstream_response_time = "0.001, 0.001"
+        end
+        log()
+      end
+    end)
+    -- every request had two tries, one on each peer; each reported (the retry's failure
+    -- in the balancer, the rest in the log phase)
+    assert.equal(2 * INTERPRETED_CALLS, #nginx.set)
+    local calls = fuse.get("s12-retries/10.0.0.1:1"):stats().calls + fuse.get("s12-retries/10.0.0.1:2"):stats().calls
+    assert.equal(2 * INTERPRETED_CALLS, calls)
+    local bad = {}
+    for _, b in ipairs(jit_support.blacklisted(jit_support.fuse_roots({ pool, nginx.module }))) do
+      local line = tonumber(b:match("^upstream%.lua:(%d+) "))
+      if line and named(line) then bad[#bad + 1] = named(line) .. ": " .. b end
+    end
+    for _, a in ipairs(aborts) do
+      local line = tonumber(a:match("^trace started at upstream%.lua:(%d+) "))
+      -- (aborts in fuse.upstream only: a trace that returns into its interpreted caller ends
+      -- there, the caller's business; resync runs interpreted by design under nginx, and a
+      -- trace that reaches it ends there)
+      if line and named(line) and a:find(" aborted at upstream%.lua:")
+          and not a:find("JIT compilation disabled", 1, true) then
+        bad[#bad + 1] = named(line) .. ": " .. a
+      end
+    end
+    assert.is_true(#bad == 0, ("%d blacklisted bytecodes or aborted traces in pool:log()'s and the balancer's "
+      .. "retry path:\n  %s"):format(#bad, table.concat(bad, "\n  ", 1, math.min(#bad, 30))))
+    pool:close()
+  end)
+
   -- A pool with open peers: a pick whose round robin falls on an open peer goes on to the
   -- others, on almost every pick. With two peers its loops over the peers ran twice, and a
   -- loop that runs twice cannot start a trace ("leaving loop in root trace"): LuaJIT

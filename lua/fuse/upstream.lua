@@ -37,7 +37,7 @@ local error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next 
   error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next
 local floor, huge, ceil, max, min = math.floor, math.huge, math.ceil, math.max, math.min
 local fmt, concat, sort = string.format, table.concat, table.sort
-local find, byte = string.find, string.byte
+local find, byte, sub = string.find, string.byte, string.sub
 local show = options.show  -- values in messages as fuse's own option errors show them
 
 local _M = { VERSION = fuse.VERSION }
@@ -1400,20 +1400,76 @@ function Pool:access()
   return ngx.exit(503)
 end
 
--- The comma/colon-separated per-try values of an $upstream_* variable, in order.
-local function split(s, out)
-  local n = 0
-  if s then
-    for v in s:gmatch("[^%s,:]+") do n = n + 1; out[n] = v end
+-- The per-try values of an $upstream_* variable ("502, 200 : 200"), in order: its runs
+-- of bytes other than whitespace, ',' and ':', put in out[1..k]; returns out, k. Without
+-- string.gmatch or a pattern (LuaJIT compiles neither: a trace through them ends or
+-- aborts there), and without a loop for lists of up to three values in nginx's form: a
+-- loop that runs once or twice per call cannot start a trace ("leaving loop in root
+-- trace"), and LuaJIT blacklisted it, and then the log phase and the balancer that call
+-- it, on the requests with retries, those of a sick peer. nginx joins the tries of an
+-- upstream with ", " and upstreams with " : "; anything else goes byte by byte (runs).
+
+-- The values of s from byte i on (n = #s), byte by byte, after out[1..k]; out, k.
+local function runs(s, i, n, out, k)
+  local start = nil
+  for j = i, n do
+    local c = byte(s, j)
+    if c == 32 or c == 44 or c == 58 or (c >= 9 and c <= 13) then  -- (%s: 9 to 13 and 32)
+      if start then k = k + 1; out[k] = sub(s, start, j - 1); start = nil end
+    elseif not start then
+      start = j
+    end
   end
-  return out, n
+  if start then k = k + 1; out[k] = sub(s, start, n) end
+  return out, k
 end
+
+-- The entry of s that starts at byte i, in nginx's form: a value ("-" or a number, whose
+-- bytes hold no separator) or nothing, then ", ", " : " or the end. Puts the value in
+-- out[k + 1]; returns the new count and where the next entry starts (nil after the last),
+-- or nil where s is not in that form (the caller goes on byte by byte from i).
+local function take_value(s, i, n, out, k)
+  local e, nx = n, nil
+  local sp = find(s, " ", i, true)
+  if sp then
+    if byte(s, sp - 1) == 44 then e, nx = sp - 2, sp + 1  -- (s[i - 1] is a space, never ',')
+    elseif byte(s, sp + 1) == 58 and byte(s, sp + 2) == 32 then e, nx = sp - 1, sp + 3
+    else return nil end
+  end
+  if e < i then return k, nx end  -- an empty entry: no value
+  local v = sub(s, i, e)
+  -- (tonumber takes no separator inside a number, only whitespace around it)
+  if v ~= "-" and not (byte(v, 1) > 32 and byte(v, -1) > 32 and tonumber(v)) then return nil end
+  out[k + 1] = v
+  return k + 1, nx
+end
+
+local function split(s, out)
+  if s == nil then return out, 0 end
+  local n = #s
+  local k1, i1 = take_value(s, 1, n, out, 0)
+  if k1 == nil then return runs(s, 1, n, out, 0) end
+  if i1 == nil then return out, k1 end
+  local k2, i2 = take_value(s, i1, n, out, k1)
+  if k2 == nil then return runs(s, i1, n, out, k1) end
+  if i2 == nil then return out, k2 end
+  local k3, i3 = take_value(s, i2, n, out, k2)
+  if k3 == nil then return runs(s, i2, n, out, k2) end
+  if i3 == nil then return out, k3 end
+  return runs(s, i3, n, out, k3)  -- a fourth value on
+end
+_M._split = split  -- for the specs
 
 local function judge(self, try, code, header, seconds)
   local answered = header ~= nil and header ~= "-"
   local class, ok = classify(self, code, answered, try.failure)
   if class then return failed(self, try, class, seconds) end
   return succeeded(try, ok, seconds)
+end
+
+-- Try `try`, unless judged already, from entry j of the split lists.
+local function judge_at(self, try, j, statuses, headers, times)
+  if not try.done then judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j])) end
 end
 
 -- The tries of record `rec` that nothing judged yet, from the $upstream_status,
@@ -1427,23 +1483,25 @@ local function judge_tries(self, rec, status, header, response, whole)
   local base = rec.before
   if whole and ns < base + rec.n then return ns end
   local headers, times = split(header, {}), split(response, {})
-  for k = 1, rec.n do
-    local try = rec[k]
-    if not try.done then
-      local j = base + k
-      judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j]))
-    end
-  end
+  -- the first three tries written out (a loop over a request's two tries was blacklisted:
+  -- see split)
+  local n = rec.n
+  if n >= 1 then judge_at(self, rec[1], base + 1, statuses, headers, times) end
+  if n >= 2 then judge_at(self, rec[2], base + 2, statuses, headers, times) end
+  if n >= 3 then judge_at(self, rec[3], base + 3, statuses, headers, times) end
+  for k = 4, n do judge_at(self, rec[k], base + k, statuses, headers, times) end
   return ns
 end
 
 -- The last per-try value of an $upstream_* list ("0.002, - : " in the balancer: the tries
 -- so far, then the current one's empty entry).
+local LAST = {}  -- (last_value's list: a request's balancer runs to its end before another's)
 local function last_value(s)
-  local v
-  if s then for x in s:gmatch("[^%s,:]+") do v = x end end
-  return v
+  local t, k = split(s, LAST)
+  if k == 0 then return nil end
+  return t[k]
 end
+_M._last_value = last_value  -- for the specs
 
 -- nginx is retrying: the previous try failed ("failed": no connection, a timeout, or a
 -- status in proxy_next_upstream; "next": 403/404 with http_403/http_404). A failure is
@@ -1532,6 +1590,21 @@ local function other_peer(self, rec, tried, peer, ticket, err)
   error("fuse.upstream: pool '" .. self.name .. "': nginx refused every peer (set_current_peer failed)")
 end
 
+-- The peers request record `rec` tried (a retry's), as peer -> true: the first two tries
+-- written out, and the refused peers only when there are some (a loop that runs once per
+-- call, or a pairs() over an empty table, cannot start a trace: "leaving loop in root
+-- trace"; LuaJIT blacklisted both, and then pool:balance(), on every retry).
+local function tried_of(rec)
+  local tried, n = {}, rec.n
+  if n >= 1 then tried[rec.peer] = true end  -- (rec[1] is rec)
+  if n >= 2 then tried[rec[2].peer] = true end
+  for k = 3, n do tried[rec[k].peer] = true end
+  if rec.refused then
+    for p in pairs(rec.refused) do tried[p] = true end
+  end
+  return tried
+end
+
 -- pool:balance(), in balancer_by_lua*: runs once per try.
 function Pool:balance()
   if not balancer then error("fuse.upstream: pool:balance() runs in nginx's balancer_by_lua*", 2) end
@@ -1569,11 +1642,7 @@ function Pool:balance()
     judge_previous(self, rec, state, code)
   end
   local tried = nil
-  if rec.n > 0 or rec.refused then  -- a retry: the peers this request tried
-    tried = {}
-    for k = 1, rec.n do tried[rec[k].peer] = true end
-    for p in pairs(rec.refused or {}) do tried[p] = true end
-  end
+  if rec.n > 0 or rec.refused then tried = tried_of(rec) end  -- a retry
   if self._closed then
     ngx.log(ngx.ERR, "fuse.upstream: pool '", self.name, "' is closed (pool:close()): no peer for this request")
     return ngx.exit(ngx.ERROR)
