@@ -330,6 +330,77 @@ describe("fuse #ffi", function()
     pool:close()
   end)
 
+  -- Picks in pools of one to three peers off their schedule (fuse.upstream's round robin
+  -- runs from a fixed cycle while every pick is admitted at the first ask): retries (one
+  -- peer tried), slow-start ramps, open peers. Their loops over the peers ran once to
+  -- three times per pick, and LuaJIT blacklisted them, and with them rounds, pick_from,
+  -- pick_retry, pick and pool:pick (under nginx: the balancer interpreted for the
+  -- worker's life): with one or two peers, every retry blacklisted them within 100,000.
+  it("no function of fuse.upstream is blacklisted after 100,000 picks in pools of one to three peers, "
+    .. "with retries, a ramp or open peers", function()
+    local upstream = require "fuse.upstream"
+    local cases = {
+      { name = "s12-retry1", n = 1, retry = 1 },      -- every pick a retry of peer 1
+      { name = "s12-retry2", n = 2, retry = 1 },      -- every pick a retry, peer 1 tried
+      { name = "s12-every3", n = 2, every = 3 },      -- a first try, then a retry of it every third
+      { name = "s12-ramp2", n = 2, ramp = 1 },        -- peer 1 ramping (slow start)
+      { name = "s12-open31", n = 3, open = { 1 } },
+      { name = "s12-open33", n = 3, open = { 3 } },
+      { name = "s12-open312", n = 3, open = { 1, 2 } },
+      { name = "s12-ramp3", n = 3, ramp = 2 },
+    }
+    local pools, callers = {}, {}
+    for k, c in ipairs(cases) do
+      local peers = {}
+      for i = 1, c.n do peers[i] = "10.0.0.1:" .. i end
+      local pool = upstream.new(c.name, peers, { fails = 1000000, open_for = 600, max_ejected = 1,
+        slow_start = c.ramp and 3600 or 0 })
+      for _, i in ipairs(c.open or {}) do fuse.get(c.name .. "/10.0.0.1:" .. i):force_open() end
+      if c.ramp then  -- (as a probe that closed the peer: the ramp's start and a new version)
+        local store = upstream._stores["fuse_upstream"]  -- (outside nginx: a table of this Lua state)
+        store:set("r/" .. c.name .. "/10.0.0.1:" .. c.ramp, fuse.now())
+        store:incr("v/" .. c.name, 1)
+      end
+      pools[k] = pool
+      -- called from its own caller, which the JIT never compiles (as nginx calls the balancer)
+      callers[k] = assert(load([[
+        local pool, retry, every = ...
+        local i, tried = 0, retry and { [pool._peers[retry] ] = true }
+        return function()
+          i = i + 1
+          local p, t = pool:pick(tried)
+          if t then p.b:report(t, true) end
+          if every and i % every == 0 then
+            local q, u = pool:pick({ [p] = true })
+            if u then q.b:report(u, true) end
+          end
+          return p.addr
+        end]], "=interpreted<" .. c.name .. ">"))(pool, c.retry, c.every)
+      jit.off(callers[k])
+    end
+    local got = {}
+    local aborts = jit_support.fuse_aborts(function()
+      for k = 1, #cases do
+        local counts, caller = {}, callers[k]
+        for _ = 1, INTERPRETED_CALLS do
+          local addr = caller()
+          counts[addr] = (counts[addr] or 0) + 1
+        end
+        local line = {}
+        for i = 1, cases[k].n do line[i] = counts["10.0.0.1:" .. i] or 0 end
+        got[k] = table.concat(line, " ")
+      end
+    end)
+    -- (the first tries' peers) a retry goes to the untried peer (to the tried one when
+    -- there is no other); open peers are skipped (max_ejected = 1); a ramping peer gets 0.1
+    -- of its weight; every third request's retry takes a turn of the round robin
+    local N, half = INTERPRETED_CALLS, INTERPRETED_CALLS / 2
+    assert.same({ tostring(N), "0 " .. N, "66666 33334", "9091 90909", "0 " .. half .. " " .. half,
+      half .. " " .. half .. " 0", "0 0 " .. N, "47619 4762 47619" }, got)
+    assert_none_blacklisted(jit_support.fuse_roots(pools), aborts)
+    for _, pool in ipairs(pools) do pool:close() end
+  end)
+
   -- A pool with open peers: a pick whose round robin falls on an open peer goes on to the
   -- others, on almost every pick. With two peers its loops over the peers ran twice, and a
   -- loop that runs twice cannot start a trace ("leaving loop in root trace"): LuaJIT

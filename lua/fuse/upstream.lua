@@ -492,6 +492,11 @@ local function to_cur(self)
   if not pos then return end
   self._pos, self._clean = false, 0
   local peers, w, sched, total = self._speers, self._sw, self._sched, self._stotal
+  if #w <= 2 then  -- (kept by make_sched: no loop, see pick_two)
+    peers[1].cur = self._scur1[pos + 1]
+    if #w == 2 then peers[2].cur = self._scur2[pos + 1] end
+    return
+  end
   for i = 1, #w do peers[i].cur = 0 end
   for k = 1, pos do
     for i = 1, #w do peers[i].cur = peers[i].cur + w[i] end
@@ -509,8 +514,12 @@ local function make_sched(self)
   self._sched, self._total, self._clean = false, total, 0
   if total * n > SCHED_MAX then return end
   local sched, w, cur = {}, {}, {}
+  -- (with one or two peers, their `cur` at each position, for to_cur)
+  local scur1, scur2 = n <= 2 and {} or false, n == 2 and {} or false
   for i = 1, n do w[i], cur[i] = peers[i].weight, 0 end
   for k = 1, total do  -- the first round of pick, with every peer admitted
+    if scur1 then scur1[k] = cur[1] end
+    if scur2 then scur2[k] = cur[2] end
     local best, bestv = 1, -huge
     for i = 1, n do
       local c = cur[i] + w[i]
@@ -521,6 +530,7 @@ local function make_sched(self)
     sched[k] = best
   end
   self._sched, self._sw, self._speers, self._stotal = sched, w, peers, total
+  self._scur1, self._scur2 = scur1, scur2
   if self._ramping then return end
   for i = 1, n do if peers[i].cur ~= 0 then return end end
   self._pos = 0
@@ -691,7 +701,7 @@ function _M.new(name, peers, opts)
     _gkey = pfx .. "g/" .. name, _gen = false, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
     _ex = {}, _skip = {}, _pan = {}, _open = {}, _busy = {}, _old = {}, _seen = -1, _seen_at = 0,
     _closed = false, _ramping = false, _ramp_end = false, _n = 0, _more = 0,
-    _pos = false, _sched = false, _total = 0, _clean = 0 }, Pool)
+    _pos = false, _sched = false, _total = 0, _clean = 0, _scur1 = false, _scur2 = false }, Pool)
   -- The phase methods are the pool's own fields: nginx runs a *_by_lua chunk in the
   -- interpreter (a chunk is a vararg function, which LuaJIT does not compile), where
   -- `pool:balance()` found through the metatable is a metamethod look-up every request.
@@ -1025,9 +1035,50 @@ local function pick_two(self, r)
   return rounds(self, nil, nil, true, nbusy, true, false, false)
 end
 
+-- pick_two for a pool of three peers (its loops over three peers were blacklisted too,
+-- with one or two of them open).
+local function pick_three(self, r)
+  local peers, ex, skip, pan, open, busy = self._peers, self._ex, self._skip, self._pan, self._open, self._busy
+  local p1, p2, p3 = peers[1], peers[2], peers[3]
+  local o1, o2, o3 = is_open(p1.b), is_open(p2.b), is_open(p3.b)
+  local b1, b2, b3 = r == 1 and not o1, r == 2 and not o2, r == 3 and not o3
+  local a = floor(self.max_ejected * 3 + 1e-9)
+  local s1, s2, s3, n1, n2, n3, taken = b1, b2, b3, false, false, false, 0
+  if o1 and not b1 then if taken < a then s1, taken = true, taken + 1 else n1 = true end end
+  if o2 and not b2 then if taken < a then s2, taken = true, taken + 1 else n2 = true end end
+  if o3 and not b3 then if taken < a then s3 = true else n3 = true end end
+  ex[1], ex[2], ex[3], open[1], open[2], open[3] = false, false, false, o1, o2, o3
+  busy[1], busy[2], busy[3] = b1, b2, b3
+  skip[1], skip[2], skip[3], pan[1], pan[2], pan[3] = s1, s2, s3, n1, n2, n3
+  local nbusy = (b1 or b2 or b3) and 1 or 0
+  local best, bestv = nil, -huge  -- the first round: the peer not skipped with the most (the first on a tie)
+  if not s1 then best, bestv = 1, p1.cur + p1.weight end
+  if not s2 and p2.cur + p2.weight > bestv then best, bestv = 2, p2.cur + p2.weight end
+  if not s3 and p3.cur + p3.weight > bestv then best = 3 end
+  if best == nil then return rounds(self, nil, nil, true, nbusy, true, false, false) end
+  local p, panic = peers[best], pan[best]
+  local ticket = nil
+  if not panic then ticket = p.allow(p.b) end
+  if ticket or panic or not self._enforce then
+    local total = (s1 and 0 or p1.weight) + (s2 and 0 or p2.weight) + (s3 and 0 or p3.weight)
+    if not s1 then p1.cur = p1.cur + p1.weight end
+    if not s2 then p2.cur = p2.cur + p2.weight end
+    if not s3 then p3.cur = p3.cur + p3.weight end
+    p.cur = p.cur - total
+    if not ticket then count(self, panic and self._pkey or self._dkey) end
+    return p, ticket
+  end
+  -- rejected too: as rounds goes on after a rejection
+  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
+  if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
+  decide(self, 3, true)
+  return rounds(self, nil, nil, true, nbusy, true, false, false)
+end
+
 -- pick_from(self, nil, now, r): a first try goes on after peer r rejected it.
 local function rejected_first(self, now, r)
   if now == nil and self._n == 2 then return pick_two(self, r) end
+  if now == nil and self._n == 3 then return pick_three(self, r) end
   return pick_from(self, nil, now, r)
 end
 
@@ -1060,6 +1111,53 @@ local function pick_retry(self, tried, now)
   return pick_from(self, tried, now, nil)
 end
 
+-- A retry's pick in a pool of one or two peers whose one untried peer is peer u (the
+-- other, if any, tried): pick_retry's, written out without a loop for its first round
+-- (pick_retry has no `only` round with one untried peer, and pick_from's first round
+-- asks that peer alone; with one peer, tried, pick_from goes back to it at once). What
+-- follows a rejection goes on in rounds, as there. (A loop that runs once or twice per
+-- call cannot start a trace, "leaving loop in root trace": with one or two peers, a
+-- retry's loops were blacklisted, and with them pick_from, pick and pool:pick, whose
+-- every later pick then ran interpreted, first tries too.)
+local function retry_few(self, tried, now, u)
+  local peers, ex, skip, pan, open, busy = self._peers, self._ex, self._skip, self._pan, self._open, self._busy
+  local n = self._n
+  local p = peers[u]
+  ex[1], skip[1], pan[1], open[1], busy[1] = false, false, false, false, false
+  if n == 2 then
+    ex[u], ex[3 - u] = false, tried[peers[3 - u]] or false
+    skip[2], pan[2], open[2], busy[2] = false, false, false, false
+  end
+  local w = weight_of(p, now, self._slow_start)
+  p.w = w
+  local ticket = p.allow(p.b)
+  if ticket or not self._enforce then
+    p.cur = (p.cur + w) - w  -- (as rounds: its weight added, then the total, its own, taken)
+    if not ticket then count(self, self._dkey) end
+    return p, ticket
+  end
+  -- rejected: as rounds goes on after a rejection
+  open[1] = is_open(peers[1].b)
+  if n == 2 then open[2] = is_open(peers[2].b) end
+  if not open[u] and is_open(p.b) then open[u] = true end  -- (opened since the read)
+  local nbusy = 0
+  if not open[u] then busy[u], nbusy = true, 1 end
+  decide(self, n, true)
+  return rounds(self, now, nil, true, nbusy, true, n == 1, true)
+end
+
+-- peers[i].cur = v[i] for the n peers: written out for up to three (see pick_two).
+local ZEROS = { 0, 0, 0 }
+local function set_cur(peers, n, v)
+  if n <= 3 then
+    peers[1].cur = v[1]
+    if n >= 2 then peers[2].cur = v[2] end
+    if n == 3 then peers[3].cur = v[3] end
+    return
+  end
+  for i = 1, n do peers[i].cur = v[i] or 0 end
+end
+
 -- A pick. A request's first try (nothing tried) on the schedule is its next entry. Else
 -- the first round of pick_from over every peer in one loop, which moves every peer's
 -- round robin weight at once; a rejection takes the weights back (the old ones, kept
@@ -1083,6 +1181,12 @@ local function pick(self, tried)
   if tried ~= nil then
     self._clean = 0
     if next(tried) == nil then return pick_from(self, tried, now, nil) end
+    local n = self._n
+    if n == 1 and tried[self._peers[1]] then return retry_few(self, tried, now, 1) end
+    if n == 2 then  -- (one tried, the other not)
+      local t1, t2 = tried[self._peers[1]] or false, tried[self._peers[2]] or false
+      if t1 ~= t2 then return retry_few(self, tried, now, t1 and 2 or 1) end
+    end
     return pick_retry(self, tried, now)
   end
   local peers = self._peers
@@ -1092,6 +1196,13 @@ local function pick(self, tried)
     local c1, c2 = p1.cur + p1.weight, p2.cur + p2.weight
     p1.cur, p2.cur, total = c1, c2, p1.weight + p2.weight
     if c2 > c1 then best = 2 end
+  elseif now == nil and self._n == 3 then  -- (the same for three: a loop of three was blacklisted)
+    local p1, p2, p3 = peers[1], peers[2], peers[3]
+    local c1, c2, c3 = p1.cur + p1.weight, p2.cur + p2.weight, p3.cur + p3.weight
+    p1.cur, p2.cur, p3.cur, total = c1, c2, c3, p1.weight + p2.weight + p3.weight
+    bestv = c1
+    if c2 > bestv then best, bestv = 2, c2 end
+    if c3 > bestv then best = 3 end
   elseif now == nil then  -- no ramp: each weight is the peer's own
     for i = 1, self._n do
       local p = peers[i]
@@ -1099,6 +1210,23 @@ local function pick(self, tried)
       local c = p.cur + w
       p.cur, total = c, total + w
       if c > bestv then best, bestv = i, c end
+    end
+  elseif self._n <= 3 then  -- (a ramp: the same, written out for up to three peers)
+    local old, ss, n = self._old, self._slow_start, self._n
+    local p1 = peers[1]
+    local w1, c1 = weight_of(p1, now, ss), p1.cur
+    old[1], p1.cur, total, bestv = c1, c1 + w1, w1, c1 + w1
+    if n >= 2 then
+      local p2 = peers[2]
+      local w2, c2 = weight_of(p2, now, ss), p2.cur
+      old[2], p2.cur, total = c2, c2 + w2, total + w2
+      if c2 + w2 > bestv then best, bestv = 2, c2 + w2 end
+    end
+    if n == 3 then
+      local p3 = peers[3]
+      local w3, c3 = weight_of(p3, now, ss), p3.cur
+      old[3], p3.cur, total = c3, c3 + w3, total + w3
+      if c3 + w3 > bestv then best = 3 end
     end
   else
     local old, ss = self._old, self._slow_start
@@ -1118,7 +1246,7 @@ local function pick(self, tried)
     if not ticket then count(self, self._dkey) end
     local clean = now == nil and self._sched and self._clean + 1 or 0
     if clean >= self._total then  -- a whole cycle admitted at the first ask: the schedule again
-      for i = 1, self._n do peers[i].cur = 0 end
+      set_cur(peers, self._n, ZEROS)
       self._pos, clean = 0, 0
     end
     self._clean = clean
@@ -1128,11 +1256,14 @@ local function pick(self, tried)
   if now == nil and self._n == 2 then
     local p1, p2 = peers[1], peers[2]
     p1.cur, p2.cur = p1.cur - p1.weight, p2.cur - p2.weight
+  elseif now == nil and self._n == 3 then
+    local p1, p2, p3 = peers[1], peers[2], peers[3]
+    p1.cur, p2.cur, p3.cur = p1.cur - p1.weight, p2.cur - p2.weight, p3.cur - p3.weight
   elseif now == nil then
     -- (whole numbers: exact; after a ramp made them fractional, within a rounding)
     for i = 1, self._n do local q = peers[i]; q.cur = q.cur - q.weight end
   else
-    for i = 1, self._n do peers[i].cur = self._old[i] end
+    set_cur(peers, self._n, self._old)
   end
   return rejected_first(self, now, best)
 end
