@@ -330,13 +330,15 @@ describe("fuse #ffi", function()
     pool:close()
   end)
 
-  -- Picks in pools of one to three peers off their schedule (fuse.upstream's round robin
+  -- Picks in pools of one to five peers off their schedule (fuse.upstream's round robin
   -- runs from a fixed cycle while every pick is admitted at the first ask): retries (one
   -- peer tried), slow-start ramps, open peers. Their loops over the peers ran once to
   -- three times per pick, and LuaJIT blacklisted them, and with them rounds, pick_from,
   -- pick_retry, pick and pool:pick (under nginx: the balancer interpreted for the
-  -- worker's life): with one or two peers, every retry blacklisted them within 100,000.
-  it("no function of fuse.upstream is blacklisted after 100,000 picks in pools of one to three peers, "
+  -- worker's life): with one or two peers, every retry blacklisted them within 100,000;
+  -- with three to five, a retry, a ramp or open peers did in some runs. rounds' loop
+  -- around its rounds (entered on every call) got it blacklisted with four or five.
+  it("no function of fuse.upstream is blacklisted after 100,000 picks in pools of one to five peers, "
     .. "with retries, a ramp or open peers", function()
     local upstream = require "fuse.upstream"
     local cases = {
@@ -348,6 +350,12 @@ describe("fuse #ffi", function()
       { name = "s12-open33", n = 3, open = { 3 } },
       { name = "s12-open312", n = 3, open = { 1, 2 } },
       { name = "s12-ramp3", n = 3, ramp = 2 },
+      { name = "s12-retry3", n = 3, retry = 2 },      -- every pick a retry, peer 2 tried
+      { name = "s12-every31", n = 3, every = 1 },     -- a first try and a retry of it, every request
+      { name = "s12-every11", n = 1, every = 1 },
+      { name = "s12-open412", n = 4, open = { 1, 2 } },
+      { name = "s12-open44", n = 4, open = { 4 } },
+      { name = "s12-open53", n = 5, open = { 3 } },
     }
     local pools, callers = {}, {}
     for k, c in ipairs(cases) do
@@ -396,7 +404,9 @@ describe("fuse #ffi", function()
     -- of its weight; every third request's retry takes a turn of the round robin
     local N, half = INTERPRETED_CALLS, INTERPRETED_CALLS / 2
     assert.same({ tostring(N), "0 " .. N, "66666 33334", "9091 90909", "0 " .. half .. " " .. half,
-      half .. " " .. half .. " 0", "0 0 " .. N, "47619 4762 47619" }, got)
+      half .. " " .. half .. " 0", "0 0 " .. N, "47619 4762 47619", half .. " 0 " .. half,
+      half .. " 0 " .. half, tostring(N), "0 0 50001 49999", "33334 33333 33333 0",
+      "25000 25000 0 25000 25000" }, got)
     assert_none_blacklisted(jit_support.fuse_roots(pools), aborts)
     for _, pool in ipairs(pools) do pool:close() end
   end)

@@ -886,74 +886,77 @@ local function weight_of(p, now, ss)
   return w
 end
 
--- pick_from's rounds, from its arrays and state as set up (see pick_from).
+-- pick_from's rounds, from its arrays and state as set up (see pick_from): one round, and
+-- the next by a tail call. (A `while true` loop around the rounds was entered on every
+-- call and mostly ran once: traces begun at it left it, and traces begun at rounds' entry
+-- aborted there, "inner loop in root trace"; LuaJIT blacklisted rounds in pools of four
+-- or five peers with open peers.)
 local function rounds(self, now, only, strict, nbusy, known, fallback, retry)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
   local busy = self._busy
   local n = #peers
   local ss = self._slow_start
-  while true do
-    local best, bestv, total = nil, -huge, 0
-    local nopan = false  -- the panic peers stay out of this round's round robin step
-    if retry and known then
-      for i = 1, n do
-        if not ex[i] and not skip[i] and not pan[i] then
-          local p = peers[i]
-          if p.cur + p.weight > bestv then best, bestv = i, p.cur + p.weight end
-        end
-      end
-      -- (this round only: when that peer rejects the try, the panic peers are candidates
-      -- again, before the tried peers come back)
-      nopan = best ~= nil
-      best, bestv = nil, -huge
-    end
+  local best, bestv, total = nil, -huge, 0
+  local nopan = false  -- the panic peers stay out of this round's round robin step
+  if retry and known then
     for i = 1, n do
-      if not ex[i] and not skip[i] and not (nopan and pan[i]) then
+      if not ex[i] and not skip[i] and not pan[i] then
         local p = peers[i]
-        local w = weight_of(p, now, ss)
-        p.w = w
-        total = total + w
-        if p.cur + w > bestv then best, bestv = i, p.cur + w end
+        if p.cur + p.weight > bestv then best, bestv = i, p.cur + p.weight end
       end
     end
-    if not best then
-      if only then return nil, huge end
-      if not fallback then  -- every untried peer skipped: back to the tried ones
-        fallback = true
-        for i = 1, n do ex[i] = false end
-      elseif strict and nbusy > 0 then  -- only busy peers left out: counted as open now
-        strict = false
-        decide(self, n, strict)
-      else
-        return nil, soonest(self, n)
-      end
-    else
-      -- the `only` round of a retry (pick_retry: the untried peers without failures)
-      -- takes no panic pick: an open peer whose window emptied counts no failure, and the
-      -- retry's own pick prefers any admitted peer to it
-      if only and pan[best] then return nil, huge end
-      local p = peers[best]
-      local ticket
-      if not pan[best] then ticket = p.b:allow() end
-      if ticket or pan[best] or not self._enforce then
-        for i = 1, n do
-          local q = peers[i]
-          if not ex[i] and not skip[i] and not (nopan and pan[i]) then q.cur = q.cur + q.w end
-        end
-        p.cur = p.cur - total
-        if not ticket then count(self, pan[best] and self._pkey or self._dkey) end
-        return p, ticket
-      end
-      -- rejected: the open set decides whether it is skipped or picked as if closed
-      if not known then
-        known = true
-        for i = 1, n do open[i] = is_open(peers[i].b) end
-      end
-      if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
-      if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
-      decide(self, n, strict)
+    -- (this round only: when that peer rejects the try, the panic peers are candidates
+    -- again, before the tried peers come back)
+    nopan = best ~= nil
+    best, bestv = nil, -huge
+  end
+  for i = 1, n do
+    if not ex[i] and not skip[i] and not (nopan and pan[i]) then
+      local p = peers[i]
+      local w = weight_of(p, now, ss)
+      p.w = w
+      total = total + w
+      if p.cur + w > bestv then best, bestv = i, p.cur + w end
     end
   end
+  if not best then
+    if only then return nil, huge end
+    if not fallback then  -- every untried peer skipped: back to the tried ones
+      fallback = true
+      for i = 1, n do ex[i] = false end
+    elseif strict and nbusy > 0 then  -- only busy peers left out: counted as open now
+      strict = false
+      decide(self, n, strict)
+    else
+      return nil, soonest(self, n)
+    end
+  else
+    -- the `only` round of a retry (pick_retry: the untried peers without failures)
+    -- takes no panic pick: an open peer whose window emptied counts no failure, and the
+    -- retry's own pick prefers any admitted peer to it
+    if only and pan[best] then return nil, huge end
+    local p = peers[best]
+    local ticket
+    if not pan[best] then ticket = p.b:allow() end
+    if ticket or pan[best] or not self._enforce then
+      for i = 1, n do
+        local q = peers[i]
+        if not ex[i] and not skip[i] and not (nopan and pan[i]) then q.cur = q.cur + q.w end
+      end
+      p.cur = p.cur - total
+      if not ticket then count(self, pan[best] and self._pkey or self._dkey) end
+      return p, ticket
+    end
+    -- rejected: the open set decides whether it is skipped or picked as if closed
+    if not known then
+      known = true
+      for i = 1, n do open[i] = is_open(peers[i].b) end
+    end
+    if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
+    if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
+    decide(self, n, strict)
+  end
+  return rounds(self, now, only, strict, nbusy, known, fallback, retry)  -- the next round
 end
 
 -- One pick for a try (no nginx needed): smooth weighted round robin over the peers not
@@ -1146,6 +1149,40 @@ local function retry_few(self, tried, now, u)
   return rounds(self, now, nil, true, nbusy, true, n == 1, true)
 end
 
+-- retry_few for a pool of three peers whose one tried peer is peer t (`tried` holds no
+-- other of them): pick_retry's first round, written out, when its untried peers u and v
+-- both count failures or neither does (then it has no `only` round); else pick_retry.
+local function retry_three(self, tried, now, t)
+  local peers, ex, skip, pan, open, busy = self._peers, self._ex, self._skip, self._pan, self._open, self._busy
+  local u, v = t == 1 and 2 or 1, t == 3 and 2 or 3
+  local pu, pv = peers[u], peers[v]
+  if (failures_of(pu.b) > 0) ~= (failures_of(pv.b) > 0) then return pick_retry(self, tried, now) end
+  ex[1], ex[2], ex[3] = false, false, false
+  ex[t] = true
+  skip[1], skip[2], skip[3], pan[1], pan[2], pan[3] = false, false, false, false, false, false
+  open[1], open[2], open[3], busy[1], busy[2], busy[3] = false, false, false, false, false, false
+  local ss = self._slow_start
+  local wu, wv = weight_of(pu, now, ss), weight_of(pv, now, ss)
+  pu.w, pv.w = wu, wv
+  local total = wu + wv
+  local best, p = u, pu
+  if pv.cur + wv > pu.cur + wu then best, p = v, pv end
+  local ticket = p.allow(p.b)
+  if ticket or not self._enforce then
+    pu.cur, pv.cur = pu.cur + wu, pv.cur + wv
+    p.cur = p.cur - total
+    if not ticket then count(self, self._dkey) end
+    return p, ticket
+  end
+  -- rejected: as rounds goes on after a rejection
+  open[1], open[2], open[3] = is_open(peers[1].b), is_open(peers[2].b), is_open(peers[3].b)
+  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
+  local nbusy = 0
+  if not open[best] then busy[best], nbusy = true, 1 end
+  decide(self, 3, true)
+  return rounds(self, now, nil, true, nbusy, true, false, true)
+end
+
 -- peers[i].cur = v[i] for the n peers: written out for up to three (see pick_two).
 local ZEROS = { 0, 0, 0 }
 local function set_cur(peers, n, v)
@@ -1186,6 +1223,10 @@ local function pick(self, tried)
     if n == 2 then  -- (one tried, the other not)
       local t1, t2 = tried[self._peers[1]] or false, tried[self._peers[2]] or false
       if t1 ~= t2 then return retry_few(self, tried, now, t1 and 2 or 1) end
+    elseif n == 3 then  -- (one tried)
+      local ps = self._peers
+      local t1, t2, t3 = tried[ps[1]] and 1 or 0, tried[ps[2]] and 1 or 0, tried[ps[3]] and 1 or 0
+      if t1 + t2 + t3 == 1 then return retry_three(self, tried, now, t1 == 1 and 1 or t2 == 1 and 2 or 3) end
     end
     return pick_retry(self, tried, now)
   end
@@ -1196,13 +1237,17 @@ local function pick(self, tried)
     local c1, c2 = p1.cur + p1.weight, p2.cur + p2.weight
     p1.cur, p2.cur, total = c1, c2, p1.weight + p2.weight
     if c2 > c1 then best = 2 end
-  elseif now == nil and self._n == 3 then  -- (the same for three: a loop of three was blacklisted)
-    local p1, p2, p3 = peers[1], peers[2], peers[3]
-    local c1, c2, c3 = p1.cur + p1.weight, p2.cur + p2.weight, p3.cur + p3.weight
-    p1.cur, p2.cur, p3.cur, total = c1, c2, c3, p1.weight + p2.weight + p3.weight
-    bestv = c1
-    if c2 > bestv then best, bestv = 2, c2 end
-    if c3 > bestv then best = 3 end
+  elseif now == nil and self._n <= 3 then  -- (the same for one or three: such loops were blacklisted)
+    local p1 = peers[1]
+    local c1 = p1.cur + p1.weight
+    p1.cur, total, bestv = c1, p1.weight, c1
+    if self._n == 3 then
+      local p2, p3 = peers[2], peers[3]
+      local c2, c3 = p2.cur + p2.weight, p3.cur + p3.weight
+      p2.cur, p3.cur, total = c2, c3, total + p2.weight + p3.weight
+      if c2 > bestv then best, bestv = 2, c2 end
+      if c3 > bestv then best = 3 end
+    end
   elseif now == nil then  -- no ramp: each weight is the peer's own
     for i = 1, self._n do
       local p = peers[i]
@@ -1256,9 +1301,13 @@ local function pick(self, tried)
   if now == nil and self._n == 2 then
     local p1, p2 = peers[1], peers[2]
     p1.cur, p2.cur = p1.cur - p1.weight, p2.cur - p2.weight
-  elseif now == nil and self._n == 3 then
-    local p1, p2, p3 = peers[1], peers[2], peers[3]
-    p1.cur, p2.cur, p3.cur = p1.cur - p1.weight, p2.cur - p2.weight, p3.cur - p3.weight
+  elseif now == nil and self._n <= 3 then
+    local p1 = peers[1]
+    p1.cur = p1.cur - p1.weight
+    if self._n == 3 then
+      local p2, p3 = peers[2], peers[3]
+      p2.cur, p3.cur = p2.cur - p2.weight, p3.cur - p3.weight
+    end
   elseif now == nil then
     -- (whole numbers: exact; after a ramp made them fractional, within a rounding)
     for i = 1, self._n do local q = peers[i]; q.cur = q.cur - q.weight end
