@@ -800,6 +800,52 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal("open", b:peers()[1].state)
   end)
 
+  -- pool:log() and the balancer read nginx's $upstream_* lists with these (written
+  -- without string.gmatch, which LuaJIT does not compile): the runs of bytes other than
+  -- whitespace, ',' and ':', as gmatch("[^%s,:]+") found them
+  it("splits $upstream_* lists into their values, as gmatch(\"[^%s,:]+\") did", function()
+    local split, last = upstream._split, upstream._last_value
+    local function values(s)
+      local out, k = split(s, {})
+      return table.concat(out, "|", 1, k), k
+    end
+    local function gm(s)
+      local out = {}
+      for v in s:gmatch("[^%s,:]+") do out[#out + 1] = v end
+      return table.concat(out, "|"), #out
+    end
+    assert.same({ "", 0 }, { values(nil) })
+    assert.same({ "", 0 }, { values("") })
+    assert.same({ "-", 1 }, { values("-") })
+    assert.same({ "500|502|200", 3 }, { values("500, 502 : 200") })
+    assert.same({ "500|502|200", 3 }, { values("  500 ,  502  :200  ") })
+    assert.same({ "0.002|-", 2 }, { values("0.002, - : ") })
+    assert.same({ "1|2|3|4|5", 5 }, { values("1, 2, 3, 4, 5") })
+    assert.same({ "500|502", 2 }, { values("500,502") })
+    assert.same({ "500|x|200", 3 }, { values("500, x\t: 200") })
+    assert.is_nil(last(nil))
+    assert.is_nil(last(" : "))
+    assert.equal("-", last("0.002, - : "))
+    assert.equal("200", last("500, 502 : 200"))
+    -- any list: as gmatch (lists of the pieces nginx writes and of others)
+    local pieces = { "500", "-", "0.002", " ", ",", ":", ", ", " : ", "\t", "x", " 5", "0x1", "\n", "" }
+    local seed = 1
+    for _ = 1, 20000 do
+      local t = {}
+      for i = 1, seed % 7 do
+        seed = (seed * 1103515245 + 12345) % 2147483648
+        t[i] = pieces[seed % #pieces + 1]
+      end
+      seed = (seed * 1103515245 + 12345) % 2147483648
+      local s = table.concat(t)
+      local want, n = gm(s)
+      assert.same({ want, n }, { values(s) }, ("%q"):format(s))
+      local w = {}
+      for v in s:gmatch("[^%s,:]+") do w[#w + 1] = v end
+      assert.equal(w[#w], last(s), ("%q"):format(s))
+    end
+  end)
+
   it("default tries: min(#peers, 3)", function()
     assert.equal(2, upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2" }):tries())
     assert.equal(3, upstream.new(unique("p"), { "10.9.9.9:1", "10.9.9.9:2", "10.9.9.9:3", "10.9.9.9:4" }):tries())

@@ -37,7 +37,7 @@ local error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next 
   error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next
 local floor, huge, ceil, max, min = math.floor, math.huge, math.ceil, math.max, math.min
 local fmt, concat, sort = string.format, table.concat, table.sort
-local find, byte = string.find, string.byte
+local find, byte, sub = string.find, string.byte, string.sub
 local show = options.show  -- values in messages as fuse's own option errors show them
 
 local _M = { VERSION = fuse.VERSION }
@@ -492,6 +492,11 @@ local function to_cur(self)
   if not pos then return end
   self._pos, self._clean = false, 0
   local peers, w, sched, total = self._speers, self._sw, self._sched, self._stotal
+  if #w <= 2 then  -- (kept by make_sched: no loop, see pick_two)
+    peers[1].cur = self._scur1[pos + 1]
+    if #w == 2 then peers[2].cur = self._scur2[pos + 1] end
+    return
+  end
   for i = 1, #w do peers[i].cur = 0 end
   for k = 1, pos do
     for i = 1, #w do peers[i].cur = peers[i].cur + w[i] end
@@ -509,8 +514,12 @@ local function make_sched(self)
   self._sched, self._total, self._clean = false, total, 0
   if total * n > SCHED_MAX then return end
   local sched, w, cur = {}, {}, {}
+  -- (with one or two peers, their `cur` at each position, for to_cur)
+  local scur1, scur2 = n <= 2 and {} or false, n == 2 and {} or false
   for i = 1, n do w[i], cur[i] = peers[i].weight, 0 end
   for k = 1, total do  -- the first round of pick, with every peer admitted
+    if scur1 then scur1[k] = cur[1] end
+    if scur2 then scur2[k] = cur[2] end
     local best, bestv = 1, -huge
     for i = 1, n do
       local c = cur[i] + w[i]
@@ -521,6 +530,7 @@ local function make_sched(self)
     sched[k] = best
   end
   self._sched, self._sw, self._speers, self._stotal = sched, w, peers, total
+  self._scur1, self._scur2 = scur1, scur2
   if self._ramping then return end
   for i = 1, n do if peers[i].cur ~= 0 then return end end
   self._pos = 0
@@ -691,7 +701,7 @@ function _M.new(name, peers, opts)
     _gkey = pfx .. "g/" .. name, _gen = false, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
     _ex = {}, _skip = {}, _pan = {}, _open = {}, _busy = {}, _old = {}, _seen = -1, _seen_at = 0,
     _closed = false, _ramping = false, _ramp_end = false, _n = 0, _more = 0,
-    _pos = false, _sched = false, _total = 0, _clean = 0 }, Pool)
+    _pos = false, _sched = false, _total = 0, _clean = 0, _scur1 = false, _scur2 = false }, Pool)
   -- The phase methods are the pool's own fields: nginx runs a *_by_lua chunk in the
   -- interpreter (a chunk is a vararg function, which LuaJIT does not compile), where
   -- `pool:balance()` found through the metatable is a metamethod look-up every request.
@@ -876,74 +886,77 @@ local function weight_of(p, now, ss)
   return w
 end
 
--- pick_from's rounds, from its arrays and state as set up (see pick_from).
+-- pick_from's rounds, from its arrays and state as set up (see pick_from): one round, and
+-- the next by a tail call. (A `while true` loop around the rounds was entered on every
+-- call and mostly ran once: traces begun at it left it, and traces begun at rounds' entry
+-- aborted there, "inner loop in root trace"; LuaJIT blacklisted rounds in pools of four
+-- or five peers with open peers.)
 local function rounds(self, now, only, strict, nbusy, known, fallback, retry)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
   local busy = self._busy
   local n = #peers
   local ss = self._slow_start
-  while true do
-    local best, bestv, total = nil, -huge, 0
-    local nopan = false  -- the panic peers stay out of this round's round robin step
-    if retry and known then
-      for i = 1, n do
-        if not ex[i] and not skip[i] and not pan[i] then
-          local p = peers[i]
-          if p.cur + p.weight > bestv then best, bestv = i, p.cur + p.weight end
-        end
-      end
-      -- (this round only: when that peer rejects the try, the panic peers are candidates
-      -- again, before the tried peers come back)
-      nopan = best ~= nil
-      best, bestv = nil, -huge
-    end
+  local best, bestv, total = nil, -huge, 0
+  local nopan = false  -- the panic peers stay out of this round's round robin step
+  if retry and known then
     for i = 1, n do
-      if not ex[i] and not skip[i] and not (nopan and pan[i]) then
+      if not ex[i] and not skip[i] and not pan[i] then
         local p = peers[i]
-        local w = weight_of(p, now, ss)
-        p.w = w
-        total = total + w
-        if p.cur + w > bestv then best, bestv = i, p.cur + w end
+        if p.cur + p.weight > bestv then best, bestv = i, p.cur + p.weight end
       end
     end
-    if not best then
-      if only then return nil, huge end
-      if not fallback then  -- every untried peer skipped: back to the tried ones
-        fallback = true
-        for i = 1, n do ex[i] = false end
-      elseif strict and nbusy > 0 then  -- only busy peers left out: counted as open now
-        strict = false
-        decide(self, n, strict)
-      else
-        return nil, soonest(self, n)
-      end
-    else
-      -- the `only` round of a retry (pick_retry: the untried peers without failures)
-      -- takes no panic pick: an open peer whose window emptied counts no failure, and the
-      -- retry's own pick prefers any admitted peer to it
-      if only and pan[best] then return nil, huge end
-      local p = peers[best]
-      local ticket
-      if not pan[best] then ticket = p.b:allow() end
-      if ticket or pan[best] or not self._enforce then
-        for i = 1, n do
-          local q = peers[i]
-          if not ex[i] and not skip[i] and not (nopan and pan[i]) then q.cur = q.cur + q.w end
-        end
-        p.cur = p.cur - total
-        if not ticket then count(self, pan[best] and self._pkey or self._dkey) end
-        return p, ticket
-      end
-      -- rejected: the open set decides whether it is skipped or picked as if closed
-      if not known then
-        known = true
-        for i = 1, n do open[i] = is_open(peers[i].b) end
-      end
-      if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
-      if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
-      decide(self, n, strict)
+    -- (this round only: when that peer rejects the try, the panic peers are candidates
+    -- again, before the tried peers come back)
+    nopan = best ~= nil
+    best, bestv = nil, -huge
+  end
+  for i = 1, n do
+    if not ex[i] and not skip[i] and not (nopan and pan[i]) then
+      local p = peers[i]
+      local w = weight_of(p, now, ss)
+      p.w = w
+      total = total + w
+      if p.cur + w > bestv then best, bestv = i, p.cur + w end
     end
   end
+  if not best then
+    if only then return nil, huge end
+    if not fallback then  -- every untried peer skipped: back to the tried ones
+      fallback = true
+      for i = 1, n do ex[i] = false end
+    elseif strict and nbusy > 0 then  -- only busy peers left out: counted as open now
+      strict = false
+      decide(self, n, strict)
+    else
+      return nil, soonest(self, n)
+    end
+  else
+    -- the `only` round of a retry (pick_retry: the untried peers without failures)
+    -- takes no panic pick: an open peer whose window emptied counts no failure, and the
+    -- retry's own pick prefers any admitted peer to it
+    if only and pan[best] then return nil, huge end
+    local p = peers[best]
+    local ticket
+    if not pan[best] then ticket = p.b:allow() end
+    if ticket or pan[best] or not self._enforce then
+      for i = 1, n do
+        local q = peers[i]
+        if not ex[i] and not skip[i] and not (nopan and pan[i]) then q.cur = q.cur + q.w end
+      end
+      p.cur = p.cur - total
+      if not ticket then count(self, pan[best] and self._pkey or self._dkey) end
+      return p, ticket
+    end
+    -- rejected: the open set decides whether it is skipped or picked as if closed
+    if not known then
+      known = true
+      for i = 1, n do open[i] = is_open(peers[i].b) end
+    end
+    if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
+    if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
+    decide(self, n, strict)
+  end
+  return rounds(self, now, only, strict, nbusy, known, fallback, retry)  -- the next round
 end
 
 -- One pick for a try (no nginx needed): smooth weighted round robin over the peers not
@@ -1025,9 +1038,50 @@ local function pick_two(self, r)
   return rounds(self, nil, nil, true, nbusy, true, false, false)
 end
 
+-- pick_two for a pool of three peers (its loops over three peers were blacklisted too,
+-- with one or two of them open).
+local function pick_three(self, r)
+  local peers, ex, skip, pan, open, busy = self._peers, self._ex, self._skip, self._pan, self._open, self._busy
+  local p1, p2, p3 = peers[1], peers[2], peers[3]
+  local o1, o2, o3 = is_open(p1.b), is_open(p2.b), is_open(p3.b)
+  local b1, b2, b3 = r == 1 and not o1, r == 2 and not o2, r == 3 and not o3
+  local a = floor(self.max_ejected * 3 + 1e-9)
+  local s1, s2, s3, n1, n2, n3, taken = b1, b2, b3, false, false, false, 0
+  if o1 and not b1 then if taken < a then s1, taken = true, taken + 1 else n1 = true end end
+  if o2 and not b2 then if taken < a then s2, taken = true, taken + 1 else n2 = true end end
+  if o3 and not b3 then if taken < a then s3 = true else n3 = true end end
+  ex[1], ex[2], ex[3], open[1], open[2], open[3] = false, false, false, o1, o2, o3
+  busy[1], busy[2], busy[3] = b1, b2, b3
+  skip[1], skip[2], skip[3], pan[1], pan[2], pan[3] = s1, s2, s3, n1, n2, n3
+  local nbusy = (b1 or b2 or b3) and 1 or 0
+  local best, bestv = nil, -huge  -- the first round: the peer not skipped with the most (the first on a tie)
+  if not s1 then best, bestv = 1, p1.cur + p1.weight end
+  if not s2 and p2.cur + p2.weight > bestv then best, bestv = 2, p2.cur + p2.weight end
+  if not s3 and p3.cur + p3.weight > bestv then best = 3 end
+  if best == nil then return rounds(self, nil, nil, true, nbusy, true, false, false) end
+  local p, panic = peers[best], pan[best]
+  local ticket = nil
+  if not panic then ticket = p.allow(p.b) end
+  if ticket or panic or not self._enforce then
+    local total = (s1 and 0 or p1.weight) + (s2 and 0 or p2.weight) + (s3 and 0 or p3.weight)
+    if not s1 then p1.cur = p1.cur + p1.weight end
+    if not s2 then p2.cur = p2.cur + p2.weight end
+    if not s3 then p3.cur = p3.cur + p3.weight end
+    p.cur = p.cur - total
+    if not ticket then count(self, panic and self._pkey or self._dkey) end
+    return p, ticket
+  end
+  -- rejected too: as rounds goes on after a rejection
+  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
+  if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
+  decide(self, 3, true)
+  return rounds(self, nil, nil, true, nbusy, true, false, false)
+end
+
 -- pick_from(self, nil, now, r): a first try goes on after peer r rejected it.
 local function rejected_first(self, now, r)
   if now == nil and self._n == 2 then return pick_two(self, r) end
+  if now == nil and self._n == 3 then return pick_three(self, r) end
   return pick_from(self, nil, now, r)
 end
 
@@ -1060,6 +1114,87 @@ local function pick_retry(self, tried, now)
   return pick_from(self, tried, now, nil)
 end
 
+-- A retry's pick in a pool of one or two peers whose one untried peer is peer u (the
+-- other, if any, tried): pick_retry's, written out without a loop for its first round
+-- (pick_retry has no `only` round with one untried peer, and pick_from's first round
+-- asks that peer alone; with one peer, tried, pick_from goes back to it at once). What
+-- follows a rejection goes on in rounds, as there. (A loop that runs once or twice per
+-- call cannot start a trace, "leaving loop in root trace": with one or two peers, a
+-- retry's loops were blacklisted, and with them pick_from, pick and pool:pick, whose
+-- every later pick then ran interpreted, first tries too.)
+local function retry_few(self, tried, now, u)
+  local peers, ex, skip, pan, open, busy = self._peers, self._ex, self._skip, self._pan, self._open, self._busy
+  local n = self._n
+  local p = peers[u]
+  ex[1], skip[1], pan[1], open[1], busy[1] = false, false, false, false, false
+  if n == 2 then
+    ex[u], ex[3 - u] = false, tried[peers[3 - u]] or false
+    skip[2], pan[2], open[2], busy[2] = false, false, false, false
+  end
+  local w = weight_of(p, now, self._slow_start)
+  p.w = w
+  local ticket = p.allow(p.b)
+  if ticket or not self._enforce then
+    p.cur = (p.cur + w) - w  -- (as rounds: its weight added, then the total, its own, taken)
+    if not ticket then count(self, self._dkey) end
+    return p, ticket
+  end
+  -- rejected: as rounds goes on after a rejection
+  open[1] = is_open(peers[1].b)
+  if n == 2 then open[2] = is_open(peers[2].b) end
+  if not open[u] and is_open(p.b) then open[u] = true end  -- (opened since the read)
+  local nbusy = 0
+  if not open[u] then busy[u], nbusy = true, 1 end
+  decide(self, n, true)
+  return rounds(self, now, nil, true, nbusy, true, n == 1, true)
+end
+
+-- retry_few for a pool of three peers whose one tried peer is peer t (`tried` holds no
+-- other of them): pick_retry's first round, written out, when its untried peers u and v
+-- both count failures or neither does (then it has no `only` round); else pick_retry.
+local function retry_three(self, tried, now, t)
+  local peers, ex, skip, pan, open, busy = self._peers, self._ex, self._skip, self._pan, self._open, self._busy
+  local u, v = t == 1 and 2 or 1, t == 3 and 2 or 3
+  local pu, pv = peers[u], peers[v]
+  if (failures_of(pu.b) > 0) ~= (failures_of(pv.b) > 0) then return pick_retry(self, tried, now) end
+  ex[1], ex[2], ex[3] = false, false, false
+  ex[t] = true
+  skip[1], skip[2], skip[3], pan[1], pan[2], pan[3] = false, false, false, false, false, false
+  open[1], open[2], open[3], busy[1], busy[2], busy[3] = false, false, false, false, false, false
+  local ss = self._slow_start
+  local wu, wv = weight_of(pu, now, ss), weight_of(pv, now, ss)
+  pu.w, pv.w = wu, wv
+  local total = wu + wv
+  local best, p = u, pu
+  if pv.cur + wv > pu.cur + wu then best, p = v, pv end
+  local ticket = p.allow(p.b)
+  if ticket or not self._enforce then
+    pu.cur, pv.cur = pu.cur + wu, pv.cur + wv
+    p.cur = p.cur - total
+    if not ticket then count(self, self._dkey) end
+    return p, ticket
+  end
+  -- rejected: as rounds goes on after a rejection
+  open[1], open[2], open[3] = is_open(peers[1].b), is_open(peers[2].b), is_open(peers[3].b)
+  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
+  local nbusy = 0
+  if not open[best] then busy[best], nbusy = true, 1 end
+  decide(self, 3, true)
+  return rounds(self, now, nil, true, nbusy, true, false, true)
+end
+
+-- peers[i].cur = v[i] for the n peers: written out for up to three (see pick_two).
+local ZEROS = { 0, 0, 0 }
+local function set_cur(peers, n, v)
+  if n <= 3 then
+    peers[1].cur = v[1]
+    if n >= 2 then peers[2].cur = v[2] end
+    if n == 3 then peers[3].cur = v[3] end
+    return
+  end
+  for i = 1, n do peers[i].cur = v[i] or 0 end
+end
+
 -- A pick. A request's first try (nothing tried) on the schedule is its next entry. Else
 -- the first round of pick_from over every peer in one loop, which moves every peer's
 -- round robin weight at once; a rejection takes the weights back (the old ones, kept
@@ -1083,6 +1218,16 @@ local function pick(self, tried)
   if tried ~= nil then
     self._clean = 0
     if next(tried) == nil then return pick_from(self, tried, now, nil) end
+    local n = self._n
+    if n == 1 and tried[self._peers[1]] then return retry_few(self, tried, now, 1) end
+    if n == 2 then  -- (one tried, the other not)
+      local t1, t2 = tried[self._peers[1]] or false, tried[self._peers[2]] or false
+      if t1 ~= t2 then return retry_few(self, tried, now, t1 and 2 or 1) end
+    elseif n == 3 then  -- (one tried)
+      local ps = self._peers
+      local t1, t2, t3 = tried[ps[1]] and 1 or 0, tried[ps[2]] and 1 or 0, tried[ps[3]] and 1 or 0
+      if t1 + t2 + t3 == 1 then return retry_three(self, tried, now, t1 == 1 and 1 or t2 == 1 and 2 or 3) end
+    end
     return pick_retry(self, tried, now)
   end
   local peers = self._peers
@@ -1092,6 +1237,17 @@ local function pick(self, tried)
     local c1, c2 = p1.cur + p1.weight, p2.cur + p2.weight
     p1.cur, p2.cur, total = c1, c2, p1.weight + p2.weight
     if c2 > c1 then best = 2 end
+  elseif now == nil and self._n <= 3 then  -- (the same for one or three: such loops were blacklisted)
+    local p1 = peers[1]
+    local c1 = p1.cur + p1.weight
+    p1.cur, total, bestv = c1, p1.weight, c1
+    if self._n == 3 then
+      local p2, p3 = peers[2], peers[3]
+      local c2, c3 = p2.cur + p2.weight, p3.cur + p3.weight
+      p2.cur, p3.cur, total = c2, c3, total + p2.weight + p3.weight
+      if c2 > bestv then best, bestv = 2, c2 end
+      if c3 > bestv then best = 3 end
+    end
   elseif now == nil then  -- no ramp: each weight is the peer's own
     for i = 1, self._n do
       local p = peers[i]
@@ -1099,6 +1255,23 @@ local function pick(self, tried)
       local c = p.cur + w
       p.cur, total = c, total + w
       if c > bestv then best, bestv = i, c end
+    end
+  elseif self._n <= 3 then  -- (a ramp: the same, written out for up to three peers)
+    local old, ss, n = self._old, self._slow_start, self._n
+    local p1 = peers[1]
+    local w1, c1 = weight_of(p1, now, ss), p1.cur
+    old[1], p1.cur, total, bestv = c1, c1 + w1, w1, c1 + w1
+    if n >= 2 then
+      local p2 = peers[2]
+      local w2, c2 = weight_of(p2, now, ss), p2.cur
+      old[2], p2.cur, total = c2, c2 + w2, total + w2
+      if c2 + w2 > bestv then best, bestv = 2, c2 + w2 end
+    end
+    if n == 3 then
+      local p3 = peers[3]
+      local w3, c3 = weight_of(p3, now, ss), p3.cur
+      old[3], p3.cur, total = c3, c3 + w3, total + w3
+      if c3 + w3 > bestv then best = 3 end
     end
   else
     local old, ss = self._old, self._slow_start
@@ -1118,7 +1291,7 @@ local function pick(self, tried)
     if not ticket then count(self, self._dkey) end
     local clean = now == nil and self._sched and self._clean + 1 or 0
     if clean >= self._total then  -- a whole cycle admitted at the first ask: the schedule again
-      for i = 1, self._n do peers[i].cur = 0 end
+      set_cur(peers, self._n, ZEROS)
       self._pos, clean = 0, 0
     end
     self._clean = clean
@@ -1128,11 +1301,18 @@ local function pick(self, tried)
   if now == nil and self._n == 2 then
     local p1, p2 = peers[1], peers[2]
     p1.cur, p2.cur = p1.cur - p1.weight, p2.cur - p2.weight
+  elseif now == nil and self._n <= 3 then
+    local p1 = peers[1]
+    p1.cur = p1.cur - p1.weight
+    if self._n == 3 then
+      local p2, p3 = peers[2], peers[3]
+      p2.cur, p3.cur = p2.cur - p2.weight, p3.cur - p3.weight
+    end
   elseif now == nil then
     -- (whole numbers: exact; after a ramp made them fractional, within a rounding)
     for i = 1, self._n do local q = peers[i]; q.cur = q.cur - q.weight end
   else
-    for i = 1, self._n do peers[i].cur = self._old[i] end
+    set_cur(peers, self._n, self._old)
   end
   return rejected_first(self, now, best)
 end
@@ -1400,20 +1580,76 @@ function Pool:access()
   return ngx.exit(503)
 end
 
--- The comma/colon-separated per-try values of an $upstream_* variable, in order.
-local function split(s, out)
-  local n = 0
-  if s then
-    for v in s:gmatch("[^%s,:]+") do n = n + 1; out[n] = v end
+-- The per-try values of an $upstream_* variable ("502, 200 : 200"), in order: its runs
+-- of bytes other than whitespace, ',' and ':', put in out[1..k]; returns out, k. Without
+-- string.gmatch or a pattern (LuaJIT compiles neither: a trace through them ends or
+-- aborts there), and without a loop for lists of up to three values in nginx's form: a
+-- loop that runs once or twice per call cannot start a trace ("leaving loop in root
+-- trace"), and LuaJIT blacklisted it, and then the log phase and the balancer that call
+-- it, on the requests with retries, those of a sick peer. nginx joins the tries of an
+-- upstream with ", " and upstreams with " : "; anything else goes byte by byte (runs).
+
+-- The values of s from byte i on (n = #s), byte by byte, after out[1..k]; out, k.
+local function runs(s, i, n, out, k)
+  local start = nil
+  for j = i, n do
+    local c = byte(s, j)
+    if c == 32 or c == 44 or c == 58 or (c >= 9 and c <= 13) then  -- (%s: 9 to 13 and 32)
+      if start then k = k + 1; out[k] = sub(s, start, j - 1); start = nil end
+    elseif not start then
+      start = j
+    end
   end
-  return out, n
+  if start then k = k + 1; out[k] = sub(s, start, n) end
+  return out, k
 end
+
+-- The entry of s that starts at byte i, in nginx's form: a value ("-" or a number, whose
+-- bytes hold no separator) or nothing, then ", ", " : " or the end. Puts the value in
+-- out[k + 1]; returns the new count and where the next entry starts (nil after the last),
+-- or nil where s is not in that form (the caller goes on byte by byte from i).
+local function take_value(s, i, n, out, k)
+  local e, nx = n, nil
+  local sp = find(s, " ", i, true)
+  if sp then
+    if byte(s, sp - 1) == 44 then e, nx = sp - 2, sp + 1  -- (s[i - 1] is a space, never ',')
+    elseif byte(s, sp + 1) == 58 and byte(s, sp + 2) == 32 then e, nx = sp - 1, sp + 3
+    else return nil end
+  end
+  if e < i then return k, nx end  -- an empty entry: no value
+  local v = sub(s, i, e)
+  -- (tonumber takes no separator inside a number, only whitespace around it)
+  if v ~= "-" and not (byte(v, 1) > 32 and byte(v, -1) > 32 and tonumber(v)) then return nil end
+  out[k + 1] = v
+  return k + 1, nx
+end
+
+local function split(s, out)
+  if s == nil then return out, 0 end
+  local n = #s
+  local k1, i1 = take_value(s, 1, n, out, 0)
+  if k1 == nil then return runs(s, 1, n, out, 0) end
+  if i1 == nil then return out, k1 end
+  local k2, i2 = take_value(s, i1, n, out, k1)
+  if k2 == nil then return runs(s, i1, n, out, k1) end
+  if i2 == nil then return out, k2 end
+  local k3, i3 = take_value(s, i2, n, out, k2)
+  if k3 == nil then return runs(s, i2, n, out, k2) end
+  if i3 == nil then return out, k3 end
+  return runs(s, i3, n, out, k3)  -- a fourth value on
+end
+_M._split = split  -- for the specs
 
 local function judge(self, try, code, header, seconds)
   local answered = header ~= nil and header ~= "-"
   local class, ok = classify(self, code, answered, try.failure)
   if class then return failed(self, try, class, seconds) end
   return succeeded(try, ok, seconds)
+end
+
+-- Try `try`, unless judged already, from entry j of the split lists.
+local function judge_at(self, try, j, statuses, headers, times)
+  if not try.done then judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j])) end
 end
 
 -- The tries of record `rec` that nothing judged yet, from the $upstream_status,
@@ -1427,23 +1663,25 @@ local function judge_tries(self, rec, status, header, response, whole)
   local base = rec.before
   if whole and ns < base + rec.n then return ns end
   local headers, times = split(header, {}), split(response, {})
-  for k = 1, rec.n do
-    local try = rec[k]
-    if not try.done then
-      local j = base + k
-      judge(self, try, tonumber(statuses[j]), headers[j], tonumber(times[j]))
-    end
-  end
+  -- the first three tries written out (a loop over a request's two tries was blacklisted:
+  -- see split)
+  local n = rec.n
+  if n >= 1 then judge_at(self, rec[1], base + 1, statuses, headers, times) end
+  if n >= 2 then judge_at(self, rec[2], base + 2, statuses, headers, times) end
+  if n >= 3 then judge_at(self, rec[3], base + 3, statuses, headers, times) end
+  for k = 4, n do judge_at(self, rec[k], base + k, statuses, headers, times) end
   return ns
 end
 
 -- The last per-try value of an $upstream_* list ("0.002, - : " in the balancer: the tries
 -- so far, then the current one's empty entry).
+local LAST = {}  -- (last_value's list: a request's balancer runs to its end before another's)
 local function last_value(s)
-  local v
-  if s then for x in s:gmatch("[^%s,:]+") do v = x end end
-  return v
+  local t, k = split(s, LAST)
+  if k == 0 then return nil end
+  return t[k]
 end
+_M._last_value = last_value  -- for the specs
 
 -- nginx is retrying: the previous try failed ("failed": no connection, a timeout, or a
 -- status in proxy_next_upstream; "next": 403/404 with http_403/http_404). A failure is
@@ -1532,6 +1770,21 @@ local function other_peer(self, rec, tried, peer, ticket, err)
   error("fuse.upstream: pool '" .. self.name .. "': nginx refused every peer (set_current_peer failed)")
 end
 
+-- The peers request record `rec` tried (a retry's), as peer -> true: the first two tries
+-- written out, and the refused peers only when there are some (a loop that runs once per
+-- call, or a pairs() over an empty table, cannot start a trace: "leaving loop in root
+-- trace"; LuaJIT blacklisted both, and then pool:balance(), on every retry).
+local function tried_of(rec)
+  local tried, n = {}, rec.n
+  if n >= 1 then tried[rec.peer] = true end  -- (rec[1] is rec)
+  if n >= 2 then tried[rec[2].peer] = true end
+  for k = 3, n do tried[rec[k].peer] = true end
+  if rec.refused then
+    for p in pairs(rec.refused) do tried[p] = true end
+  end
+  return tried
+end
+
 -- pool:balance(), in balancer_by_lua*: runs once per try.
 function Pool:balance()
   if not balancer then error("fuse.upstream: pool:balance() runs in nginx's balancer_by_lua*", 2) end
@@ -1569,11 +1822,7 @@ function Pool:balance()
     judge_previous(self, rec, state, code)
   end
   local tried = nil
-  if rec.n > 0 or rec.refused then  -- a retry: the peers this request tried
-    tried = {}
-    for k = 1, rec.n do tried[rec[k].peer] = true end
-    for p in pairs(rec.refused or {}) do tried[p] = true end
-  end
+  if rec.n > 0 or rec.refused then tried = tried_of(rec) end  -- a retry
   if self._closed then
     ngx.log(ngx.ERR, "fuse.upstream: pool '", self.name, "' is closed (pool:close()): no peer for this request")
     return ngx.exit(ngx.ERROR)
