@@ -997,6 +997,32 @@ local function pick_from(self, tried, now, rejected, only)
   return rounds(self, now, only, strict, nbusy, known, fallback, retry)
 end
 
+-- The end of pick_two's and pick_three's first round (n peers, 2 or 3; s1 to s3: which
+-- are skipped, s3 true for two): peer `best` (nil: none) takes the pick, or, rejected,
+-- the rounds go on as pick_from's do after a rejection.
+local function first_round_end(self, n, best, nbusy, s1, s2, s3)
+  if best == nil then return rounds(self, nil, nil, true, nbusy, true, false, false) end
+  local peers, open, busy = self._peers, self._open, self._busy
+  local p, panic = peers[best], self._pan[best]
+  local ticket = nil
+  if not panic then ticket = p.allow(p.b) end
+  if ticket or panic or not self._enforce then
+    local p1, p2, p3 = peers[1], peers[2], peers[3]
+    local total = (s1 and 0 or p1.weight) + (s2 and 0 or p2.weight) + (s3 and 0 or p3.weight)
+    if not s1 then p1.cur = p1.cur + p1.weight end
+    if not s2 then p2.cur = p2.cur + p2.weight end
+    if not s3 then p3.cur = p3.cur + p3.weight end
+    p.cur = p.cur - total
+    if not ticket then count(self, panic and self._pkey or self._dkey) end
+    return p, ticket
+  end
+  -- rejected too: as rounds goes on after a rejection
+  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
+  if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
+  decide(self, n, true)
+  return rounds(self, nil, nil, true, nbusy, true, false, false)
+end
+
 -- pick_from(self, nil, nil, r) in a pool of two peers: its set-up, decide and first round
 -- written out for the two, without a loop; what follows a second rejection goes on in
 -- rounds. (LuaJIT cannot start a trace at a loop that runs twice: "leaving loop in root
@@ -1019,23 +1045,7 @@ local function pick_two(self, r)
   local best = nil  -- the first round: the peer not skipped with the most (the first on a tie)
   if not s1 then best = 1 end
   if not s2 and (best == nil or p2.cur + p2.weight > p1.cur + p1.weight) then best = 2 end
-  if best == nil then return rounds(self, nil, nil, true, nbusy, true, false, false) end
-  local p, panic = peers[best], pan[best]
-  local ticket = nil
-  if not panic then ticket = p.allow(p.b) end
-  if ticket or panic or not self._enforce then
-    local total = (s1 and 0 or p1.weight) + (s2 and 0 or p2.weight)
-    if not s1 then p1.cur = p1.cur + p1.weight end
-    if not s2 then p2.cur = p2.cur + p2.weight end
-    p.cur = p.cur - total
-    if not ticket then count(self, panic and self._pkey or self._dkey) end
-    return p, ticket
-  end
-  -- rejected too: as rounds goes on after a rejection
-  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
-  if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
-  decide(self, 2, true)
-  return rounds(self, nil, nil, true, nbusy, true, false, false)
+  return first_round_end(self, 2, best, nbusy, s1, s2, true)
 end
 
 -- pick_two for a pool of three peers (its loops over three peers were blacklisted too,
@@ -1058,24 +1068,7 @@ local function pick_three(self, r)
   if not s1 then best, bestv = 1, p1.cur + p1.weight end
   if not s2 and p2.cur + p2.weight > bestv then best, bestv = 2, p2.cur + p2.weight end
   if not s3 and p3.cur + p3.weight > bestv then best = 3 end
-  if best == nil then return rounds(self, nil, nil, true, nbusy, true, false, false) end
-  local p, panic = peers[best], pan[best]
-  local ticket = nil
-  if not panic then ticket = p.allow(p.b) end
-  if ticket or panic or not self._enforce then
-    local total = (s1 and 0 or p1.weight) + (s2 and 0 or p2.weight) + (s3 and 0 or p3.weight)
-    if not s1 then p1.cur = p1.cur + p1.weight end
-    if not s2 then p2.cur = p2.cur + p2.weight end
-    if not s3 then p3.cur = p3.cur + p3.weight end
-    p.cur = p.cur - total
-    if not ticket then count(self, panic and self._pkey or self._dkey) end
-    return p, ticket
-  end
-  -- rejected too: as rounds goes on after a rejection
-  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
-  if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
-  decide(self, 3, true)
-  return rounds(self, nil, nil, true, nbusy, true, false, false)
+  return first_round_end(self, 3, best, nbusy, s1, s2, s3)
 end
 
 -- pick_from(self, nil, now, r): a first try goes on after peer r rejected it.
