@@ -2,13 +2,16 @@
 # bench/nginx_upstream.sh -- fuse.upstream against nginx's own balancer, side by side in
 # one run (`make bench-nginx`). Bounded: about 4 minutes.
 #
-# One nginx serves the fake peers (examples/nginx/peers.conf, 9 ports: a set of three
+# One nginx serves the fake peers (examples/nginx/peers.conf, 12 ports: a set of three
 # per side, so that the sides run at once and share the machine's load). A second nginx
 # (2 workers) fronts them, same timeouts and proxy_next_upstream everywhere:
 #   fuse     balancer_by_lua: fuse.upstream, fails = 3, open_for = 5, probes = 1,
 #            backoff = 2 (open 5, then 10 s; max_open_for 10)
 #   nginx    upstream { zone; server ... max_fails=3 fail_timeout=5s; }
 #   fuse5    fuse.upstream without backoff (open 5 s every time), for reference
+#   fuse6    fuse.upstream with backoff = 2 capped at max_open_for = 6 (open 5, then 6 s):
+#            about nginx's own probe period (fail_timeout=5s, counted in whole seconds),
+#            so that each run shows both sides at the same recovery, for reference
 # A third nginx (1 worker) is the load generator: a timer that sends RATE requests/s
 # (Connection: close) at one front port and counts the statuses, so the load is the
 # same on every side whatever a side's latency (wrk would send more to the faster one).
@@ -54,7 +57,7 @@ trap 'exit 1' INT TERM HUP
 mkdir -p "$P/logs-peers" "$P/logs-front" "$P/logs-load" "$P/temp"
 copy_fuse "$T"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
-BASE=$(pick_ports 24) || die "no 24 free ports in a row"
+BASE=$(pick_ports 25) || die "no 25 free ports in a row"
 CTL=$BASE LOAD=$((BASE + 1))
 A1=$((BASE + 2)) B1=$((BASE + 3)) C1=$((BASE + 4))      # fuse (backoff)
 A2=$((BASE + 5)) B2=$((BASE + 6)) C2=$((BASE + 7))      # nginx
@@ -62,10 +65,11 @@ A3=$((BASE + 8)) B3=$((BASE + 9)) C3=$((BASE + 10))     # fuse5
 F1=$((BASE + 11)) F2=$((BASE + 12)) F3=$((BASE + 13))   # fronts of part 1 and 2
 FS=$((BASE + 14)) RS=$((BASE + 15)) LS=$((BASE + 16)) XS=$((BASE + 20))   # fronts of part 3
 S1=$((BASE + 17)) S2=$((BASE + 18)) S3=$((BASE + 19))   # static peers
+A4=$((BASE + 21)) B4=$((BASE + 22)) C4=$((BASE + 23)) F4=$((BASE + 24))   # fuse6: peers, front
 sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/" \
-  -e "s/listen 127\.0\.0\.1:18091;/listen 127.0.0.1:$A1; listen 127.0.0.1:$A2; listen 127.0.0.1:$A3;/" \
-  -e "s/listen 127\.0\.0\.1:18092;/listen 127.0.0.1:$B1; listen 127.0.0.1:$B2; listen 127.0.0.1:$B3;/" \
-  -e "s/listen 127\.0\.0\.1:18093;/listen 127.0.0.1:$C1; listen 127.0.0.1:$C2; listen 127.0.0.1:$C3;/" \
+  -e "s/listen 127\.0\.0\.1:18091;/listen 127.0.0.1:$A1; listen 127.0.0.1:$A2; listen 127.0.0.1:$A3; listen 127.0.0.1:$A4;/" \
+  -e "s/listen 127\.0\.0\.1:18092;/listen 127.0.0.1:$B1; listen 127.0.0.1:$B2; listen 127.0.0.1:$B3; listen 127.0.0.1:$B4;/" \
+  -e "s/listen 127\.0\.0\.1:18093;/listen 127.0.0.1:$C1; listen 127.0.0.1:$C2; listen 127.0.0.1:$C3; listen 127.0.0.1:$C4;/" \
   -e "/127\.0\.0\.1:18094/d" "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
 
 pool_lines() { # pool_lines NAME A B C OPTIONS
@@ -95,6 +99,7 @@ http {
         local up = require "fuse.upstream"
 $(pool_lines fuse "$A1" "$B1" "$C1" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = $MAX_OPEN_FOR, tries = 2 }")
 $(pool_lines fuse5 "$A3" "$B3" "$C3" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, tries = 2 }")
+$(pool_lines fuse6 "$A4" "$B4" "$C4" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = 6, tries = 2 }")
 $(pool_lines static "$S1" "$S2" "$S3" "{ fails = 3, window = 10, open_for = 5 }")
     }
     proxy_http_version 1.1;
@@ -105,6 +110,7 @@ $(pool_lines static "$S1" "$S2" "$S3" "{ fails = 3, window = 10, open_for = 5 }"
     proxy_read_timeout 1s;
 $(fuse_server "$F1" fuse)
 $(fuse_server "$F3" fuse5)
+$(fuse_server "$F4" fuse6)
     upstream nginx_pool {
         zone nginx_pool 64k;
         server 127.0.0.1:$A2 max_fails=3 fail_timeout=5s;
@@ -223,7 +229,7 @@ us() { echo "${EPOCHREALTIME/./}"; }
 
 echo "bench-nginx: $(date -u +%Y-%m-%dT%H:%MZ), nginx $("$NGINX" -v 2>&1 | cut -d/ -f2), $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg)"
 echo
-SIDES="fuse:$F1:$A1:$B1:$C1 nginx:$F2:$A2:$B2:$C2 fuse5:$F3:$A3:$B3:$C3"
+SIDES="fuse:$F1:$A1:$B1:$C1 nginx:$F2:$A2:$B2:$C2 fuse5:$F3:$A3:$B3:$C3 fuse6:$F4:$A4:$B4:$C4"
 for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
 
 if [ "${FAILURES:-1}" = 1 ]; then   # FAILURES=0: part 3 only
@@ -284,7 +290,7 @@ for s in $SIDES; do
     "$([ -n "$b" ] && printf '%d.%03d' $((b / 1000)) $((b % 1000)) || echo '>40')" \
     "$([ -n "$b" ] && mean_wait "${ARR[$name]}" "$b" || echo '-')"
 done
-echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = $MAX_OPEN_FOR; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff)"
+echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = $MAX_OPEN_FOR; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff; fuse6: backoff = 2, max_open_for = 6)"
 echo "   (mean wait: for a heal anywhere from 15 s into the outage to the heal, from B's arrivals)"
 
 echo
