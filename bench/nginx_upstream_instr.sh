@@ -21,7 +21,16 @@
 # instructions a request either way); with the same bytes a request, two fronts pay the
 # same for it in the long run, so the windows leave it out and the bytes say whether
 # they do.
-# About 40 s a round.
+# HISTORY=1: before the fronts of each round, the same front process is driven through
+# failures, as parts 1 and 2 of bench/nginx_upstream.sh drive theirs: HISTORY_S (20) s of
+# `wrk -t1 -c3` on a fourth fuse.upstream pool, `sick`, whose three peers are a static
+# peer, one that answers 500 and a port nobody listens on (fails = 3, open_for = 5,
+# probes = 1, tries = 2, proxy_next_upstream on error and http_500, tries 2): retries,
+# open peers, probes; and at the same time `wrk -t1 -c2` on a fifth, `dead`, of the 500
+# peer and the refused port only (open_for = 1): every peer open, failed probes, 502s
+# and 503s. The request counts are printed. Then the rounds as above, so that the
+# static pool's cost after history can be set against a run without (HISTORY=0).
+# About 40 s a round (HISTORY_S more with HISTORY=1).
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +41,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 NGINX=$(nginx_bin)
 LUA=${1:-$ROOT/lua}
 ROUNDS=${ROUNDS:-3}
+HISTORY=${HISTORY:-0}
+HISTORY_S=${HISTORY_S:-20}
 die() { echo "bench-upstream-instr: $*" >&2; exit 1; }
 [ -x "$NGINX" ] || die "nginx is not installed"
 for c in valgrind callgrind_control callgrind_annotate wrk curl bc; do
@@ -48,10 +59,31 @@ trap 'stop_front; cleanup_nginx "${PIDS[@]}"' EXIT
 trap 'exit 1' INT TERM HUP
 copy_fuse "$T" "$LUA"
 mkdir -p "$T/logs" "$T/temp"
-BASE=$(pick_ports 8) || die "no 8 free ports in a row"
+BASE=$(pick_ports 12) || die "no 12 free ports in a row"
 S1=$((BASE + 1)) S2=$((BASE + 2)) S3=$((BASE + 3)) FS=$((BASE + 4)) LS=$((BASE + 5)) RS=$((BASE + 6))
 GS=$((BASE + 7))
+H5=$((BASE + 8)) HR=$((BASE + 9)) HS=$((BASE + 10)) HD=$((BASE + 11))   # history: the 500 peer, the refused port, the fronts
 static_peers_conf > "$T/peers.conf"
+history_front="" FRONT_INIT=""
+if [ "$HISTORY" = 1 ]; then
+  # the 500 peer goes into the peers' http {} (before its closing brace)
+  sed -i '$d' "$T/peers.conf"
+  cat >> "$T/peers.conf" <<EOF
+    server { listen 127.0.0.1:$H5; keepalive_requests 1000000; location / { return 500; } }
+}
+EOF
+  FRONT_INIT="package.loaded.sick = require(\"fuse.upstream\").new(\"sick\", { \"127.0.0.1:$S1\", \"127.0.0.1:$H5\", \"127.0.0.1:$HR\" },
+            { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, tries = 2 })
+        package.loaded.dead = require(\"fuse.upstream\").new(\"dead\", { \"127.0.0.1:$H5\", \"127.0.0.1:$HR\" },
+            { fails = 3, window = 10, open_for = 1, probes = 1, probe_timeout = 5, tries = 2 })"
+  history_front=$(cat <<EOF
+    upstream up_sick { server 0.0.0.1; balancer_by_lua_block { require("sick"):balance() } keepalive 32; }
+    server { listen 127.0.0.1:$HS; location / { proxy_pass http://up_sick; log_by_lua_block { require("sick"):log() } } }
+    upstream up_dead { server 0.0.0.1; balancer_by_lua_block { require("dead"):balance() } keepalive 32; }
+    server { listen 127.0.0.1:$HD; location / { proxy_pass http://up_dead; log_by_lua_block { require("dead"):log() } } }
+EOF
+)
+fi
 cat > "$T/front.conf" <<EOF
 $(nginx_load_modules)
 master_process off;
@@ -64,6 +96,7 @@ $(static_front_http)
 $(static_front f)
 $(static_front l)
 $(static_front r)
+$history_front
     server {  # the collector, for the measured windows (see GC above)
         listen 127.0.0.1:$GS;
         location = /stop { content_by_lua_block { collectgarbage("collect"); collectgarbage("stop"); ngx.say(collectgarbage("count")) } }
@@ -85,6 +118,13 @@ for round in $(seq "$ROUNDS"); do
   VP=$!
   wait_for 60 curl -s -m 1 -o /dev/null "http://127.0.0.1:$FS/" || die "the front does not answer (see $T/valgrind.log)"
   line="   round $round:"
+  if [ "$HISTORY" = 1 ]; then
+    wrk -t1 -c2 -d"${HISTORY_S}s" "http://127.0.0.1:$HD/" > "$T/dead.out" 2>&1 &
+    out=$(wrk -t1 -c3 -d"${HISTORY_S}s" "http://127.0.0.1:$HS/" 2>&1)
+    wait $!
+    line="$line history sick $(awk '/requests in/ { print $1 }' <<< "$out") requests ($(awk '/Non-2xx/ { n = $NF } END { print n + 0 }' <<< "$out") non-2xx),"
+    line="$line dead $(awk '/requests in/ { print $1 }' "$T/dead.out") ($(awk '/Non-2xx/ { n = $NF } END { print n + 0 }' "$T/dead.out") non-2xx);"
+  fi
   # the fronts in rotating order (f l r, l r f, r f l, ...): the first measured after a
   # start pays more for the same allocations (about 100 to 230 instructions a request
   # in fz-up4's runs), so each front takes its turn first

@@ -3,7 +3,8 @@
 # bench/nginx_upstream_share.sh: the three static peers and the three fronts both measure
 # (fuse.upstream, the Lua floor, nginx's plain round robin), defined once so that the two
 # benches measure the same configs. Reads S1 S2 S3 (the peers' ports), FS LS RS (the
-# fronts' ports) and T (the nginx prefix, for the Lua paths); needs test/lib/nginx.sh.
+# fronts' ports), T (the nginx prefix, for the Lua paths) and, if set, FRONT_INIT (Lua
+# lines added to init_by_lua, e.g. another pool); needs test/lib/nginx.sh.
 
 # static_peers_conf: peers.conf, one worker answering 200 on S1, S2 and S3 (keepalive)
 static_peers_conf() {
@@ -37,6 +38,7 @@ $(nginx_lua_paths "$T")
         require("fuse").init{ shared = true, capacity = 64 }
         package.loaded.static = require("fuse.upstream").new("static",
             { "127.0.0.1:$S1", "127.0.0.1:$S2", "127.0.0.1:$S3" }, { fails = 3, window = 10, open_for = 5 })
+        ${FRONT_INIT:-}
     }
     proxy_http_version 1.1;
     proxy_set_header Connection "";
