@@ -64,25 +64,10 @@ S1=$((BASE + 1)) S2=$((BASE + 2)) S3=$((BASE + 3)) FS=$((BASE + 4)) LS=$((BASE +
 GS=$((BASE + 7))
 H5=$((BASE + 8)) HR=$((BASE + 9)) HS=$((BASE + 10)) HD=$((BASE + 11))   # history: the 500 peer, the refused port, the fronts
 static_peers_conf > "$T/peers.conf"
-history_front="" FRONT_INIT=""
+history="" FRONT_INIT=""
 if [ "$HISTORY" = 1 ]; then
-  # the 500 peer goes into the peers' http {} (before its closing brace)
-  sed -i '$d' "$T/peers.conf"
-  cat >> "$T/peers.conf" <<EOF
-    server { listen 127.0.0.1:$H5; keepalive_requests 1000000; location / { return 500; } }
-}
-EOF
-  FRONT_INIT="package.loaded.sick = require(\"fuse.upstream\").new(\"sick\", { \"127.0.0.1:$S1\", \"127.0.0.1:$H5\", \"127.0.0.1:$HR\" },
-            { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, tries = 2 })
-        package.loaded.dead = require(\"fuse.upstream\").new(\"dead\", { \"127.0.0.1:$H5\", \"127.0.0.1:$HR\" },
-            { fails = 3, window = 10, open_for = 1, probes = 1, probe_timeout = 5, tries = 2 })"
-  history_front=$(cat <<EOF
-    upstream up_sick { server 0.0.0.1; balancer_by_lua_block { require("sick"):balance() } keepalive 32; }
-    server { listen 127.0.0.1:$HS; location / { proxy_pass http://up_sick; log_by_lua_block { require("sick"):log() } } }
-    upstream up_dead { server 0.0.0.1; balancer_by_lua_block { require("dead"):balance() } keepalive 32; }
-    server { listen 127.0.0.1:$HD; location / { proxy_pass http://up_dead; log_by_lua_block { require("dead"):log() } } }
-EOF
-)
+  history_peers_conf "$T/peers.conf"
+  FRONT_INIT=$(history_init) history=$(history_front)
 fi
 cat > "$T/front.conf" <<EOF
 $(nginx_load_modules)
@@ -96,7 +81,7 @@ $(static_front_http)
 $(static_front f)
 $(static_front l)
 $(static_front r)
-$history_front
+$history
     server {  # the collector, for the measured windows (see GC above)
         listen 127.0.0.1:$GS;
         location = /stop { content_by_lua_block { collectgarbage("collect"); collectgarbage("stop"); ngx.say(collectgarbage("count")) } }
@@ -119,11 +104,9 @@ for round in $(seq "$ROUNDS"); do
   wait_for 60 curl -s -m 1 -o /dev/null "http://127.0.0.1:$FS/" || die "the front does not answer (see $T/valgrind.log)"
   line="   round $round:"
   if [ "$HISTORY" = 1 ]; then
-    wrk -t1 -c2 -d"${HISTORY_S}s" "http://127.0.0.1:$HD/" > "$T/dead.out" 2>&1 &
-    out=$(wrk -t1 -c3 -d"${HISTORY_S}s" "http://127.0.0.1:$HS/" 2>&1)
-    wait $!
-    line="$line history sick $(awk '/requests in/ { print $1 }' <<< "$out") requests ($(awk '/Non-2xx/ { n = $NF } END { print n + 0 }' <<< "$out") non-2xx),"
-    line="$line dead $(awk '/requests in/ { print $1 }' "$T/dead.out") ($(awk '/Non-2xx/ { n = $NF } END { print n + 0 }' "$T/dead.out") non-2xx);"
+    run_history "$HISTORY_S" "$T/history"
+    line="$line history sick $(awk '/requests in/ { print $1 }' "$T/history.sick") requests ($(awk '/Non-2xx/ { n = $NF } END { print n + 0 }' "$T/history.sick") non-2xx),"
+    line="$line dead $(awk '/requests in/ { print $1 }' "$T/history.dead") ($(awk '/Non-2xx/ { n = $NF } END { print n + 0 }' "$T/history.dead") non-2xx);"
   fi
   # the fronts in rotating order (f l r, l r f, r f l, ...): the first measured after a
   # start pays more for the same allocations (about 100 to 230 instructions a request

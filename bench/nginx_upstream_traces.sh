@@ -27,15 +27,8 @@ BASE=$(pick_ports 12) || { echo "no 12 free ports in a row" >&2; exit 1; }
 S1=$((BASE + 1)) S2=$((BASE + 2)) S3=$((BASE + 3)) FS=$((BASE + 4)) LS=$((BASE + 5)) RS=$((BASE + 6))
 GS=$((BASE + 7)) H5=$((BASE + 8)) HR=$((BASE + 9)) HS=$((BASE + 10)) HD=$((BASE + 11))
 static_peers_conf > "$T/peers.conf"
-sed -i '$d' "$T/peers.conf"
-cat >> "$T/peers.conf" <<EOF
-    server { listen 127.0.0.1:$H5; keepalive_requests 1000000; location / { return 500; } }
-}
-EOF
-FRONT_INIT="package.loaded.sick = require(\"fuse.upstream\").new(\"sick\", { \"127.0.0.1:$S1\", \"127.0.0.1:$H5\", \"127.0.0.1:$HR\" },
-            { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, tries = 2 })
-        package.loaded.dead = require(\"fuse.upstream\").new(\"dead\", { \"127.0.0.1:$H5\", \"127.0.0.1:$HR\" },
-            { fails = 3, window = 10, open_for = 1, probes = 1, probe_timeout = 5, tries = 2 })
+history_peers_conf "$T/peers.conf"
+FRONT_INIT="$(history_init)
         local ex, start, n, nt, sides = {}, {}, 0, 0, 0
         local fi = require(\"jit.util\").funcinfo
         -- (both handlers interpreted, jit.off: a handler that runs compiled code while a trace is recorded can crash LuaJIT)
@@ -61,10 +54,7 @@ $(static_front_http)
 $(static_front f)
 $(static_front l)
 $(static_front r)
-    upstream up_sick { server 0.0.0.1; balancer_by_lua_block { require("sick"):balance() } keepalive 32; }
-    server { listen 127.0.0.1:$HS; location / { proxy_pass http://up_sick; log_by_lua_block { require("sick"):log() } } }
-    upstream up_dead { server 0.0.0.1; balancer_by_lua_block { require("dead"):balance() } keepalive 32; }
-    server { listen 127.0.0.1:$HD; location / { proxy_pass http://up_dead; log_by_lua_block { require("dead"):log() } } }
+$(history_front)
     server { listen 127.0.0.1:$GS;
         location = /zero { content_by_lua_block { require("diag").zero() } }
         location = /show { content_by_lua_block { ngx.say(require("diag").show()) } }
@@ -77,9 +67,8 @@ PIDS+=("$(cat "$T/logs/peers.pid")")
 VP=$!
 wait_for 30 curl -s -m 1 -o /dev/null "http://127.0.0.1:$FS/" || { cat "$T/front.out" "$T/logs/front.err"; exit 1; }
 if [ "$HISTORY" = 1 ]; then
-  wrk -t1 -c2 -d"${HISTORY_S:-10}s" "http://127.0.0.1:$HD/" > /dev/null 2>&1 &
-  wrk -t1 -c3 -d"${HISTORY_S:-10}s" "http://127.0.0.1:$HS/" | grep "requests in"
-  wait $!
+  run_history "${HISTORY_S:-10}" "$T/history"
+  grep "requests in" "$T/history.sick"
 fi
 curl -s "http://127.0.0.1:$GS/zero"
 wrk -t1 -c4 -d3s "http://127.0.0.1:$FS/" > /dev/null

@@ -76,3 +76,45 @@ EOF
     ;;
   esac
 }
+
+# ---- a history of failures (nginx_upstream_instr.sh and nginx_upstream_traces.sh,
+# HISTORY=1): two more pools in the same front, `sick` (the static peer S1, a peer that
+# answers 500 on H5, a port nobody listens on, HR; retries) and `dead` (H5 and HR only:
+# every peer open), served on HS and HD. Reads H5 HR HS HD besides the above.
+
+# history_peers_conf FILE: adds the peer answering 500 (H5) to static_peers_conf's FILE
+history_peers_conf() {
+  sed -i '$d' "$1"   # (the http block's closing brace, written again below)
+  cat >> "$1" <<EOF
+    server { listen 127.0.0.1:$H5; keepalive_requests 1000000; location / { return 500; } }
+}
+EOF
+}
+
+# history_init: the Lua lines of FRONT_INIT that make the pools sick and dead
+history_init() {
+  cat <<EOF
+package.loaded.sick = require("fuse.upstream").new("sick", { "127.0.0.1:$S1", "127.0.0.1:$H5", "127.0.0.1:$HR" },
+            { fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, tries = 2 })
+        package.loaded.dead = require("fuse.upstream").new("dead", { "127.0.0.1:$H5", "127.0.0.1:$HR" },
+            { fails = 3, window = 10, open_for = 1, probes = 1, probe_timeout = 5, tries = 2 })
+EOF
+}
+
+# history_front: the upstreams and servers of the pools sick (HS) and dead (HD)
+history_front() {
+  cat <<EOF
+    upstream up_sick { server 0.0.0.1; balancer_by_lua_block { require("sick"):balance() } keepalive 32; }
+    server { listen 127.0.0.1:$HS; location / { proxy_pass http://up_sick; log_by_lua_block { require("sick"):log() } } }
+    upstream up_dead { server 0.0.0.1; balancer_by_lua_block { require("dead"):balance() } keepalive 32; }
+    server { listen 127.0.0.1:$HD; location / { proxy_pass http://up_dead; log_by_lua_block { require("dead"):log() } } }
+EOF
+}
+
+# run_history SECONDS OUT: the history itself, `wrk -t1 -c3` on sick and `wrk -t1 -c2` on
+# dead at once for SECONDS; their wrk outputs in OUT.sick and OUT.dead
+run_history() {
+  wrk -t1 -c2 -d"$1s" "http://127.0.0.1:$HD/" > "$2.dead" 2>&1 &
+  wrk -t1 -c3 -d"$1s" "http://127.0.0.1:$HS/" > "$2.sick" 2>&1
+  wait $!
+}
