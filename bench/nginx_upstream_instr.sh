@@ -70,17 +70,7 @@ if [ "$HISTORY" = 1 ]; then
   FRONT_INIT=$(history_init) history=$(history_front)
 fi
 cat > "$T/front.conf" <<EOF
-$(nginx_load_modules)
-master_process off;
-daemon off;
-pid logs/front.pid;
-error_log logs/front.err error;
-events { worker_connections 1024; }
-http {
-$(static_front_http)
-$(static_front f)
-$(static_front l)
-$(static_front r)
+$(single_front_head)
 $history
     server {  # the collector, for the measured windows (see GC above)
         listen 127.0.0.1:$GS;

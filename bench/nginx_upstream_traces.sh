@@ -43,17 +43,7 @@ FRONT_INIT="$(history_init)
           for i = 1, math.min(#ks, 15) do local tr = tonumber(ks[i]:match(\"^%d+\")); out[#out + 1] = ks[i] .. \" \" .. ex[ks[i]] .. \" \" .. tostring(start[tr]) end
           return table.concat(out, \"\\n\") end }"
 cat > "$T/front.conf" <<EOF
-$(nginx_load_modules)
-master_process off;
-daemon off;
-pid logs/front.pid;
-error_log logs/front.err error;
-events { worker_connections 1024; }
-http {
-$(static_front_http)
-$(static_front f)
-$(static_front l)
-$(static_front r)
+$(single_front_head)
 $(history_front)
     server { listen 127.0.0.1:$GS;
         location = /zero { content_by_lua_block { require("diag").zero() } }

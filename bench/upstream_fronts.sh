@@ -77,6 +77,25 @@ EOF
   esac
 }
 
+# single_front_head: front.conf of one nginx process (`master_process off`, in the
+# foreground, as valgrind or a diagnostic runs it) up to the three fronts, inside an
+# http {} block the caller goes on with and closes
+single_front_head() {
+  cat <<EOF
+$(nginx_load_modules)
+master_process off;
+daemon off;
+pid logs/front.pid;
+error_log logs/front.err error;
+events { worker_connections 1024; }
+http {
+$(static_front_http)
+$(static_front f)
+$(static_front l)
+$(static_front r)
+EOF
+}
+
 # ---- a history of failures (nginx_upstream_instr.sh and nginx_upstream_traces.sh,
 # HISTORY=1): two more pools in the same front, `sick` (the static peer S1, a peer that
 # answers 500 on H5, a port nobody listens on, HR; retries) and `dead` (H5 and HR only:
