@@ -891,9 +891,24 @@ end
 -- call and mostly ran once: traces begun at it left it, and traces begun at rounds' entry
 -- aborted there, "inner loop in root trace"; LuaJIT blacklisted rounds in pools of four
 -- or five peers with open peers.)
-local function rounds(self, now, only, strict, nbusy, known, fallback, retry)
+local rounds
+
+-- Peer `best` rejected a try (its breaker admitted nothing) in a pool of n peers whose
+-- open set (self._open) was read: it is marked open if it opened since the read, else busy
+-- (a probe slot taken, a limit full); the open set decides again which peers are skipped
+-- and which picked as if closed, and the rounds go on (the open set known from here).
+-- Every rejection ends here: those of rounds, of pick's fast path (pick_from) and of the
+-- first rounds written out (first_round_end, retry_few, retry_three).
+local function on_rejected(self, n, best, now, only, strict, nbusy, fallback, retry)
+  local open, busy = self._open, self._busy
+  if not open[best] and is_open(self._peers[best].b) then open[best] = true end  -- (opened since the read)
+  if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
+  decide(self, n, strict)
+  return rounds(self, now, only, strict, nbusy, true, fallback, retry)
+end
+
+function rounds(self, now, only, strict, nbusy, known, fallback, retry)
   local peers, ex, skip, pan, open = self._peers, self._ex, self._skip, self._pan, self._open
-  local busy = self._busy
   local n = #peers
   local ss = self._slow_start
   local best, bestv, total = nil, -huge, 0
@@ -949,12 +964,9 @@ local function rounds(self, now, only, strict, nbusy, known, fallback, retry)
     end
     -- rejected: the open set decides whether it is skipped or picked as if closed
     if not known then
-      known = true
       for i = 1, n do open[i] = is_open(peers[i].b) end
     end
-    if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
-    if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
-    decide(self, n, strict)
+    return on_rejected(self, n, best, now, only, strict, nbusy, fallback, retry)
   end
   return rounds(self, now, only, strict, nbusy, known, fallback, retry)  -- the next round
 end
@@ -979,7 +991,6 @@ local function pick_from(self, tried, now, rejected, only)
     if not t then left = left + 1 end
   end
   local strict, nbusy = true, 0  -- (see decide)
-  local known = false  -- the open set was read (only once a peer rejected the try)
   local fallback = left == 0
   if fallback then
     if only then return nil, huge end
@@ -988,13 +999,11 @@ local function pick_from(self, tried, now, rejected, only)
   -- a retry (tried is given) prefers admitted peers over panic picks: the request has
   -- failed once already, and a peer picked in panic is open
   local retry = tried ~= nil and next(tried) ~= nil
-  if rejected then  -- as the loop below does after a rejection
-    known = true
+  if rejected then  -- as the rounds go on after a rejection
     for i = 1, n do open[i] = is_open(peers[i].b) end
-    if not open[rejected] then busy[rejected], nbusy = true, 1 end
-    decide(self, n, strict)
+    return on_rejected(self, n, rejected, now, only, strict, nbusy, fallback, retry)
   end
-  return rounds(self, now, only, strict, nbusy, known, fallback, retry)
+  return rounds(self, now, only, strict, nbusy, false, fallback, retry)
 end
 
 -- The end of pick_two's and pick_three's first round (n peers, 2 or 3; s1 to s3: which
@@ -1002,7 +1011,7 @@ end
 -- the rounds go on as pick_from's do after a rejection.
 local function first_round_end(self, n, best, nbusy, s1, s2, s3)
   if best == nil then return rounds(self, nil, nil, true, nbusy, true, false, false) end
-  local peers, open, busy = self._peers, self._open, self._busy
+  local peers = self._peers
   local p, panic = peers[best], self._pan[best]
   local ticket = nil
   if not panic then ticket = p.allow(p.b) end
@@ -1016,11 +1025,7 @@ local function first_round_end(self, n, best, nbusy, s1, s2, s3)
     if not ticket then count(self, panic and self._pkey or self._dkey) end
     return p, ticket
   end
-  -- rejected too: as rounds goes on after a rejection
-  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
-  if not open[best] and not busy[best] then busy[best], nbusy = true, nbusy + 1 end
-  decide(self, n, true)
-  return rounds(self, nil, nil, true, nbusy, true, false, false)
+  return on_rejected(self, n, best, nil, nil, true, nbusy, false, false)  -- (the open set: read)
 end
 
 -- pick_from(self, nil, nil, r) in a pool of two peers: its set-up, decide and first round
@@ -1132,14 +1137,9 @@ local function retry_few(self, tried, now, u)
     if not ticket then count(self, self._dkey) end
     return p, ticket
   end
-  -- rejected: as rounds goes on after a rejection
   open[1] = is_open(peers[1].b)
   if n == 2 then open[2] = is_open(peers[2].b) end
-  if not open[u] and is_open(p.b) then open[u] = true end  -- (opened since the read)
-  local nbusy = 0
-  if not open[u] then busy[u], nbusy = true, 1 end
-  decide(self, n, true)
-  return rounds(self, now, nil, true, nbusy, true, n == 1, true)
+  return on_rejected(self, n, u, now, nil, true, 0, n == 1, true)
 end
 
 -- retry_few for a pool of three peers whose one tried peer is peer t (`tried` holds no
@@ -1167,13 +1167,8 @@ local function retry_three(self, tried, now, t)
     if not ticket then count(self, self._dkey) end
     return p, ticket
   end
-  -- rejected: as rounds goes on after a rejection
   open[1], open[2], open[3] = is_open(peers[1].b), is_open(peers[2].b), is_open(peers[3].b)
-  if not open[best] and is_open(p.b) then open[best] = true end  -- (opened since the read)
-  local nbusy = 0
-  if not open[best] then busy[best], nbusy = true, 1 end
-  decide(self, 3, true)
-  return rounds(self, now, nil, true, nbusy, true, false, true)
+  return on_rejected(self, 3, best, now, nil, true, 0, false, true)
 end
 
 -- peers[i].cur = v[i] for the n peers: written out for up to three (see pick_two).
