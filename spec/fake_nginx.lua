@@ -7,38 +7,16 @@
 --
 --   local nginx = require("spec.fake_nginx").new()
 --   local pool = nginx.upstream.new("p", { "10.0.0.1:1", "10.0.0.1:2" })
---   nginx.request{ start = 1, tries = { { failure = "failed", code = 502 } },
---                  var = { upstream_status = "502, 200", ... } }
+--   nginx.req.failure, nginx.req.code = "failed", 502      -- nginx retries after a 502
+--   nginx.var.upstream_status = "502, 200"                 -- what the log phase reads
+--   pool:balance(); pool:log()
 local ffi = require "ffi"
 
 local M = {}
 
--- A lua_shared_dict's methods (those fuse.upstream uses), over a table.
-local function dict()
-  local t = {}
-  local d = {}
-  function d.get(_, k) return t[k] end
-  function d.set(_, k, v) t[k] = v; return true end
-  function d.safe_set(_, k, v) t[k] = v; return true end
-  function d.safe_add(_, k, v)
-    if t[k] ~= nil then return false, "exists" end
-    t[k] = v
-    return true
-  end
-  function d.delete(_, k) t[k] = nil end
-  function d.incr(_, k, n, init)
-    local v = t[k] or init
-    if v == nil then return nil, "not found" end
-    t[k] = v + n
-    return v + n
-  end
-  function d.get_keys()
-    local out = {}
-    for k in pairs(t) do out[#out + 1] = k end
-    return out
-  end
-  return d
-end
+-- A lua_shared_dict's methods (those fuse.upstream uses), over a table: the stand-in
+-- fuse.upstream itself uses outside nginx.
+local dict = require("fuse.upstream")._local_store
 
 -- A fake nginx and a copy of fuse.upstream loaded under it. `req` is the request being
 -- served: its start time, whether it is internal, nginx's state of the previous try

@@ -1341,6 +1341,7 @@ local function failed(self, try, class, seconds)
 end
 _M._failed = failed  -- for the specs
 _M._stores = STORES  -- for the specs: dict name -> store
+_M._local_store = local_store  -- for the specs (spec/fake_nginx.lua's shared dicts)
 
 local function succeeded(try, ok, seconds)
   try.done = true
