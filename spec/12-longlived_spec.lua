@@ -120,6 +120,15 @@ local function assert_none_blacklisted(roots, aborts)
 end
 
 -- after all that, a fresh hot loop over a guarded call compiles into one clean trace
+-- The upvalue `name` of function fn (how the specs reach fuse's local functions), or nil.
+local function upvalue(fn, name)
+  for i = 1, math.huge do
+    local k, v = debug.getupvalue(fn, i)
+    if k == nil then return nil end
+    if k == name then return v end
+  end
+end
+
 local function assert_hot_loop_compiles()
   local f, b = fuse.wrap(add, { fails = 5 })
   local sum
@@ -172,12 +181,7 @@ describe("fuse #ffi", function()
       names[i] = "s12-walk-" .. i
       fuse.new { name = names[i], fails = 5 }
     end
-    local each_breaker
-    for i = 1, math.huge do
-      local k, v = debug.getupvalue(fuse._page, i)  -- (fuse.list walks with _page)
-      if k == nil then break end
-      if k == "each_breaker" then each_breaker = v end
-    end
+    local each_breaker = upvalue(fuse._page, "each_breaker")  -- (fuse.list walks with _page)
     assert.is_function(each_breaker, "fuse._page has no upvalue each_breaker: the spec needs updating")
     local walk = jutil.funcinfo(each_breaker)
     -- the walk's loop: its lines before the return (a side trace from the loop's exit, once
@@ -251,13 +255,6 @@ describe("fuse #ffi", function()
     local req, var = nginx.req, nginx.var
     -- the functions of those two paths, found through the phases' upvalues (those the
     -- old code had too are required)
-    local function upvalue(fn, name)
-      for i = 1, math.huge do
-        local k, v = debug.getupvalue(fn, i)
-        if k == nil then return nil end
-        if k == name then return v end
-      end
-    end
     local fns = { log = pool.log, balance = pool.balance }
     fns.log_record = upvalue(pool.log, "log_record")
     fns.judge_tries = fns.log_record and upvalue(fns.log_record, "judge_tries")
