@@ -7,8 +7,9 @@
  * worker records into and reads the same ring. No pointers live in it.
  *
  * Memory ordering. A writer takes seq = head + 1; its entry is slot seq % capacity.
- * The entry's own word `seq` is a seqlock: the writer claims it with a compare-and-swap
- * to seq | BUSY (only from an older seq), and only then moves `head` on to seq (a
+ * The entry's own word `seq` is a seqlock over the entry's lap (seq / capacity: the
+ * slot's low bits are the seq's): the writer claims it with a compare-and-swap to
+ * lap | BUSY | its pid (only from an older lap), and only then moves `head` on to seq (a
  * compare-and-swap; a writer that finds seq claimed by another moves head on for it, in
  * case that one was killed before it could, and tries the next seq). So every entry up
  * to head is claimed, and its claim says who made it: a writer killed between taking a
@@ -23,12 +24,20 @@
  * also holds a hash of its seq and fields, written last: a copy that fails it was mixed
  * and reads as lost (-1), never as an event. Nothing takes a lock.
  *
- * A claim says who made it and when (`owner`: pid and monotonic seconds, stored before
- * the claim's swap). A writer killed after its claim would leave its entry "being
- * written" for ever, and in-order readers (fuse.events, fuse.watch) would wait on it
- * until the ring came round; so a reader that finds an entry claimed by a dead process,
- * or claimed STALL_S seconds ago, takes it back (seq | LOST, one compare-and-swap, which
- * the writer's publishing swap then loses) and reads it as lost (-1).
+ * A claim says who made it: the claimant's pid is in the claimed word itself, so it is
+ * the winner's whatever other writers racing for the entry did (a pid in a word of its
+ * own, stored before the swap, was the last racer's: when the winner died, readers
+ * waited on a live loser's claim until the stall limit). And when: `since`, monotonic
+ * seconds, moved forward (never back) before the claim's swap. A writer killed after
+ * its claim would leave its entry "being written" for ever, and in-order readers
+ * (fuse.events, fuse.watch) would wait on it until the ring came round; so a reader that
+ * finds an entry claimed by a dead process, or claimed STALL_S seconds ago, takes it
+ * back (lap | LOST, one compare-and-swap from that very claim, which the writer's
+ * publishing swap then loses) and reads it as lost (-1).
+ *
+ * The word: BUSY (bit 63), LOST (62), the claimant's pid (bits 40-61: Linux pids are
+ * below 2^22) and the lap (bits 0-39). So seqs go up to SEQ_LIMIT = 2^50 (35 years at a
+ * million events a second); past it nothing more is recorded.
  */
 #include "fz.h"
 #include "fz_atomic.h"
@@ -51,13 +60,18 @@ extern void (*fz_fault_hook)(const char *where);
 
 #define BUSY (UINT64_C(1) << 63)
 #define LOST (UINT64_C(1) << 62)  /* taken back from a writer that died holding it */
-#define FLAGS (BUSY | LOST)
+#define LAP_BITS 40
+#define LAP_MASK ((UINT64_C(1) << LAP_BITS) - 1)
+#define PID_MASK ((UINT64_C(1) << 22) - 1)  /* above LAP_BITS, below LOST */
+#define LAP_SHIFT 10                         /* FZ_EVENTS_CAPACITY = 2^LAP_SHIFT */
+#define SEQ_LIMIT (UINT64_C(1) << (LAP_BITS + LAP_SHIFT))
+_Static_assert(FZ_EVENTS_CAPACITY == 1 << LAP_SHIFT, "a seq is its lap and its slot");
 #define STALL_S 10                /* a claim this old is taken back, owner alive or not */
 #define NAME_WORDS ((FZ_NAME_MAX + 1) / 8)
 
 typedef struct entry {
-  uint64_t seq;                /* concurrent: the seq held, | BUSY while written, | LOST taken back */
-  uint64_t owner;              /* concurrent: who claimed it last: pid << 32 | monotonic seconds */
+  uint64_t seq;                /* concurrent: the lap held, | BUSY | pid while written, | LOST taken back */
+  uint64_t since;              /* concurrent: monotonic seconds of the newest claim, never moved back */
   uint64_t time_ns;            /* concurrent: CLOCK_REALTIME when recorded */
   uint64_t meta;               /* concurrent: pid << 32 | from << 24 | to << 16 | name length */
   uint64_t name[NAME_WORDS];   /* concurrent: the name, NUL-padded */
@@ -126,31 +140,38 @@ static uint64_t mono_s(void) {
   return (uint64_t)ts.tv_sec;
 }
 
-/* Claims entry e for seq: 1, or 0 when a newer event holds it already. The claim says
- * who and when (owner, stored before the claim's swap: a reader that sees the claim sees
- * an owner at least as new), so a reader can take it back from a dead writer. */
-static int claim(entry *e, uint64_t seq) {
+/* Claims entry e for lap: its claimed word, or 0 when a newer event holds it already.
+ * The word says who (the pid); `since` says when (moved forward before the swap: a
+ * reader that sees the claim sees a time at least as new). */
+static uint64_t claim(entry *e, uint64_t lap) {
   /* acquire: pairs with another writer's claiming swap, which fz_events_add may then move
    * head past (readers that see head see that claim) */
   uint64_t cur = at_load_acq(&e->seq);
-  if ((cur & ~FLAGS) >= seq) return 0;
-  at_store_rel(&e->owner, (uint64_t)(uint32_t)getpid() << 32 | (mono_s() & 0xffffffffu));
+  if ((cur & LAP_MASK) >= lap) return 0;
+  /* moved forward before the claim's swap, whose release carries it (a reader that sees
+   * the claim with its acquire load sees this time or a newer one) */
+  uint64_t now = mono_s(), was = at_load_rlx(&e->since);
+  while (was < now && !at_cas_acqrel(&e->since, &was, now)) {}
+  uint64_t pid = (uint64_t)getpid();
+  uint64_t mine = BUSY | (pid <= PID_MASK ? pid : 0) << LAP_BITS | lap;
+  FAULT("event-claiming");
   do {
-    if ((cur & ~FLAGS) >= seq) return 0;
-  } while (!at_cas_acqrel(&e->seq, &cur, seq | BUSY));
-  return 1;
+    if ((cur & LAP_MASK) >= lap) return 0;
+  } while (!at_cas_acqrel(&e->seq, &cur, mine));
+  return mine;
 }
 
-/* An entry claimed for seq and not published: taken back (LOST, so readers go past it)
- * when its writer is dead or has held it STALL_S seconds. 1 when it is lost now. */
-static int take_back(entry *e, uint64_t seq) {
-  uint64_t owner = at_load_acq(&e->owner);  /* acquire: pairs with the release in claim */
-  pid_t pid = (pid_t)(owner >> 32);
+/* An entry whose word is `claimed` (not published): taken back (LOST, so readers go past
+ * it) when its claimant is dead or it was claimed STALL_S seconds ago. 1 when it is lost
+ * now. */
+static int take_back(entry *e, uint64_t claimed) {
+  pid_t pid = (pid_t)(claimed >> LAP_BITS & PID_MASK);
   int dead = pid > 0 && kill(pid, 0) == -1 && errno == ESRCH;
-  int stalled = (uint32_t)(mono_s() - (owner & 0xffffffffu)) >= STALL_S;
+  uint64_t since = at_load_acq(&e->since);  /* acquire: see claim */
+  int stalled = mono_s() >= since + STALL_S;
   if (!dead && !stalled) return 0;
-  uint64_t busy = seq | BUSY;
-  return at_cas_acqrel(&e->seq, &busy, seq | LOST) || busy == (seq | LOST);
+  uint64_t lost = LOST | (claimed & LAP_MASK), cur = claimed;
+  return at_cas_acqrel(&e->seq, &cur, lost) || cur == lost;
 }
 
 double fz_events_add(const char *name, size_t len, int from, int to) {
@@ -158,13 +179,14 @@ double fz_events_add(const char *name, size_t len, int from, int to) {
   if (!r || !name || len < 1 || len > FZ_NAME_MAX || memchr(name, 0, len)) return 0;
   uint64_t words[NAME_WORDS] = { 0 };
   memcpy(words, name, len);
-  uint64_t seq;
+  uint64_t seq, mine;
   entry *e;
   for (;;) {  /* the entry after head, claimed before head moves on to it */
     uint64_t h = at_load_acq(&r->head);  /* acquire: pairs with the swap below */
     seq = h + 1;
+    if (seq >= SEQ_LIMIT) return 0;
     e = &r->e[seq % FZ_EVENTS_CAPACITY];
-    int mine = claim(e, seq);
+    mine = claim(e, seq >> LAP_SHIFT);
     FAULT("event-seq-taken");
     /* head to seq, ours or the claim of a writer that stopped before moving it (killed
      * there: its claim says who, and readers take it back). seq_cst: pairs with the
@@ -183,9 +205,8 @@ double fz_events_add(const char *name, size_t len, int from, int to) {
   at_store_rel(&e->meta, meta);
   for (int i = 0; i < NAME_WORDS; i++) at_store_rel(&e->name[i], words[i]);
   at_store_rel(&e->check, check_of(seq, t, meta, words));
-  uint64_t busy = seq | BUSY;
   /* release: publishes the fields (pairs with the reader's first, acquire, load) */
-  __atomic_compare_exchange_n(&e->seq, &busy, seq, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+  __atomic_compare_exchange_n(&e->seq, &mine, seq >> LAP_SHIFT, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
   return (double)seq;
 }
 
@@ -196,20 +217,20 @@ double fz_events_last(void) {
 
 int fz_events_read(double want, fz_event *out) {
   ring *r = ring_get();
-  if (!r || !(want >= 1 && want < 9007199254740992.0)) return 0;
-  uint64_t seq = (uint64_t)want;
+  if (!r || !(want >= 1 && want < (double)SEQ_LIMIT)) return 0;
+  uint64_t seq = (uint64_t)want, lap = seq >> LAP_SHIFT;
   entry *e = &r->e[seq % FZ_EVENTS_CAPACITY];
   uint64_t v1 = at_load_acq(&e->seq);  /* acquire: pairs with the writer's publishing CAS */
-  if ((v1 & ~FLAGS) > seq || v1 == (seq | LOST)) return -1;
-  if (v1 == (seq | BUSY)) return take_back(e, seq) ? -1 : 0;
-  if (v1 != seq) return 0;
+  if ((v1 & LAP_MASK) > lap || v1 == (LOST | lap)) return -1;
+  if ((v1 & BUSY) && (v1 & LAP_MASK) == lap) return take_back(e, v1) ? -1 : 0;
+  if (v1 != lap) return 0;
   uint64_t words[NAME_WORDS];
   /* acquire: pairs with the writer's release stores of the fields (see fz_events_add) */
   uint64_t t = at_load_acq(&e->time_ns), meta = at_load_acq(&e->meta);
   for (int i = 0; i < NAME_WORDS; i++) words[i] = at_load_acq(&e->name[i]);
   uint64_t check = at_load_acq(&e->check);
   uint64_t v2 = at_load_rlx(&e->seq);
-  if (v2 != seq) return (v2 & ~FLAGS) > seq || v2 == (seq | LOST) ? -1 : 0;
+  if (v2 != lap) return (v2 & LAP_MASK) > lap || v2 == (LOST | lap) ? -1 : 0;
   /* published, yet written over by a stalled older writer: this event is lost */
   if (check != check_of(seq, t, meta, words)) return -1;
   size_t len = meta & 0xffff;

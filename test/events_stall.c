@@ -2,7 +2,8 @@
  * last store while the ring wrapped (csrc/fz_events.c, design note): its late stores
  * land in a newer, published entry, which must then read as lost, never as an event
  * with a mixed name. The interleaving is forced: this file includes fz_events.c, so it
- * can make the stalled writer's late store itself. */
+ * can make the stalled writer's late store itself. And the ring at its last seqs
+ * (SEQ_LIMIT), where a claimed word's lap and pid fill every bit. */
 #include "../csrc/fz_events.c"
 #include "tap.h"
 
@@ -25,5 +26,17 @@ int main(void) {
   is_int(rc, -1, "after the late store: the entry reads as lost (-1), not as an event");
   if (rc == 1) diag("read a mixed name: %s", e.name);
   is_int(fz_events_read(victim, &e), -1, "the stalled writer's own event is lost too");
+
+  /* the last seqs: head moved on to just before SEQ_LIMIT, as 2^50 events would */
+  at_store_rel(&g_ring->head, SEQ_LIMIT - 3);
+  double last = 0;
+  for (int i = 0; i < 2; i++) last = fz_events_add("at-the-end", 10, FZ_CLOSED, FZ_OPEN);
+  is_dbl(last, (double)(SEQ_LIMIT - 1), 0, "seq 2^50 - 1 is recorded");
+  is_int(fz_events_read(last, &e), 1, "and reads whole (its lap uses every bit below the pid)");
+  ok(strcmp(e.name, "at-the-end") == 0 && e.pid == getpid(), "its name and pid: %s, %d", e.name, e.pid);
+  is_int(fz_events_read(last - 1, &e), 1, "the one before it too");
+  is_dbl(fz_events_add("past-it", 7, FZ_CLOSED, FZ_OPEN), 0, 0, "past 2^50 - 1 nothing is recorded (0)");
+  is_dbl(fz_events_last(), last, 0, "and the newest seq stays 2^50 - 1");
+  is_int(fz_events_read((double)SEQ_LIMIT, &e), 0, "a seq past it is never recorded (0)");
   return done_testing();
 }

@@ -490,6 +490,51 @@ static void finding17(void) {
   ok(strcmp(ev.name, "after") == 0, "finding 17: it is the event written after");
 }
 
+static void do_event_named(void *name) {
+  fz_events_add(name, strlen(name), FZ_OPEN, FZ_HALF_OPEN);
+}
+
+/* Two writers race for one entry and the winner is killed right after its claim. Both
+ * had said who they were before their claim's swap, and the loser said it last: readers
+ * must still see the claim as the dead winner's and take it back at once. (At 1fb4fcc
+ * the entry's owner was the loser, alive: fz_events_read answered 0, "being written",
+ * until the 10 s stall limit, and fuse.watch waited that long in every worker.) */
+static void event_race(void) {
+  if (fz_events_init_shared() != FZ_OK || pipe(g_to_parent) || pipe(g_to_child)) {
+    ok(0, "event race: a shared events ring");
+    return;
+  }
+  double before = fz_events_add("before", 6, FZ_CLOSED, FZ_OPEN);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    g_pause_at = "event-claiming", g_die_at = "event-claimed";
+    fz_fault_hook = pause_then_die;
+    do_event(NULL);
+    _exit(0);
+  }
+  char x = 0;
+  ok(read(g_to_parent[0], &x, 1) == 1, "event race: a writer (another process) stopped before its claim's swap");
+  fz_fault_hook = pause_hook;
+  parked k;
+  static char second[] = "second";
+  ok(run_parked(&k, "event-claiming", do_event_named, second),
+     "event race: a second writer stopped there too, for the same entry");
+  x = 1;
+  ok(write(g_to_child[1], &x, 1) == 1, "event race: the first writer goes on");
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ok(WIFEXITED(status) && WEXITSTATUS(status) == 42, "event race: its swap won the entry, and it was killed right after");
+  release(&k);
+  fz_fault_hook = NULL;
+  fz_event ev;
+  is_dbl(fz_events_last(), before + 2, 0, "event race: the second writer took the next entry");
+  is_int(fz_events_read(before + 1, &ev), -1,
+         "event race: the dead winner's entry reads as lost at once (not 'being written' until the stall limit)");
+  is_int(fz_events_read(before + 2, &ev), 1, "event race: and the second writer's event is delivered");
+  ok(strcmp(ev.name, "second") == 0, "event race: it is the second writer's (%s)", ev.name);
+}
+
 /* ---------------------------------------------------------------- finding 11 */
 
 /* A breaker with a 0.01 s window (1 ms buckets) idle for 26 days is evictable. (At
@@ -801,6 +846,7 @@ int main(void) {
   in_process("finding 9: a killed eviction leaves no mark on a breaker that lives on", finding9);
   in_process("finding 10: a journal entry of a dead writer is taken back", finding10);
   in_process("finding 17: a dead writer's unclaimed journal entry is taken back", finding17);
+  in_process("event race: the winner of a raced entry is killed after its claim", event_race);
   in_process("finding 11: a long idle time is never too long to evict", finding11);
   in_process("finding 12: totals carried across migration", finding12);
   in_process("finding 13: a creation's eviction scan is bounded", finding13);
