@@ -327,7 +327,7 @@ describe("fuse #ffi", function()
     pool:close()
   end)
 
-  -- Picks in pools of one to five peers off their schedule (fuse.upstream's round robin
+  -- Picks in pools of one to eight peers off their schedule (fuse.upstream's round robin
   -- runs from a fixed cycle while every pick is admitted at the first ask): retries (one
   -- peer tried), slow-start ramps, open peers. Their loops over the peers ran once to
   -- three times per pick, and LuaJIT blacklisted them, and with them rounds, pick_from,
@@ -335,7 +335,7 @@ describe("fuse #ffi", function()
   -- worker's life): with one or two peers, every retry blacklisted them within 100,000;
   -- with three to five, a retry, a ramp or open peers did in some runs. rounds' loop
   -- around its rounds (entered on every call) got it blacklisted with four or five.
-  it("no function of fuse.upstream is blacklisted after 100,000 picks in pools of one to five peers, "
+  it("no function of fuse.upstream is blacklisted after 100,000 picks in pools of one to eight peers, "
     .. "with retries, a ramp or open peers", function()
     local upstream = require "fuse.upstream"
     local cases = {
@@ -353,6 +353,12 @@ describe("fuse #ffi", function()
       { name = "s12-open412", n = 4, open = { 1, 2 } },
       { name = "s12-open44", n = 4, open = { 4 } },
       { name = "s12-open53", n = 5, open = { 3 } },
+      -- larger pools, whose loops over the peers are left as loops
+      { name = "s12-retry4", n = 4, retry = 2 },
+      { name = "s12-every61", n = 6, every = 1 },
+      { name = "s12-ramp6", n = 6, ramp = 3 },
+      { name = "s12-open8", n = 8, open = { 2, 5, 7 } },
+      { name = "s12-retry8", n = 8, retry = 8 },
     }
     local pools, callers = {}, {}
     for k, c in ipairs(cases) do
@@ -403,7 +409,9 @@ describe("fuse #ffi", function()
     assert.same({ tostring(N), "0 " .. N, "66666 33334", "9091 90909", "0 " .. half .. " " .. half,
       half .. " " .. half .. " 0", "0 0 " .. N, "47619 4762 47619", half .. " 0 " .. half,
       half .. " 0 " .. half, tostring(N), "0 0 50001 49999", "33334 33333 33333 0",
-      "25000 25000 0 25000 25000" }, got)
+      "25000 25000 0 25000 25000", "33334 0 33333 33333", "16667 16667 16667 16666 16666 16667",
+      "19608 19608 1961 19608 19608 19607", "20000 0 20000 20000 0 20000 0 20000",
+      "14286 14286 14286 14286 14286 14285 14285 0" }, got)
     assert_none_blacklisted(jit_support.fuse_roots(pools), aborts)
     for _, pool in ipairs(pools) do pool:close() end
   end)
