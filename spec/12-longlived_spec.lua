@@ -359,13 +359,20 @@ describe("fuse #ffi", function()
       { name = "s12-ramp6", n = 6, ramp = 3 },
       { name = "s12-open8", n = 8, open = { 2, 5, 7 } },
       { name = "s12-retry8", n = 8, retry = 8 },
+      -- a retry in three where one untried peer counts failures (not open)
+      { name = "s12-retry3f", n = 3, retry = 1, failing = 3 },
+      { name = "s12-every3f", n = 3, every = 1, failing = 2 },
     }
     local pools, callers = {}, {}
     for k, c in ipairs(cases) do
       local peers = {}
       for i = 1, c.n do peers[i] = "10.0.0.1:" .. i end
       local pool = upstream.new(c.name, peers, { fails = 1000000, open_for = 600, max_ejected = 1,
-        slow_start = c.ramp and 3600 or 0 })
+        slow_start = c.ramp and 3600 or 0, window = 3600 })
+      if c.failing then  -- one failure, counted for the test's length
+        local b = fuse.get(c.name .. "/10.0.0.1:" .. c.failing)
+        b:report(b:allow(), false)
+      end
       for _, i in ipairs(c.open or {}) do fuse.get(c.name .. "/10.0.0.1:" .. i):force_open() end
       if c.ramp then  -- (as a probe that closed the peer: the ramp's start and a new version)
         local store = upstream._stores["fuse_upstream"]  -- (outside nginx: a table of this Lua state)
@@ -411,7 +418,7 @@ describe("fuse #ffi", function()
       half .. " 0 " .. half, tostring(N), "0 0 50001 49999", "33334 33333 33333 0",
       "25000 25000 0 25000 25000", "33334 0 33333 33333", "16667 16667 16667 16666 16666 16667",
       "19608 19608 1961 19608 19608 19607", "20000 0 20000 20000 0 20000 0 20000",
-      "14286 14286 14286 14286 14286 14285 14285 0" }, got)
+      "14286 14286 14286 14286 14286 14285 14285 0", "0 100000 0", "33334 33333 33333" }, got)
     assert_none_blacklisted(jit_support.fuse_roots(pools), aborts)
     for _, pool in ipairs(pools) do pool:close() end
   end)
