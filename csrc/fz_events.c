@@ -7,8 +7,8 @@
  * worker records into and reads the same ring. No pointers live in it.
  *
  * Memory ordering. A writer takes seq = head + 1; its entry is slot seq % capacity.
- * The entry's own word `seq` is a seqlock over the entry's lap (seq / capacity: the
- * slot's low bits are the seq's): the writer claims it with a compare-and-swap to
+ * The entry's own word `seq` is a seqlock over the entry's lap (seq / capacity + 1: the
+ * slot is the seq's low bits; 0 is a fresh entry's): the writer claims it with a compare-and-swap to
  * lap | BUSY | its pid (only from an older lap), and only then moves `head` on to seq (a
  * compare-and-swap; a writer that finds seq claimed by another moves head on for it, in
  * case that one was killed before it could, and tries the next seq). So every entry up
@@ -36,8 +36,8 @@
  * publishing swap then loses) and reads it as lost (-1).
  *
  * The word: BUSY (bit 63), LOST (62), the claimant's pid (bits 40-61: Linux pids are
- * below 2^22) and the lap (bits 0-39). So seqs go up to SEQ_LIMIT = 2^50 (35 years at a
- * million events a second); past it nothing more is recorded.
+ * below 2^22) and the lap (bits 0-39). So seqs stay below SEQ_LIMIT, about 2^50 (35
+ * years at a million events a second); past it nothing more is recorded.
  */
 #include "fz.h"
 #include "fz_atomic.h"
@@ -64,8 +64,10 @@ extern void (*fz_fault_hook)(const char *where);
 #define LAP_MASK ((UINT64_C(1) << LAP_BITS) - 1)
 #define PID_MASK ((UINT64_C(1) << 22) - 1)  /* above LAP_BITS, below LOST */
 #define LAP_SHIFT 10                         /* FZ_EVENTS_CAPACITY = 2^LAP_SHIFT */
-#define SEQ_LIMIT (UINT64_C(1) << (LAP_BITS + LAP_SHIFT))
+#define SEQ_LIMIT (LAP_MASK << LAP_SHIFT)      /* the last lap, LAP_MASK, ends below it */
 _Static_assert(FZ_EVENTS_CAPACITY == 1 << LAP_SHIFT, "a seq is its lap and its slot");
+
+static uint64_t lap_of(uint64_t seq) { return (seq >> LAP_SHIFT) + 1; }
 #define STALL_S 10                /* a claim this old is taken back, owner alive or not */
 #define NAME_WORDS ((FZ_NAME_MAX + 1) / 8)
 
@@ -186,7 +188,7 @@ double fz_events_add(const char *name, size_t len, int from, int to) {
     seq = h + 1;
     if (seq >= SEQ_LIMIT) return 0;
     e = &r->e[seq % FZ_EVENTS_CAPACITY];
-    mine = claim(e, seq >> LAP_SHIFT);
+    mine = claim(e, lap_of(seq));
     FAULT("event-seq-taken");
     /* head to seq, ours or the claim of a writer that stopped before moving it (killed
      * there: its claim says who, and readers take it back). seq_cst: pairs with the
@@ -206,7 +208,7 @@ double fz_events_add(const char *name, size_t len, int from, int to) {
   for (int i = 0; i < NAME_WORDS; i++) at_store_rel(&e->name[i], words[i]);
   at_store_rel(&e->check, check_of(seq, t, meta, words));
   /* release: publishes the fields (pairs with the reader's first, acquire, load) */
-  __atomic_compare_exchange_n(&e->seq, &mine, seq >> LAP_SHIFT, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+  __atomic_compare_exchange_n(&e->seq, &mine, lap_of(seq), 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
   return (double)seq;
 }
 
@@ -218,7 +220,7 @@ double fz_events_last(void) {
 int fz_events_read(double want, fz_event *out) {
   ring *r = ring_get();
   if (!r || !(want >= 1 && want < (double)SEQ_LIMIT)) return 0;
-  uint64_t seq = (uint64_t)want, lap = seq >> LAP_SHIFT;
+  uint64_t seq = (uint64_t)want, lap = lap_of(seq);
   entry *e = &r->e[seq % FZ_EVENTS_CAPACITY];
   uint64_t v1 = at_load_acq(&e->seq);  /* acquire: pairs with the writer's publishing CAS */
   if ((v1 & LAP_MASK) > lap || v1 == (LOST | lap)) return -1;
