@@ -121,6 +121,20 @@ static void pause_then_die(const char *where) {
   }
 }
 
+/* Forks a child that runs fn(arg), pausing at `pause_at` (it writes a byte to the
+ * parent, then waits for one) and dying at `die_at`. The child's pid. */
+static pid_t fork_pause_then_die(const char *pause_at, const char *die_at, void (*fn)(void *), void *arg) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    g_pause_at = pause_at, g_die_at = die_at;
+    fz_fault_hook = pause_then_die;
+    fn(arg);
+    _exit(0);
+  }
+  return pid;
+}
+
 static void do_force_for_10(void *b) { fz_force_open_for(b, 10); }
 
 /* A timed force-open whose stamper is late: it claimed the stamp of its generation, then
@@ -137,14 +151,7 @@ static void finding4(void) {
   fz_config c = defaults();
   at(1000);
   fz_breaker *b = open_named("forced", &c, NULL);
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) {
-    g_pause_at = "forced-stamping", g_die_at = "forced-stamped";
-    fz_fault_hook = pause_then_die;
-    do_force_for_10(b);
-    _exit(0);
-  }
+  pid_t pid = fork_pause_then_die("forced-stamping", "forced-stamped", do_force_for_10, b);
   char x = 0;
   ok(read(g_to_parent[0], &x, 1) == 1, "finding 4: the late stamper stalled while stamping its end");
   ok(fz_force_open_for(b, 5) > 0, "finding 4: another force-open finishes that stamp and wins");
@@ -505,14 +512,7 @@ static void event_race(void) {
     return;
   }
   double before = fz_events_add("before", 6, FZ_CLOSED, FZ_OPEN);
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) {
-    g_pause_at = "event-claiming", g_die_at = "event-claimed";
-    fz_fault_hook = pause_then_die;
-    do_event(NULL);
-    _exit(0);
-  }
+  pid_t pid = fork_pause_then_die("event-claiming", "event-claimed", do_event, NULL);
   char x = 0;
   ok(read(g_to_parent[0], &x, 1) == 1, "event race: a writer (another process) stopped before its claim's swap");
   fz_fault_hook = pause_hook;
