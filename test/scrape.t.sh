@@ -115,16 +115,23 @@ ping() {
 }
 # connect: a new connection to nginx, its descriptor in FD
 connect() { exec {FD}<>"/dev/tcp/127.0.0.1/$PORT"; }
+# on_w: a new keep-alive connection to worker W, its descriptor in FD (up to 60 tries:
+# reuseport spreads connections over the workers)
+on_w() {
+  local i
+  for i in $(seq 60); do
+    connect || return 1
+    [ "$(ping "$FD" "c$i")" = "$W" ] && return 0
+    exec {FD}>&-
+  done
+  return 1
+}
 
-connect && S=$FD || bail "cannot connect to nginx"
+connect || bail "cannot connect to nginx"
+S=$FD
 W=$(ping "$S" 0) || bail "no answer to /ping"
-C=
-for i in $(seq 60); do
-  connect || bail "cannot connect to nginx"
-  if [ "$(ping "$FD" "$i")" = "$W" ]; then C=$FD; break; fi
-  exec {FD}>&-
-done
-[ -n "$C" ] || bail "60 connections, none on worker $W"
+on_w || bail "60 connections, none on worker $W"
+C=$FD
 
 # W's lines of the error log, from line $1 on
 w_lines() { tail -n "+$1" "$T/logs/error.log" | grep -F "] $W#"; }
@@ -150,8 +157,8 @@ for try in 1 2 3; do
   diag "scrape $try: $between pings of worker $W between its start and its end"
   [ "$between" -gt 0 ] && break
   exec {S}>&-
-  connect && S=$FD || bail "cannot connect to nginx"
-  for _ in $(seq 60); do [ "$(ping "$S" 0)" = "$W" ] && break; exec {S}>&-; connect; S=$FD; done
+  on_w || bail "60 connections, none on worker $W"
+  S=$FD
 done
 check "worker $W served requests in the middle of a scrape ($between pings, scrape $tries)" [ "$between" -gt 0 ]
 
