@@ -11,7 +11,7 @@
 # after the answer to the one before. It expects, in W's lines of the error log, a
 # "ping" between "scrape start" and "scrape end": W served a request in the middle of
 # the scrape. No time is measured: a scrape that never gives the worker back (fuse
-# before 0.2.1) leaves every ping of W before its start or after its end, whatever the
+# 1fb4fcc and before) leaves every ping of W before its start or after its end, whatever the
 # speed of the machine. Also: the text is whole (a fuse_state line per breaker), a
 # scrape in header_filter_by_lua (which cannot yield) and one in a timer (which does)
 # work, and the error log holds no error.
