@@ -71,7 +71,7 @@ TEST_BINS   := $(addprefix build/,$(NAMED_TESTS) $(EXTRA_TESTS))
 # $(call need,FILE): stop with a clear message when FILE does not exist.
 need = @test -e $(1) || { echo "make: $(1) does not exist" >&2; exit 1; }
 
-.PHONY: all deps cdef check-cdef test check suites summary stress-test asan tsan bench bench-side bench-nginx bench-nginx-registry \
+.PHONY: all deps cdef check-cdef test check suites summary stress-test asan tsan bench bench-side bench-nginx bench-nginx-registry bench-nginx-scrape \
         bench-nginx-jit demo demo-nginx lint rock dist clean help
 .DELETE_ON_ERROR:
 .SUFFIXES:
@@ -92,6 +92,7 @@ help:
 	@echo "                tree, which luarocks installs offline (test/dist.t.sh tries it)"
 	@echo "make bench | bench-nginx | bench-nginx-registry | demo | demo-nginx | lint | rock | clean"
 	@echo "make bench-nginx-jit  the guarded call's cost in an nginx worker, fresh and after traffic"
+	@echo "make bench-nginx-scrape [BASE=REV]  other requests' latency on a worker serving a /metrics scrape"
 	@echo "make bench-side BASE=REV  the hot path against revision REV (built from git), in one run;"
 	@echo "                make bench BASE=REV runs it after the other benches"
 
@@ -377,6 +378,12 @@ bench-nginx: all
 bench-nginx-registry: all
 	@if [ -n "$(BASE)" ]; then $(call build_base,bench-nginx-registry); \
 	  BASE=$$dir bash bench/nginx_registry.sh; else BASE= bash bench/nginx_registry.sh; fi
+
+# how long a worker's other requests wait while it serves a /metrics scrape of 100,000
+# breakers (about 1 min a tree); BASE=REV: side by side with REV in a second nginx
+bench-nginx-scrape: all
+	@if [ -n "$(BASE)" ]; then $(call build_base,bench-nginx-scrape); \
+	  BASE=$$dir bash bench/nginx_scrape.sh; else BASE= bash bench/nginx_scrape.sh; fi
 
 # The hot loop inside a real nginx worker, fresh and after sustained wrk traffic.
 bench-nginx-jit: all

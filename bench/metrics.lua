@@ -4,10 +4,15 @@
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit bench/metrics.lua
 --   ... luajit bench/metrics.lua --base REV   # side by side with REV's lua/fuse/metrics.lua
 --   ... luajit bench/metrics.lua --phases     # where the old formatter's time goes
+--   ... luajit bench/metrics.lua --shared     # in a shared registry (nginx's: MAP_SHARED)
 --
--- One process, fuse.init{ capacity = 131072 }, the names of bench/registry.lua, with
--- awkward values spread over them: failures and successes in the window (failure rates
--- such as 1/3), forced_open and disabled breakers, a few names that need escapes.
+-- (Another tree's fuse with this script: LUA_PATH and LUA_CPATH of that tree, e.g.
+-- make bench-side's build/base/<commit>; --shared then shows its core's stats reads.)
+--
+-- One process, fuse.init{ capacity = 131072 } (with shared = true under --shared), the
+-- names of bench/registry.lua, with awkward values spread over them: failures and
+-- successes in the window (failure rates such as 1/3), forced_open and disabled
+-- breakers, a few names that need escapes.
 -- At each size it times fuse.metrics() (CPU seconds of this process, os.clock, user and
 -- system; median of ROUNDS, each after a full collection), alone and with the full
 -- collection after it (its garbage: what a worker pays for a scrape sooner or later),
@@ -23,19 +28,20 @@ local stats = require "stats"
 
 local B = jit and require("fuse.ffi") or require("fuse.core")
 
-local base, phases, ROUNDS = nil, false, 5
+local base, phases, shared, ROUNDS = nil, false, false, 5
 do
   local i = 1
   while i <= #arg do
     if arg[i] == "--base" then base, i = arg[i + 1], i + 1
     elseif arg[i] == "--phases" then phases = true
+    elseif arg[i] == "--shared" then shared = true
     elseif arg[i] == "--rounds" then ROUNDS, i = tonumber(arg[i + 1]), i + 1
     else error("bench/metrics.lua: unknown argument " .. tostring(arg[i])) end
     i = i + 1
   end
 end
 
-fuse.init{ capacity = 131072 }
+fuse.init{ capacity = 131072, shared = shared }
 
 local function name(i)
   if i % 997 == 0 then return "bench.metrics.\"quoted\\" .. i .. "\n\255" end  -- escapes, not UTF-8
@@ -130,8 +136,8 @@ local function phase_rows()
 end
 
 local load0 = stats.loadavg()
-print(("fuse.metrics(), %s, %d rounds (CPU seconds of this process, median), load %s")
-  :format(jit and jit.version or _VERSION, ROUNDS, load0))
+print(("fuse.metrics(), %s, %s registry, %d rounds (CPU seconds of this process, median), load %s")
+  :format(jit and jit.version or _VERSION, shared and "shared" or "private", ROUNDS, load0))
 for _, size in ipairs{ 1000, 10000, 100000 } do
   grow_to(size)
   local times = {}

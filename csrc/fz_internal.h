@@ -155,6 +155,12 @@ struct fz_breaker {
    * that was there give their permits back into them), for an anonymous breaker after
    * its ring when made with max_concurrent; 0: none. */
   int64_t permits_off;
+  /* 1 once a take reached the permits (kept by a reuse of the slot, which keeps the
+   * permits, and copied by a reload); 0: never touched, all zero, and the readers that
+   * walk every breaker (stats, evictions) leave them alone: a first read of a slot's
+   * permits would make their page resident, 4 KB a breaker (fz_stats_peek of every
+   * breaker at a scrape did). */
+  uint64_t permits_taken;    /* concurrent: set by permits_mark, never cleared */
 
   stripe stripes[NSTRIPES];  /* (each on lines of its own: the breaker ends with them) */
 };
@@ -167,6 +173,19 @@ static inline fzp *permits_of(fz_breaker *b) {
    * reuse of its registry slot, which a stale handle may be reading (fzi_slot_init) */
   int64_t off = (int64_t)at_load_rlx((uint64_t *)(void *)&b->permits_off);
   return off ? (fzp *)(void *)((char *)b + off) : NULL;
+}
+
+/* The breaker's permits for a reader (stats, eviction), or NULL when none was ever taken:
+ * all zero then (a take racing with this read is as one just after it). */
+static inline fzp *permits_read(fz_breaker *b) {
+  /* acquire: pairs with the release in permits_mark, before the take it precedes */
+  return at_load_acq(&b->permits_taken) ? permits_of(b) : NULL;
+}
+
+/* Before a take that may be the first on b's permits (fzp_take_any: a thread's first take
+ * on a breaker's permits claims a lane there; the fast path needs a lane it claimed). */
+static inline void permits_mark(fz_breaker *b) {
+  if (!at_load_rlx(&b->permits_taken)) at_store_rel(&b->permits_taken, 1);
 }
 
 /* An option a reload may rewrite while calls read it (fzi_reconfigure): a relaxed load.

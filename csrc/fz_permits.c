@@ -454,7 +454,8 @@ void fzp_rebuild(fzp *p) {
   for (int i = 0; i < FZP_LANES; i++) {
     uint64_t st = resolve(p, i, pw, 1) & ~FZP_MARK;  /* (a mark of the old registry's taker) */
     at_store_rlx(&p->lane[i].st, st);
-    if (st || at_load_rlx(&p->lane[i].owner)) used |= UINT64_C(1) << i;  /* (the copied `used` may be behind) */
+    /* (the copied `used` may be behind; fzp_running reads the runs of used lanes only) */
+    if (st || at_load_rlx(&p->lane[i].owner) || at_load_rlx(&p->lane[i].run)) used |= UINT64_C(1) << i;
     taken += st & FZP_COUNT;
     given += fzp_given(st);
     bits |= (st & 1) << (24 + i);
@@ -468,11 +469,17 @@ void fzp_rebuild(fzp *p) {
  * with it; its permits are taken back when a caller needs them, and till then its lanes
  * still count its last runs); a sum caught below zero (a call ended on another thread
  * read before its start) reads 0. A lane of another process that runs calls costs a
- * kill(pid, 0). */
+ * kill(pid, 0). Only the lanes of `used` are read: a lane never claimed ran no call (its
+ * run is written by its owners and their survivors only), so a breaker that never took
+ * a permit costs one line here, not 40 (fz_stats_peek of every breaker at each scrape). */
 uint32_t fzp_running(const fzp *p) {
   uint32_t mypid = 0;
   int64_t n = 0;
-  for (int i = 0; i < FZP_LANES; i++) {
+  /* acquire: pairs with the release in claim (a lane claimed after this read runs calls
+   * that began after it: as if read a moment earlier) */
+  uint64_t used = at_load_acq(&p->used) & ((UINT64_C(1) << FZP_LANES) - 1);
+  for (uint64_t m = used; m; m &= m - 1) {
+    int i = __builtin_ctzll(m);
     int64_t r = (int64_t)at_load_acq(&p->lane[i].run);
     if (!r) continue;
     /* relaxed: a lane's owner changes only when it is claimed or taken back, and either
@@ -500,7 +507,9 @@ int fzp_in_use(const fzp *p) {
  * dropped it while calls held permits) a take still counts, so that gives balance. */
 int fz_permit_take(fz_breaker *b, int count_full) {
   fzp *p = permits_of(b);
-  if (!p || fzp_take(p, permit_limit(b))) return 1;
+  if (!p || fzp_take_fast(p, permit_limit(b))) return 1;
+  permits_mark(b);
+  if (fzp_take_any(p, permit_limit(b))) return 1;
   if (count_full) at_add_rlx(&p->full_total, 1);
   return 0;
 }
@@ -513,7 +522,8 @@ void fz_permit_give(fz_breaker *b) {
 /* A reload's copy (fz_registry.c, migrate): the permits copied beside the breaker, and
  * their word made again (the copy was read while workers ran). */
 void fzi_permits_copy(fz_breaker *to, fz_breaker *from) {
-  fzp *p = permits_of(to), *q = permits_of(from);
+  /* none taken: the copy's are zero already (a fresh mapping), and stay untouched */
+  fzp *p = permits_of(to), *q = permits_read(from);
   if (!p || !q) return;
   memcpy(p, q, sizeof *p);
   fzp_rebuild(p);

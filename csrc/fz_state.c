@@ -623,6 +623,7 @@ static double enter_full(fzp *p, int count_full) {
 static __attribute__((noinline)) double enter_limit_any(fz_breaker *b, uint32_t id, int count_full) {
   fzp *p = permits_of(b);
   if (!p) return enter_id(b, id);
+  permits_mark(b);
   if (!fzp_take_any(p, permit_limit(b))) return enter_full(p, count_full);
   double t = enter_id(b, id);
   if (t < 0) fzp_give(p);  /* a rejection holds no permit */
@@ -996,7 +997,7 @@ static int stats_fill(fz_breaker *b, fz_stats *out, int settle_due) {
   out->retry_after = fz_retry_after(b);
   read_totals(b, out);
   out->opens_total = at_load_acq(&b->opens_total) - at_load_acq(&b->base[4]);
-  fzp *p = permits_of(b);
+  fzp *p = permits_read(b);
   if (p) {
     out->running = fzp_running(p);
     out->full_total = at_load_rlx(&p->full_total);
@@ -1202,6 +1203,7 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name_at, uint3
   if (tmp.last_use == at_load_acq(&b->last_use)) tmp.last_use++;  /* a value it never held */
   tmp.cw_ring_off = (int64_t)((char *)ring - (char *)b);
   tmp.permits_off = tmp.cw_ring_off + (int64_t)FZ_RING_BYTES;
+  tmp.permits_taken = at_load_acq(&b->permits_taken);  /* the slot's permits: kept */
   word *to = (word *)(void *)b;
   const word *from = (const word *)(const void *)&tmp;
   _Static_assert(offsetof(fz_breaker, sw) == 0, "the state word comes first");
@@ -1269,7 +1271,7 @@ int64_t fzi_unused_ns(fz_breaker *b) {
    * buckets wrapped after 24.8 days, and the breaker was never evicted again) */
   uint64_t now_b = (uint64_t)(((u128)t * OPT(b, bucket_inv)) >> 64), last = at_load_acq(&b->last_use);
   if (now_b <= last) return 0;
-  fzp *p = permits_of(b);
+  fzp *p = permits_read(b);
   if (p && fzp_in_use(p)) return -1;  /* permits held: its calls run (only an idle one is asked) */
   u128 ns = (u128)(now_b - last - 1) * OPT(b, bucket_ns);
   return ns > INT64_MAX ? INT64_MAX : (int64_t)ns;

@@ -116,7 +116,31 @@ end
 local has_new, table_new = pcall(require, "table.new")
 if not has_new then table_new = function() return {} end end
 
-local _M = { label = label }
+-- Under OpenResty, in a phase that may yield, a scrape gives the worker back every
+-- YIELD_EVERY breakers it walks and every YIELD_EVERY * 8 lines it writes (about 3 ms of
+-- work each: a line costs an eighth of a breaker's read) for PAUSE seconds, with
+-- ngx.sleep: at 100,000 breakers a scrape is about 0.3 s of CPU, during which the
+-- worker would serve nothing else. Not ngx.sleep(0): in an nginx without OpenResty's
+-- delayed-events patch (Debian's, for one) it is a timer of 0 ms, which nginx runs
+-- again in the same pass over its timers, before any other request's event; a 1 ms
+-- timer waits for the next pass, after the worker's pending I/O (each yield adds at most
+-- that to the scrape's wall time: about 60 ms at 100,000 breakers). In the other phases
+-- (header_filter, log, init_worker...), outside nginx, and under a Lua without ngx, it
+-- runs in one go.
+local YIELD_EVERY, PAUSE = 4096, 0.001
+local YIELDING = { rewrite = true, access = true, content = true, timer = true }
+
+-- The function that yields (ngx.sleep) when the phase running now may yield, else nil.
+local function yielder()
+  local ngx = rawget(_G, "ngx")
+  if type(ngx) ~= "table" or type(ngx.get_phase) ~= "function" or type(ngx.sleep) ~= "function" then
+    return nil
+  end
+  if YIELDING[ngx.get_phase()] then return ngx.sleep end
+  return nil
+end
+
+local _M = { label = label, YIELD_EVERY = YIELD_EVERY, PAUSE = PAUSE }
 
 -- fuse.metrics.new(B, each_breaker, sync) -> the facade's functions over the backend B:
 -- each_breaker(fn) walks the registry (fn(h, name, id): see lua/fuse.lua); sync() brings
@@ -154,14 +178,26 @@ function _M.new(B, each_breaker, sync)
   -- table for the whole walk, the numbers kept by series (cols), and each series written
   -- in one pass into one buffer, a count as its digits (see SMALL); the text is the
   -- one string.format("%s{name=\"%s\"} %.17g\n", ...) per line gave (spec 10 compares).
+  --
+  -- Where it may yield (see YIELD_EVERY) other requests of the worker run meanwhile, and
+  -- may add and remove breakers: the walk reads each slot once, as it reads slots that
+  -- other workers change under it (a slot freed before the walk reaches it is not shown,
+  -- one made after the walk began may be or not, a name made again in a later slot is
+  -- shown once, as its later breaker). The yield is a rare branch inside the walk's and
+  -- the writing's loops, so that their traces stay whole (a loop around them, one
+  -- iteration per chunk, would start traces that abort at the yield, and LuaJIT would
+  -- blacklist it).
   function M.metrics()
     sync()
+    local pause = yielder()
     local peek, nseries = B.peek, #METRICS
     local count = B.count()  -- the slots handed out: room for every breaker the walk sees
     local s, n, at, labels, cols = {}, 0, table_new(0, count), table_new(count, 0), {}
-    local label_bytes = 0
+    local label_bytes, seen = 0, 0
     for k = 1, nseries do cols[k] = table_new(count, 0) end
     each_breaker(function(h, name, id)
+      seen = seen + 1
+      if seen % YIELD_EVERY == 0 and pause then pause(PAUSE) end
       peek(h, s)  -- makes no transition: those are made, and reported, by calls
       -- a name removed and made again in a later slot during the walk (another worker)
       -- is seen twice: one series per name, the later breaker's
@@ -187,6 +223,7 @@ function _M.new(B, each_breaker, sync)
       out:put("# HELP ", m[1], " ", m[3], "\n# TYPE ", m[1], " ", m[2], "\n")
       local head = m[1] .. '{name="'
       for i = 1, n do  -- (the three cases: see SMALL)
+        if i % (YIELD_EVERY * 8) == 0 and pause then pause(PAUSE) end
         local v = col[i]
         local tail = SMALL[v]
         if tail and (v ~= 0 or 1 / v > 0) then

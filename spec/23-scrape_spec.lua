@@ -1,0 +1,148 @@
+-- fuse.metrics() under OpenResty gives the worker back while it scrapes: in a phase that
+-- may yield (rewrite, access, content, timer) it calls ngx.sleep(PAUSE) every YIELD_EVERY
+-- breakers of its walk and every 8 * YIELD_EVERY lines it writes, so that the worker
+-- serves its other requests meanwhile (at 100,000 breakers a scrape is about 0.3 s of
+-- CPU). Here ngx is a stand-in whose sleep yields the coroutine running the scrape; the
+-- text must be the one a scrape that never yields writes, and stay right when breakers
+-- are removed, made and forced open while it yields. test/scrape.t.sh shows the same in
+-- a real nginx.
+local support = require "spec.support"
+local BACKEND = support.BACKEND
+
+-- Each check runs in a process of its own (a registry sized for several YIELD_EVERY
+-- breakers); it prints "ok WHAT" or "not ok WHAT: why" lines.
+local PRELUDE = [[
+local fuse = require "fuse"
+local metrics = require "fuse.metrics"
+local EVERY = metrics.YIELD_EVERY
+fuse.init{ capacity = 16384 }
+local function check(cond, what) io.write(cond and "ok " or "not ok ", what, "\n") end
+
+-- fuse.metrics() in `phase` under a stand-in ngx, in a coroutine that `at_yield(k)`
+-- resumes after its k-th ngx.sleep. Returns the text and the number of yields. Each
+-- sleep must be of more than 0 s: ngx.sleep(0) of an nginx without OpenResty's patch
+-- resumes the scrape before the worker's other events.
+local function scrape(phase, at_yield)
+  local yields, slept = 0, {}
+  rawset(_G, "ngx", {
+    get_phase = function() return phase end,
+    sleep = function(s) slept[#slept + 1] = s; coroutine.yield("slept") end,
+  })
+  local co = coroutine.create(fuse.metrics)
+  local ok, text = coroutine.resume(co)
+  while ok and text == "slept" do
+    yields = yields + 1
+    if at_yield then at_yield(yields) end
+    ok, text = coroutine.resume(co)
+  end
+  rawset(_G, "ngx", nil)
+  assert(ok, text)
+  for _, s in ipairs(slept) do assert(s == metrics.PAUSE and s > 0, "ngx.sleep(" .. tostring(s) .. ")") end
+  return text, yields
+end
+
+-- name -> value of series `metric` in `text`, and whether a name showed twice there.
+local function series(text, metric)
+  local out, twice = {}, false
+  for name, v in text:gmatch("\n" .. metric .. '{name="([^"]*)"} ([^\n]*)') do
+    if out[name] then twice = true end
+    out[name] = v
+  end
+  return out, twice
+end
+
+local N = 3 * EVERY + 500
+for i = 1, N do fuse.new{ name = ("scrape-%05d"):format(i), fails = 5 } end
+]]
+
+local function assert_child(body, count)
+  local out = support.run_child(PRELUDE .. body)
+  local n = 0
+  for line in out:gmatch("[^\n]+") do
+    n = n + 1
+    assert.matches("^ok ", line, nil, nil, out)
+  end
+  assert.equal(count, n, out)
+end
+
+describe("fuse.metrics() under OpenResty #" .. BACKEND, function()
+  support.it_runs_on_backend()
+
+  it("yields every YIELD_EVERY breakers in content, timer, access and rewrite, with the same text", function()
+    assert_child([[
+local plain = fuse.metrics()  -- no ngx: in one go
+for _, phase in ipairs{ "content", "timer", "access", "rewrite" } do
+  local text, yields = scrape(phase)
+  -- the walk yields once per EVERY breakers (N of them); the writing adds its own
+  check(yields >= math.floor(N / EVERY), phase .. ": " .. yields .. " yields for " .. N .. " breakers")
+  check(text == plain, phase .. ": the text of a scrape that does not yield")
+end
+]], 8)
+  end)
+
+  it("runs in one go in the phases that cannot yield, and without ngx.sleep", function()
+    assert_child([[
+local plain = fuse.metrics()
+for _, phase in ipairs{ "init", "init_worker", "set", "header_filter", "body_filter", "log", "balancer" } do
+  local text, yields = scrape(phase)
+  check(yields == 0 and text == plain, phase .. ": no yield (" .. yields .. "), the same text")
+end
+rawset(_G, "ngx", { get_phase = function() return "content" end })  -- (no sleep)
+check(fuse.metrics() == plain, "an ngx without sleep: the same text")
+rawset(_G, "ngx", nil)
+]], 8)
+  end)
+
+  it("stays right when breakers are removed, made and forced open while it yields", function()
+    assert_child([[
+-- at the first yield the walk has read about EVERY breakers, in slot order: the first
+-- names are behind it, the last ones ahead of it
+local behind, ahead, again, forced = "scrape-00001", ("scrape-%05d"):format(N), ("scrape-%05d"):format(N - 1),
+  ("scrape-%05d"):format(N - 2)
+local made = {}
+local text, yields = scrape("content", function(k)
+  if k ~= 1 then return end
+  fuse.remove(again)
+  fuse.new{ name = again, fails = 5 }      -- the same name again
+  fuse.remove(behind)
+  fuse.remove(ahead)
+  fuse.get(forced):force_open()
+  for i = 1, 3 do made[i] = "scrape-new-" .. i; fuse.new{ name = made[i], fails = 5 } end
+end)
+check(yields >= 3, "it yielded (" .. yields .. ")")
+local state, twice = series(text, "fuse_state")
+check(not twice, "one fuse_state line per name")
+check(state[ahead] == nil, "a breaker removed before the walk reached it is not shown")
+check(state[behind] == "0", "a breaker read before its removal is shown as it was read")
+check(state[forced] == "3", "a breaker forced open before the walk reached it shows forced_open")
+-- (`again`, removed and made again, and the names made meanwhile may be shown or not,
+-- each once: the twice check above)
+local kept = 0
+for name in pairs(state) do
+  if name:find("^scrape%-%d") and name ~= again and name ~= behind then kept = kept + 1 end
+end
+check(kept == N - 3, "every breaker that lived through the scrape shown (" .. kept .. " of " .. (N - 3) .. ")")
+for _, metric in ipairs{ "fuse_calls_total", "fuse_opens_total", "fuse_full_total" } do
+  local values, twice_here = series(text, metric)
+  local same = not twice_here
+  for name in pairs(state) do same = same and values[name] ~= nil end
+  for name in pairs(values) do same = same and state[name] ~= nil end
+  check(same, metric .. ": one line for each name of fuse_state, and no other")
+end
+local after = series(fuse.metrics(), "fuse_state")
+local first, last = made[1], made[3]
+check(after[ahead] == nil and after[behind] == nil and after[first] == "0" and after[last] == "0",
+  "the next scrape shows the registry as it is")
+]], 10)
+  end)
+
+  it("leaves the walk compiled: no function of fuse blacklisted after scrapes that yield", function()
+    if not jit then return pending("LuaJIT only") end
+    assert_child([[
+local jit_support = require "spec.jit_support"
+for _ = 1, 300 do scrape("content") end
+local bad = jit_support.blacklisted(jit_support.fuse_roots())
+check(#bad == 0, #bad .. " blacklisted entries or loops in fuse's functions: " .. table.concat(bad, ", "))
+]], 1)
+  end)
+end)

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# test/scrape.t.sh -- a /metrics scrape of many breakers in a real nginx lets its worker
+# serve other requests meanwhile (prints TAP).
+#
+# nginx with 2 workers and 60,000 breakers in the shared registry (a scrape of them is
+# about 0.2 s of CPU). /metrics logs "scrape start", calls fuse.metrics(), logs "scrape
+# end" and prints the text; /ping logs "ping I" and answers the worker's pid. The test
+# holds two keep-alive connections to one worker W (it opens connections until one
+# lands on the worker of the first: reuseport spreads them), asks /metrics on the first
+# and, while that answer has not ended, asks /ping again and again on the second, each
+# after the answer to the one before. It expects, in W's lines of the error log, a
+# "ping" between "scrape start" and "scrape end": W served a request in the middle of
+# the scrape. No time is measured: a scrape that never gives the worker back (fuse
+# 1fb4fcc and before) leaves every ping of W before its start or after its end, whatever the
+# speed of the machine. Also: the text is whole (a fuse_state line per breaker), a
+# scrape in header_filter_by_lua (which cannot yield) and one in a timer (which does)
+# work, and the error log holds no error.
+# Needs nginx with the Lua module; without it it skips, except under CI=true, where it
+# fails. About 10 s; a watchdog stops it after 180 s. KEEP=1 keeps the temp prefix;
+# FUSE_LUA_DIR=DIR runs another tree's lua/ (e.g. to see the test fail on an old one).
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=test/lib/nginx.sh
+. "$ROOT/test/lib/nginx.sh"
+NGINX=$(nginx_bin)
+SO_SRC=$ROOT/build/fuse/core.so
+N=60000
+
+# shellcheck source=test/lib/tap.sh
+. "$ROOT/test/lib/tap.sh"
+
+echo "TAP version 13"
+PATH=$PATH:/usr/sbin:/sbin
+command -v "$NGINX" >/dev/null || skip_all "nginx is not installed"
+nginx_has_lua || skip_all "the nginx Lua module is not installed"
+[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
+
+T=$(mktemp -d /tmp/fuse-scrape-test.XXXXXX) || bail "mktemp failed"
+trap 'cleanup_nginx "$(cat "$T/logs/nginx.pid" 2>/dev/null)"' EXIT
+watchdog 180
+
+mkdir -p "$T/logs" "$T/temp"
+copy_fuse "$T" "${FUSE_LUA_DIR:-$ROOT/lua}" "$SO_SRC"
+
+render_conf() {
+  {
+    nginx_load_modules
+    cat <<EOF
+worker_processes 2;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 64; }
+http {
+    access_log off;
+$(nginx_temp_paths)
+$(nginx_lua_paths "$T")
+    init_by_lua_block {
+        local fuse = require "fuse"
+        fuse.init{ shared = true, capacity = 65536 }
+        for i = 1, $N do fuse.new{ name = ("scrape-%05d"):format(i), fails = 5 } end
+    }
+    init_worker_by_lua_block {
+        ngx.timer.at(0, function()
+            ngx.log(ngx.WARN, "timer scrape of ", #require("fuse").metrics(), " bytes")
+        end)
+    }
+    server {
+        listen 127.0.0.1:$PORT reuseport;
+        location = /metrics {
+            default_type "text/plain; version=0.0.4";
+            content_by_lua_block {
+                ngx.log(ngx.WARN, "scrape start")
+                local text = require("fuse").metrics()
+                ngx.log(ngx.WARN, "scrape end")
+                ngx.print(text)
+            }
+        }
+        location = /ping {
+            content_by_lua_block {
+                ngx.log(ngx.WARN, "ping ", ngx.var.arg_i)
+                local pid = tostring(ngx.worker.pid())
+                ngx.header["Content-Length"] = #pid
+                ngx.print(pid)
+            }
+        }
+        location = /in-header-filter {
+            content_by_lua_block { ngx.print("x") }
+            header_filter_by_lua_block {
+                ngx.header["X-Metrics-Bytes"] = #require("fuse").metrics()
+            }
+        }
+    }
+}
+EOF
+  } > "$T/nginx.conf"
+  chmod a+r "$T/nginx.conf"
+}
+start_rendered 1 render_conf "$T" || bail "nginx did not start: $NGINX_START_ERR"
+wait_for 60 curl -s -o /dev/null -m 1 "http://127.0.0.1:$PORT/ping" || bail "nginx does not answer"
+
+# ping FD I: /ping?i=I on the keep-alive connection FD; prints the pid that answered.
+ping() {
+  local fd=$1 line len=0 body
+  printf 'GET /ping?i=%s HTTP/1.1\r\nHost: t\r\n\r\n' "$2" >&"$fd" || return 1
+  IFS= read -r -t 30 line <&"$fd" || return 1
+  case $line in "HTTP/1.1 200"*) ;; *) return 1 ;; esac
+  while IFS= read -r -t 30 line <&"$fd"; do
+    line=${line%$'\r'}
+    [ -z "$line" ] && break
+    case $line in [Cc]ontent-[Ll]ength:*) len=${line#*: } ;; esac
+  done
+  IFS= read -r -t 30 -N "$len" body <&"$fd" || return 1
+  echo "$body"
+}
+# connect: a new connection to nginx, its descriptor in FD
+connect() { exec {FD}<>"/dev/tcp/127.0.0.1/$PORT"; }
+# on_w: a new keep-alive connection to worker W, its descriptor in FD (up to 60 tries:
+# reuseport spreads connections over the workers)
+on_w() {
+  local i
+  for i in $(seq 60); do
+    connect || return 1
+    [ "$(ping "$FD" "c$i")" = "$W" ] && return 0
+    exec {FD}>&-
+  done
+  return 1
+}
+
+connect || bail "cannot connect to nginx"
+S=$FD
+W=$(ping "$S" 0) || bail "no answer to /ping"
+on_w || bail "60 connections, none on worker $W"
+C=$FD
+
+# W's lines of the error log, from line $1 on
+w_lines() { tail -n "+$1" "$T/logs/error.log" | grep -F "] $W#"; }
+scraped() { w_lines "$1" | grep -q "scrape end"; }
+
+# Up to 3 scrapes, until one of them has a ping in its middle (a ping that reached W
+# before the scrape began proves nothing, nor does one after it: try again)
+between=0 tries=0 i=1000
+for try in 1 2 3; do
+  tries=$try
+  from=$(($(wc -l < "$T/logs/error.log") + 1))
+  printf 'GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n' >&"$S"
+  cat <&"$S" > "$T/scrape.$try" &
+  reader=$!
+  while kill -0 "$reader" 2>/dev/null && [ "$i" -lt 100000 ]; do
+    i=$((i + 1))
+    [ "$(ping "$C" "$i")" = "$W" ] || bail "ping $i: no answer from worker $W"
+    scraped "$from" && break
+  done
+  wait "$reader"
+  wait_for 30 scraped "$from" || bail "no \"scrape end\" in worker $W's log"
+  between=$(w_lines "$from" | awk '/scrape start/ { s = 1 } /scrape end/ { s = 0 } s && /ping / { n++ } END { print n + 0 }')
+  diag "scrape $try: $between pings of worker $W between its start and its end"
+  [ "$between" -gt 0 ] && break
+  exec {S}>&-
+  on_w || bail "60 connections, none on worker $W"
+  S=$FD
+done
+check "worker $W served requests in the middle of a scrape ($between pings, scrape $tries)" [ "$between" -gt 0 ]
+
+lines=$(grep -c '^fuse_state{name="scrape-' "$T/scrape.$tries")
+check "the scrape is whole: $lines fuse_state lines for $N breakers" [ "$lines" -eq "$N" ]
+check "the scrape ends with the registry's series" grep -q '^fuse_registry_evictions_total 0' "$T/scrape.$tries"
+
+hdr=$(curl -s -D - -o /dev/null -m 60 "http://127.0.0.1:$PORT/in-header-filter" | tr -d '\r' |
+  sed -n 's/^X-Metrics-Bytes: //Ip')
+check "a scrape in header_filter_by_lua (no yield) works: $hdr bytes" [ "${hdr:-0}" -gt 1000000 ]
+timer_scrapes() { [ "$(grep -c "timer scrape of [0-9]\{7,\} bytes" "$T/logs/error.log")" -eq 2 ]; }
+check "a scrape in a timer works, in each worker" wait_for 60 timer_scrapes
+errors=$(grep -E '\[(error|crit|alert|emerg)\]' "$T/logs/error.log" | head -n 5)
+check "no error in the error log" [ -z "$errors" ]
+[ -z "$errors" ] || diag "$errors"
+
+echo "1..$n"
+[ "$failed" -eq 0 ]
