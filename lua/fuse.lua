@@ -915,13 +915,16 @@ end
 -- max_concurrent: the permits of allowed tickets not reported yet, key -> { handle,
 -- pending list, entry, object, the core's ticket } (under OpenResty the key is noted
 -- with its request, so that a request that ends without its report gives the permit
--- back in fuse.settle()). The key is what allow returned: the core's ticket, or a stand-in
--- when that ticket equals one still out. Tickets are not unique: the core leaves a ticket
--- untracked when the thread's ledger has no free entry near its cursor (thousands of an
--- nginx worker's tickets out at once), and untracked tickets of one state are equal.
--- Each call must have a key of its own: a report from another request or a timer names
--- no request, and the request whose permit it gave back must be the one whose call it
--- ended (else that request's end gives back the permit of a call still running).
+-- back in fuse.settle()). The key is what allow returned: the core's ticket when the
+-- core tracked it (bit 7 set: unique while it is out, refused once reported), else a
+-- stand-in, never issued again. Untracked tickets are not unique: the core leaves a
+-- ticket untracked when the thread's ledger has no free entry near its cursor (thousands
+-- of an nginx worker's tickets out at once), and untracked tickets of one state are
+-- equal. Each call must have a key of its own: a report from another request or a timer
+-- names no request, and the request whose permit it gives back must be the one whose
+-- call it ended (else that request's end gives back the permit of a call still
+-- running); and a report that comes after its request ended (fuse.settle() counted the
+-- call) must find nothing, not a later call's permit.
 local function held_of(br)
   local held = br._held
   if not held then
@@ -1008,7 +1011,8 @@ function Breaker:allow()
   if t % 2 == 1 then fire(self.on_state_change, self.name, made_by(t)) end
   if limit then
     local held = held_of(self)
-    local key = held[t] and stand_in() or t  -- (equal to a ticket out: see held_of)
+    local key = t  -- (untracked, or equal to a ticket out: a stand-in, see held_of)
+    if t % 256 < 128 or held[t] then key = stand_in() end
     local e = { ph, false, false, self, t }
     if TRACK then e[2], e[3] = track(settle_allowed, e, key, 0, ph) end
     held[key] = e

@@ -253,19 +253,19 @@ describe("isolation #" .. BACKEND, function()
     end)
 
     -- More tickets out at once than a thread's ledger holds (4,096): the core leaves the
-    -- rest untracked, and untracked tickets of one state are equal. allow gives a ticket
-    -- equal to one still out a stand-in (a negative number), so every call's ticket is
-    -- its own and gives back its own permit, whoever reports it (before 3870cd4: 903 of
-    -- 5,000 permits kept for good; after it, equal tickets shared one entry list, and a
-    -- report from another request could give back the permit of a call still running:
-    -- test/isolation.t.sh, "equal tickets", shows it in nginx).
+    -- rest untracked, and untracked tickets of one state are equal. allow gives each
+    -- untracked ticket a stand-in (a negative number, never issued again), so every
+    -- call's ticket is its own and gives back its own permit, whoever reports it (before
+    -- 3870cd4: 903 of 5,000 permits kept for good; after it, equal tickets shared one
+    -- entry list, and a report from another request could give back the permit of a
+    -- call still running: test/isolation.t.sh, "equal tickets", shows it in nginx).
     local function many(b, n)
       local tickets = {}
       for i = 1, n do tickets[i] = assert(b:allow()) end
       return tickets
     end
 
-    it("tickets the core made equal get stand-ins: each call's is its own", function()
+    it("untracked tickets get stand-ins: each call's ticket is its own", function()
       local b = fuse.new({ name = unique("iso"), fails = 100000, max_concurrent = 100000 })
       local tickets = many(b, 5000)
       local distinct, n, stand_ins = {}, 0, 0
@@ -301,6 +301,28 @@ describe("isolation #" .. BACKEND, function()
       for i = 1, 4999 do b:report(tickets[i], true) end
       st = b:stats()
       assert.same({ 0, 1, 4999 }, { st.running, st.failures_total, st.successes_total })
+    end)
+
+    -- An untracked ticket reported twice: the core cannot tell (it checks such a ticket
+    -- by breaker, generation and state only), and before, a later call that got an equal
+    -- ticket held its permit under that same number: the second report gave it back
+    -- while that call ran (under nginx: a report after fuse.settle() counted the call).
+    it("an untracked ticket reported twice is refused and gives back no other call's permit", function()
+      local b = fuse.new({ name = unique("iso"), fails = 100000, max_concurrent = 100000 })
+      local tickets = many(b, 5000)
+      local u
+      for _, t in ipairs(tickets) do
+        if t < 0 or t % 256 < 128 then u = t; break end  -- (a stand-in, or bit 7 clear)
+      end
+      assert.is_number(u)
+      b:report(u, true)
+      local later = assert(b:allow())  -- (the core's ticket equal to u's)
+      assert.equal(5000, b:stats().running)
+      assert.matches("was already reported", err_of(b.report, b, u, true))
+      assert.equal(5000, b:stats().running)
+      b:report(later, true)
+      for _, t in ipairs(tickets) do if t ~= u then b:report(t, true) end end
+      assert.equal(0, b:stats().running)
     end)
 
     -- Before: allow took the permit on the removed breaker, then re-found the name and
