@@ -69,7 +69,7 @@ local core = B.lib or { fz_enter_id = B.enter, fz_allow_id = B.allow, fz_done = 
 -- that ends the request (ngx.exit, ngx.exec, ngx.redirect) is still counted, by fuse.settle()
 -- in the log phase. False elsewhere, and then the branches on it compile away.
 local TRACK = pending.enabled
-local track, untrack, mine = pending.track, pending.untrack, pending.mine
+local track, untrack = pending.track, pending.untrack
 
 ---------------------------------------------------------------------------- the clock
 
@@ -912,13 +912,19 @@ function Breaker:wrap(fn, fallback)
 end
 
 -- The two-step form: ticket = b:allow(); ... b:report(ticket, ok [, seconds]).
--- max_concurrent: the permits of allowed tickets not reported yet, ticket -> { handle,
--- pending list, entry, object, more } (under OpenResty the ticket is noted with its
--- request, so that a request that ends without its report gives the permit back in
--- fuse.settle()). `more`: the entry of another allow that got the same ticket. Tickets
--- are not unique: the core leaves a ticket untracked when the thread's ledger has no
--- free entry near its cursor (thousands of an nginx worker's tickets out at once), and
--- untracked tickets of one state are equal; each of them holds its own permit.
+-- max_concurrent: the permits of allowed tickets not reported yet, key -> { handle,
+-- pending list, entry, object, the core's ticket } (under OpenResty the key is noted
+-- with its request, so that a request that ends without its report gives the permit
+-- back in fuse.settle()). The key is what allow returned: the core's ticket when the
+-- core tracked it (bit 7 set: unique while it is out, refused once reported), else a
+-- stand-in, never issued again. Untracked tickets are not unique: the core leaves a
+-- ticket untracked when the thread's ledger has no free entry near its cursor (thousands
+-- of an nginx worker's tickets out at once), and untracked tickets of one state are
+-- equal. Each call must have a key of its own: a report from another request or a timer
+-- names no request, and the request whose permit it gives back must be the one whose
+-- call it ended (else that request's end gives back the permit of a call still
+-- running); and a report that comes after its request ended (fuse.settle() counted the
+-- call) must find nothing, not a later call's permit.
 local function held_of(br)
   local held = br._held
   if not held then
@@ -928,49 +934,47 @@ local function held_of(br)
   return held
 end
 
--- Takes entry e off the entries of ticket t in held: true, or false when it was not there.
-local function unheld(held, t, e)
-  local x = held[t]
-  if x == e then
-    held[t] = e[5]
-    return true
-  end
-  while x do
-    if x[5] == e then
-      x[5] = e[5]
-      return true
-    end
-    x = x[5]
-  end
-  return false
+-- Stand-ins: -1, -2, ... (a number fz_done refuses at once, so that report resolves
+-- one only after the core refused it: a report of a core ticket pays nothing for them).
+local stand_ins = 0
+
+local function stand_in()
+  stand_ins = stand_ins + 1
+  return -stand_ins
 end
 
--- A permit of an allowed ticket given back (report): of the entries of that ticket, the
--- reporting request's own first (its pending entry is struck off), else the last one.
-local function give_held(br, ticket)
+-- A permit of an allowed ticket given back (report).
+local function give_held(br, key)
   local held = br._held
-  local e = held and held[ticket]
+  local e = held and held[key]
   if not e then return end
-  if e[5] and TRACK then
-    local x = e
-    while x and not (x[2] and mine(x[2])) do x = x[5] end
-    e = x or e
-  end
-  unheld(held, ticket, e)
+  held[key] = nil
   if e[2] then untrack(e[2], e[3]) end
   core.fz_permit_give(e[1])
 end
 
--- The end of a request whose allowed ticket was never reported (entry e): its permit
--- back, and the call counted by the status as fuse.settle() counts calls that ended
--- their request.
-local function settle_allowed(e, ticket, _, outcome)
+-- The end of a request whose allowed ticket (entry e, key) was never reported: its
+-- permit back, and the call counted by the status as fuse.settle() counts calls that
+-- ended their request.
+local function settle_allowed(e, key, _, outcome)
   local br = e[4]
-  if not (br._held and unheld(br._held, ticket, e)) then return end
+  local held = br._held
+  if not (held and held[key] == e) then return end
+  held[key] = nil
   core.fz_permit_give(e[1])
   if fake then sync() end
-  local code = core.fz_done(br._h, ticket, outcome, -1)
+  local code = core.fz_done(br._h, e[5], outcome, -1)
   if code > 0 then fire(br.on_state_change, br.name, code) end
+end
+
+-- report's code for stand-in key of object br, which fz_done refused: fz_done's for the
+-- ticket it stands for, and that ticket; E_REPORTED for a stand-in issued and not held
+-- (reported, or another object's), E_TICKET for any other number.
+local function report_stand_in(br, key, outcome, seconds)
+  local e = br._held and br._held[key]
+  if e then return core.fz_done(br._h, e[5], outcome, seconds), e[5] end
+  if key == floor(key) and -key <= stand_ins then return E_REPORTED, key end
+  return E_TICKET, key
 end
 
 function Breaker:allow()
@@ -1007,9 +1011,12 @@ function Breaker:allow()
   if t % 2 == 1 then fire(self.on_state_change, self.name, made_by(t)) end
   if limit then
     local held = held_of(self)
-    local e = { ph, false, false, self, held[t] }
-    if TRACK then e[2], e[3] = track(settle_allowed, e, t, 0, ph) end
-    held[t] = e
+    local key = t  -- (untracked, or equal to a ticket out: a stand-in, see held_of)
+    if t % 256 < 128 or held[t] then key = stand_in() end
+    local e = { ph, false, false, self, t }
+    if TRACK then e[2], e[3] = track(settle_allowed, e, key, 0, ph) end
+    held[key] = e
+    return key
   end
   return t
 end
@@ -1036,18 +1043,26 @@ function Breaker:report(ticket, ok, seconds)
     -- allow's answer when the registry was full counts nowhere: the core refuses it
     -- (E_TICKET: its key is 0, no breaker's), and it is no error
     if ticket == PASS_TICKET then return end
+    local key = ticket  -- (what allow returned: held's key)
+    if ticket < 0 then  -- allow's stand-in (max_concurrent): the ticket it stands for
+      code, ticket = report_stand_in(self, key, outcome, seconds or -1)
+      if code == 0 then return give_held(self, key) end
+    end
     if code == E_STALE or (code == E_TICKET and self._was) then
       code = late(self, ticket, outcome, seconds or -1, code)
     end
     if code == E_REPORTED or code == E_TICKET then
       -- a ticket is an integer below 2^53: all its digits (show's 14 significant digits
       -- print one that ends in 0 as 3.7472087572493e+14)
-      local shown = ticket == floor(ticket) and ("%.0f"):format(ticket) or show(ticket)
-      if code == E_REPORTED then error("fuse: report: ticket " .. shown .. " was already reported", 2) end
+      local shown = key == floor(key) and ("%.0f"):format(key) or show(key)
+      if code == E_REPORTED then
+        error("fuse: report: ticket " .. shown .. " was already reported"
+          .. (key < 0 and ", or is another breaker's" or ""), 2)  -- (a stand-in: see held_of)
+      end
       error("fuse: report: " .. shown .. " is not a ticket this breaker's allow issued"
         .. " (another breaker's, or made up)", 2)
     end
-    give_held(self, ticket)
+    give_held(self, key)
     fire(self.on_state_change, self.name, code)
     return
   end

@@ -253,20 +253,75 @@ describe("isolation #" .. BACKEND, function()
     end)
 
     -- More tickets out at once than a thread's ledger holds (4,096): the core leaves the
-    -- rest untracked, and untracked tickets are equal. Each still holds its own permit
-    -- (before: one permit per distinct ticket was given back, 903 of 5,000 kept for good).
-    it("tickets that are equal each give their own permit back", function()
+    -- rest untracked, and untracked tickets of one state are equal. allow gives each
+    -- untracked ticket a stand-in (a negative number, never issued again), so every
+    -- call's ticket is its own and gives back its own permit, whoever reports it (before
+    -- 3870cd4: 903 of 5,000 permits kept for good; after it, equal tickets shared one
+    -- entry list, and a report from another request could give back the permit of a
+    -- call still running: test/isolation.t.sh, "equal tickets", shows it in nginx).
+    local function many(b, n)
+      local tickets = {}
+      for i = 1, n do tickets[i] = assert(b:allow()) end
+      return tickets
+    end
+
+    it("untracked tickets get stand-ins: each call's ticket is its own", function()
       local b = fuse.new({ name = unique("iso"), fails = 100000, max_concurrent = 100000 })
-      local tickets, distinct = {}, {}
-      for i = 1, 5000 do
-        tickets[i] = assert(b:allow())
-        distinct[tickets[i]] = true
+      local tickets = many(b, 5000)
+      local distinct, n, stand_ins = {}, 0, 0
+      for _, t in ipairs(tickets) do
+        if not distinct[t] then n = n + 1 end
+        distinct[t] = true
+        if t < 0 then stand_ins = stand_ins + 1 end
       end
-      local n = 0
-      for _ in pairs(distinct) do n = n + 1 end
-      assert.is_true(n < 5000)  -- (the case this is about: some tickets equal)
+      assert.equal(5000, n)
+      assert.is_true(stand_ins > 0)  -- (the case this is about: the core's tickets equal)
       assert.equal(5000, b:stats().running)
-      for i = 1, 5000 do b:report(tickets[i], true) end
+      for i = 1, 5000, 2 do b:report(tickets[i], true) end  -- (stand-ins and the ticket
+      for i = 5000, 2, -2 do b:report(tickets[i], true) end -- they stand for, in any order)
+      assert.equal(0, b:stats().running)
+    end)
+
+    it("a stand-in reports its call's outcome once, to its breaker only", function()
+      local b = fuse.new({ name = unique("iso"), fails = 100000, max_concurrent = 100000 })
+      local tickets = many(b, 5000)
+      local s = tickets[5000]
+      assert.is_true(s < 0)
+      b:report(s, false)
+      local st = b:stats()
+      assert.same({ 4999, 1, 0 }, { st.running, st.failures_total, st.successes_total })
+      assert.matches("^fuse: report: ticket %-%d+ was already reported, or is another breaker's$",
+        err_of(b.report, b, s, true))
+      local other = fuse.new({ name = unique("iso"), max_concurrent = 10 })
+      assert.matches("was already reported, or is another breaker's",
+        err_of(other.report, other, tickets[4999], true))
+      assert.matches("^fuse: report: %-0.5 is not a ticket this breaker's allow issued",
+        err_of(b.report, b, -0.5, true))
+      assert.equal(4999, b:stats().running)
+      for i = 1, 4999 do b:report(tickets[i], true) end
+      st = b:stats()
+      assert.same({ 0, 1, 4999 }, { st.running, st.failures_total, st.successes_total })
+    end)
+
+    -- An untracked ticket reported twice: the core cannot tell (it checks such a ticket
+    -- by breaker, generation and state only), and before, a later call that got an equal
+    -- ticket held its permit under that same number: the second report gave it back
+    -- while that call ran (under nginx: a report after fuse.settle() counted the call).
+    it("an untracked ticket reported twice is refused and gives back no other call's permit", function()
+      local b = fuse.new({ name = unique("iso"), fails = 100000, max_concurrent = 100000 })
+      local tickets = many(b, 5000)
+      local u
+      for _, t in ipairs(tickets) do
+        if t < 0 or t % 256 < 128 then u = t; break end  -- (a stand-in, or bit 7 clear)
+      end
+      assert.is_number(u)
+      b:report(u, true)
+      local later = assert(b:allow())  -- (the core's ticket equal to u's)
+      assert.equal(5000, b:stats().running)
+      assert.matches("was already reported", err_of(b.report, b, u, true))
+      assert.equal(5000, b:stats().running)
+      b:report(later, true)
+      for _, t in ipairs(tickets) do if t ~= u then b:report(t, true) end end
       assert.equal(0, b:stats().running)
     end)
 

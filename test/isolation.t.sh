@@ -2,7 +2,8 @@
 # test/isolation.t.sh -- max_concurrent in a real nginx, 4 workers, a shared registry
 # (prints TAP): one limit for every worker, held against a fake upstream that counts the
 # requests it holds at once; max_wait; calls that end their request (ngx.exit); a worker
-# killed with kill -9 while its calls hang; nginx -s reload under load.
+# killed with kill -9 while its calls hang; nginx -s reload under load; b:allow()'s
+# equal tickets reported from other requests and timers (one worker).
 #
 # The fake upstream is a second server of the same nginx: each request adds one to a
 # shared counter, notes the level it reached (a key per level, so no race between
@@ -348,6 +349,164 @@ check "the limit is whole after the reload ($codes)" [ "$codes" = "200:5 " ]
 
 errs=$(grep -E '\[(alert|crit|emerg)\]' "$P/logs/error.log" | grep -v 'exited on signal 9')
 check "no [alert], [crit] or [emerg] in the error log but the killed workers'" [ -z "$errs" ]
+[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+
+# ---------------------------------------------------------------- equal tickets, other reporters
+# b:allow()'s tickets are equal when the core leaves them untracked (its ledger has no
+# free entry near its cursor: thousands of a worker's tickets out at once). One worker
+# (the ledger and the permits kept with the tickets are a worker's), its ledger filled
+# with 4,096 tickets of another breaker, so every later ticket is untracked; breaker eq
+# has max_concurrent = 2. /hold?r=R is request R: it allows, and holds its call until
+# it is told to end (with end=own it reports its own ticket first); its log phase runs
+# fuse.settle(). /report?r=R reports R's ticket from another request (&timer=1: from a
+# timer). After each step, the calls running (allowed, neither reported nor ended with
+# their request) must be what eq counts: one more would let a call past the limit, one
+# less would shrink it. Before, a report from elsewhere gave back the entry of the
+# request that allowed last: in a, a1's end then gave back a2's permit while its call
+# ran (running 0 after "end a1", and a limit of 2 admitted two more calls beside it:
+# three at once); in e, e3's permit went with e1's report, and e1's stayed out after
+# every call ended (running 1 after "end e3", until e1's request ended); in f, a report
+# that came after its request had ended (fuse.settle() counted the call) took the
+# permit of another call, still running.
+stop_master "$MASTER"
+MASTER=
+E=$T/equal
+mkdir -p "$E/logs"
+write_equal_conf() {
+  cat > "$E/nginx.conf" <<EOF
+$(nginx_load_modules)
+worker_processes 1;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 256; }
+http {
+    access_log off;
+$(nginx_lua_paths "$T")
+    lua_shared_dict eq 1m;
+    init_by_lua_block {
+        local fuse = require "fuse"
+        fuse.init{ shared = true, capacity = 16 }
+        package.loaded.eq_app = { eq = fuse.new{ name = "eq", fails = 1000000, max_concurrent = 2 },
+                                  fill = fuse.new{ name = "fill", fails = 1000000 }, out = {} }
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        location = /fill {
+            content_by_lua_block {
+                local app = require "eq_app"
+                for i = #app.out + 1, 4096 do app.out[i] = assert(app.fill:allow()) end
+                ngx.say(#app.out)
+            }
+        }
+        location = /hold {
+            content_by_lua_block {
+                local b, d, r = require("eq_app").eq, ngx.shared.eq, ngx.var.arg_r
+                local t, rej = b:allow()
+                d:set("t" .. r, t or rej.reason)
+                if not t then return ngx.say(rej.reason) end
+                for _ = 1, 2000 do if d:get("end" .. r) then break end ngx.sleep(0.01) end
+                if d:get("end" .. r) == "own" then b:report(t, true) end
+                ngx.say("ended")
+            }
+            log_by_lua_block { require("fuse").settle(); ngx.shared.eq:set("logged" .. ngx.var.arg_r, 1) }
+        }
+        location = /report {
+            content_by_lua_block {
+                local b, d, r = require("eq_app").eq, ngx.shared.eq, ngx.var.arg_r
+                local t = d:get("t" .. r)
+                local function report()
+                    local ok, err = pcall(b.report, b, t, true)
+                    d:set("reported" .. r, ok and "reported" or err)
+                end
+                if not ngx.var.arg_timer then report() else ngx.timer.at(0, report) end
+                for _ = 1, 500 do if d:get("reported" .. r) then break end ngx.sleep(0.01) end
+                ngx.say(d:get("reported" .. r))
+            }
+        }
+        location = /try {
+            content_by_lua_block {
+                local b = require("eq_app").eq
+                local t1, rej1 = b:allow()
+                local t2, rej2 = b:allow()
+                for _, t in ipairs { t1 or false, t2 or false } do if t then b:report(t, true) end end
+                ngx.say(t1 and "admitted" or rej1.reason, " ", t2 and "admitted" or rej2.reason)
+            }
+        }
+        location = /get {
+            content_by_lua_block {
+                local v = ngx.shared.eq:get(ngx.var.arg_k)  -- (a ticket: all its digits)
+                ngx.say(type(v) == "number" and ("%.0f"):format(v) or tostring(v))
+            }
+        }
+        location = /set {
+            content_by_lua_block { ngx.shared.eq:set(ngx.var.arg_k, ngx.var.arg_v); ngx.say("set") }
+        }
+        location = /running {
+            content_by_lua_block { ngx.say(require("eq_app").eq:stats().running) }
+        }
+    }
+}
+EOF
+  chmod -R a+rX "$T"
+}
+start_rendered 1 write_equal_conf "$E" || bail "the one-worker nginx did not start: $NGINX_START_ERR"
+MASTER=$(cat "$E/logs/nginx.pid" 2>/dev/null)
+eq() { curl -s -m 10 "http://127.0.0.1:$PORT/$1"; }
+eq_up() { [ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/running")" = 200 ]; }
+wait_for 10 eq_up || bail "the one-worker nginx does not answer"
+check "4,096 tickets of another breaker out: the worker's ledger is full" [ "$(eq fill)" = 4096 ]
+has() { [ "$(eq "get?k=$1")" != nil ]; }
+# eq_run STEP...: hold R | report R | timer R | end R | own R | try; appends to `got`
+# what each step saw: running after it (after a request's log phase, for end and own),
+# "refused" before it for a report that raised, and for try what its two allows got
+# (not in a subshell: the holds are its children)
+eq_run() {
+  local s r
+  for s in "$@"; do
+    r=${s#* }
+    case $s in
+      hold*) curl -s -m 30 "http://127.0.0.1:$PORT/hold?r=$r" > "$T/eq.$r" & CLIENTS="$CLIENTS $!"
+             wait_for 5 has "t$r" || diag "request $r did not allow" ;;
+      report*) [ "$(eq "report?r=$r")" = reported ] || got="$got refused" ;;
+      timer*) [ "$(eq "report?r=$r&timer=1")" = reported ] || got="$got refused" ;;
+      end*|own*) eq "set?k=end$r&v=${s%% *}" > /dev/null
+             wait_for 10 has "logged$r" || diag "request $r did not end" ;;
+      try) got="$got try: $(eq try) |"; continue ;;
+    esac
+    got="$got $(eq running)"
+  done
+}
+got=
+eq_run "hold a1" "hold a2"
+t1=$(eq "get?k=ta1") t2=$(eq "get?k=ta2")
+diag "tickets of requests a1 and a2: $t1 $t2 (stand-ins; on the old code the core's, equal)"
+untracked() { [ "$1" -lt 0 ] || [ $(($1 & 128)) -eq 0 ]; }
+check "a1's ticket is untracked: bit 7 clear, or a stand-in" untracked "$t1"
+eq_run "report a1" "end a1" try "own a2"
+check "a: a1's ticket reported by another request, then a1 ends: a2 still holds its permit ($got)" \
+  [ "$got" = " 1 2 1 1 try: admitted full | 0" ]
+got=
+eq_run "hold b1" "hold b2" "timer b1" "own b2" "end b1"
+check "b: b1's reported by a timer, b2 reports its own, b1 ends ($got)" [ "$got" = " 1 2 1 0 0" ]
+got=
+eq_run "hold c1" "hold c2" "report c2" "end c2" "end c1"
+check "c: c2's reported by another request, c2 ends, then c1 ($got)" [ "$got" = " 1 2 1 1 0" ]
+got=
+eq_run "hold d1" "hold d2" "end d1" try "end d2"
+check "d: neither reported, each ended by its request ($got)" [ "$got" = " 1 2 1 try: admitted full | 0" ]
+got=
+eq_run "hold e1" "hold e2" "timer e2" "hold e3" "end e2" "report e1" "end e3" "end e1"
+check "e: e2's reported by a timer, e3 allows, e1's reported by another request, each ends ($got)" \
+  [ "$got" = " 1 2 1 2 2 1 0 0" ]
+got=
+eq_run "hold f1" "hold f2" "end f1" "hold f3" "report f1" "end f2" "end f3"
+check "f: f1 ends unreported, f3 allows, then f1's ticket is reported: refused ($got)" \
+  [ "$got" = " 1 2 1 2 refused 2 1 0" ]
+wait $CLIENTS 2>/dev/null
+CLIENTS=
+check "the limit is whole: 2 at once ($(eq try))" [ "$(eq try)" = "admitted admitted" ]
+errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$E/logs/error.log")
+check "no [error], [alert], [crit] or [emerg] in its error log" [ -z "$errs" ]
 [ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
 
 # ---------------------------------------------------------------- README's config, as printed

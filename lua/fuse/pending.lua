@@ -168,12 +168,6 @@ function _M.untrack(p, n)
   end
 end
 
--- Whether list p (from track) is the current request's.
-function _M.mine(p)
-  local r = exdata()
-  return r ~= nil and lists[tonumber(cast(UINTPTR, r))] == p
-end
-
 -- fuse.settle(): in the log phase, counts the calls of this request that ended it: a
 -- failure for a status of 500 or above, ignored for 499 (the client went away) or no
 -- status at all, else a success.
