@@ -165,6 +165,7 @@ local function report(msg)
   if ok then return end
   pcall(default_report, msg .. " (fuse.report_error failed: " .. tostring(err) .. ")")
 end
+_M._report = report  -- (for fuse.watch's callback errors, lua/fuse/admin.lua)
 
 local function fire(listener, name, code)
   if code >= 128 then  -- two transitions made by one call (a timed forced_open lifted, ...)

@@ -301,6 +301,51 @@ describe("fuse #" .. BACKEND, function()
       assert.equal(2, #reported)
       assert.matches("fuse.watch callback failed: .*boom", reported[1])
     end)
+
+    it("an error in the callback that fuse.report_error cannot report still leaves the rest delivered", function()
+      local saved = fuse.report_error
+      fuse.report_error = function() error("the reporter is down") end
+      local seen = {}
+      local poll = admin.poller(function(_, from, to) seen[#seen + 1] = from .. ">" .. to; error("boom") end)
+      local b = fuse.new { name = uname("watchrep"), fails = 1 }
+      b:force_open()
+      b:reset()
+      local ok, err = pcall(poll)
+      b:disable()
+      local ok2 = pcall(poll)
+      fuse.report_error = saved
+      assert.is_true(ok, tostring(err))  -- (was: the reporter's error ended the poll)
+      assert.is_true(ok2)
+      assert.same({ "closed>forced_open", "forced_open>closed", "closed>disabled" }, seen)
+    end)
+
+    -- ngx.timer.every starts each poll at its time, whether the one before ended or not
+    -- (test/ops.t.sh sees it in nginx); here two coroutines stand for two timers.
+    it("a callback that yields: a poll meanwhile delivers nothing, and each transition comes once, in order",
+      function()
+        -- pcall lets a coroutine yield under LuaJIT and Lua 5.4, not under Lua 5.1
+        if not coroutine.wrap(function() return pcall(coroutine.yield, true) end)() then return end
+        local log = {}
+        local poll = admin.poller(function(_, from, to)
+          log[#log + 1] = "start " .. from .. ">" .. to
+          if to == "forced_open" then coroutine.yield() end  -- a cosocket, ngx.sleep
+          log[#log + 1] = "end " .. from .. ">" .. to
+        end)
+        local b = fuse.new { name = uname("watchyield"), fails = 1 }
+        b:force_open()
+        local first = coroutine.create(poll)
+        assert.is_true(coroutine.resume(first))            -- delivers closed>forced_open, which yields
+        b:reset()
+        local second = coroutine.create(poll)
+        local ok, n = coroutine.resume(second)              -- the next tick, while the first still runs
+        assert.is_true(ok)
+        assert.same({ "dead", nil }, { coroutine.status(second), n })
+        assert.is_true(coroutine.resume(first))            -- the callback ends
+        assert.equal("dead", coroutine.status(first))
+        assert.equal(1, poll())                             -- the poll after it: forced_open>closed
+        assert.same({ "start closed>forced_open", "end closed>forced_open",
+          "start forced_open>closed", "end forced_open>closed" }, log)
+      end)
   end)
 
   describe("the admin endpoint's requests", function()

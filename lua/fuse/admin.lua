@@ -269,19 +269,33 @@ end
 -- A poll step for fn: each call delivers, in order, the transitions recorded since the
 -- previous one, as fn(name, from, to, event). Transitions the ring lost in between (an
 -- overrun: more than its 1024 entries between two polls) are reported first, as one
--- call fn(nil, "overrun", n). An error in fn is reported through fuse.report_error and
--- never stops the watch. It starts from the newest event at the time it is made.
+-- call fn(nil, "overrun", n). An error in fn is reported through fuse.report_error (and
+-- when that raises too, through nginx's log or stderr) and never stops the watch: the
+-- poll goes on with the next transition. It starts from the newest event at the time it
+-- is made.
+-- fn may yield (a cosocket, ngx.sleep): ngx.timer.every starts the next poll at its time
+-- whether the one before ended or not, and two polls delivering at once would call fn
+-- out of order and concurrently. So a poll that finds the one before still delivering
+-- does nothing (returns nil): that one goes on, and the first poll after it takes what
+-- came meanwhile.
 function _M.poller(fn)
   local _, _, since = fuse.events()
+  local busy = false
   local function call(...)
     local ok, err = pcall(fn, ...)
-    if not ok then fuse.report_error("fuse: a fuse.watch callback failed: " .. tostring(err)) end
+    if not ok then
+      local shown, text = pcall(tostring, err)
+      fuse._report("fuse: a fuse.watch callback failed: " .. (shown and text or "(an error tostring fails on)"))
+    end
   end
   return function()
+    if busy then return nil end
+    busy = true
     local list, lost, upto = fuse.events(since)
     since = upto
     if lost > 0 then call(nil, "overrun", lost) end
     for _, e in ipairs(list) do call(e.name, e.from, e.to, e) end
+    busy = false
     return #list, lost
   end
 end
