@@ -412,6 +412,12 @@ describe("fuse #" .. BACKEND, function()
         { { name = name, action = "force_open", seconds = "9999999" }, 400, BAD .. '"9999999"' },
         { { name = name, action = "reset", seconds = "5" }, 400, "seconds applies to force_open only" },
         { { name = "nope\233", action = "reset" }, 404, 'no breaker named "nope\\xE9"' },
+        -- a field it does not take: a typo would change the action (force_open for good)
+        { { name = name, action = "force_open", second = "30" }, 400,
+          "unknown field 'second' (did you mean 'seconds'?)" },
+        { { nmae = name, action = "reset" }, 400, "unknown field 'nmae' (did you mean 'name'?)" },
+        { { name = name, action = "reset", ["{\"x\":1}"] = true }, 400,
+          "unknown field '{\"x\":1}' (a POST takes name, action, seconds)" },
       }
       for _, c in ipairs(cases) do
         local status, body = admin.handle("POST", c[1])
@@ -419,9 +425,20 @@ describe("fuse #" .. BACKEND, function()
         assert.is_string(body.error)
         if c[3] then assert.equal(c[3], body.error) end
       end
+      for _, c in ipairs {
+        { { stat = "open" }, "unknown field 'stat' (did you mean 'state'?)" },
+        { { name = name, action = "force_open" }, "unknown field 'action' (a GET takes name, state, limit, after; "
+          .. "an action is a POST of name=N&action=A[&seconds=S])" },
+        { { pretty = true }, "unknown field 'pretty' (a GET takes name, state, limit, after)" },
+      } do
+        for _, method in ipairs { "GET", "HEAD" } do
+          local status, body = admin.handle(method, c[1])
+          assert.same({ 400, c[2] }, { status, body.error })
+        end
+      end
       local status, body = admin.handle("DELETE")
       assert.equal(405, status)
-      assert.is_string(body.error)
+      assert.equal('method "DELETE" not allowed: GET, HEAD or POST', body.error)
       assert.equal("closed", b:state())  -- nothing acted
       assert.equal('{"error":"missing name"}', admin.encode({ error = "missing name" }))
     end)

@@ -14,7 +14,7 @@ local fuse = require "fuse"
 local options = require "fuse.options"
 
 local ceil, floor, max = math.ceil, math.floor, math.max
-local ipairs, pcall, tonumber, tostring, type = ipairs, pcall, tonumber, tostring, type
+local ipairs, pairs, pcall, tonumber, tostring, type = ipairs, pairs, pcall, tonumber, tostring, type
 local concat = table.concat
 local show = options.show  -- how every message of fuse's shows a value
 
@@ -132,6 +132,33 @@ local function post(args)
   return 200, _M.breaker_json(b)
 end
 
+-- The fields each method takes. Any other is a 400, not ignored: a mistyped one would
+-- change what was asked (a POST of force_open with "second=30" forced the circuit open
+-- until a reset, not for 30 s; a GET of "stat=open" listed every breaker).
+local FIELDS = { GET = { "name", "state", "limit", "after" }, POST = { "name", "action", "seconds" } }
+local FIELD_SET = {}
+for m, list in pairs(FIELDS) do
+  FIELD_SET[m] = {}
+  for _, f in ipairs(list) do FIELD_SET[m][f] = true end
+end
+
+-- The 400 for the first field (in sorted order) of args that method does not take, or nil.
+local function unknown_field(method, args)
+  local unknown = {}
+  for k in pairs(args) do
+    if not FIELD_SET[method][k] then unknown[#unknown + 1] = tostring(k) end
+  end
+  if #unknown == 0 then return nil end
+  table.sort(unknown)
+  local k = unknown[1]
+  local near = options.suggest(k, FIELDS[method])
+  local hint = near and "did you mean '" .. near .. "'?" or "a " .. method .. " takes " .. concat(FIELDS[method], ", ")
+  if method == "GET" and FIELD_SET.POST[k] then
+    hint = hint .. "; an action is a POST of name=N&action=A[&seconds=S]"
+  end
+  return 400, { error = "unknown field " .. options.quote(k, "'") .. " (" .. hint .. ")" }
+end
+
 -- The admin request as data: method ("GET", "POST", ...) and its arguments (for GET
 -- the query's, for POST the form's). Returns the HTTP status and the table to answer
 -- as JSON. No I/O and no access control (see _M.refused): busted tests call it
@@ -145,9 +172,12 @@ end
 --   POST name=N&action=force_open|reset|disable[&seconds=S]
 function _M.handle(method, args)
   args = args or {}
-  if method == "GET" or method == "HEAD" then return get(args) end
-  if method == "POST" then return post(args) end
-  return 405, { error = "method " .. show(method) .. " not allowed: GET or POST" }
+  local m = method == "HEAD" and "GET" or method
+  if not FIELDS[m] then return 405, { error = "method " .. show(method) .. " not allowed: GET, HEAD or POST" } end
+  local status, body = unknown_field(m, args)
+  if status then return status, body end
+  if m == "GET" then return get(args) end
+  return post(args)
 end
 
 -- host[:port] without the default port of the scheme, in lower case.
@@ -198,6 +228,22 @@ function _M.encode(body)
     .. (body.next and cjson.encode(body.next) or "null") .. "}"
 end
 
+-- Why a POST's body is not a form the endpoint reads, or nil. content_type: its
+-- Content-Type header (a table when repeated); query: its query string, or nil.
+-- get_post_args reads any body as a form, whatever its type: a JSON body
+-- {"name":"x",...} was one field named after the whole body, and answered "missing
+-- name"; so were fields sent in the query string.
+function _M.not_a_form(content_type, query)
+  if query ~= nil and query ~= "" then
+    return "a POST takes its fields in a form body (curl -d 'name=N&action=A'), not in the query string"
+  end
+  if content_type == nil then return nil end  -- (a client that names no type: read as a form)
+  local media = type(content_type) == "string" and content_type:match("^%s*([^;%s]*)") or nil
+  if media and media:lower() == "application/x-www-form-urlencoded" then return nil end
+  return "a POST's body is a form, Content-Type: application/x-www-form-urlencoded (as curl -d "
+    .. "sends it), got Content-Type " .. show(content_type)
+end
+
 -- The form of a POST, or nil and why it cannot be read: a body larger than
 -- client_body_buffer_size, which nginx keeps in a temp file (get_post_args reads none),
 -- or more than 100 fields (get_post_args' "truncated").
@@ -213,7 +259,7 @@ local function answer(ngx, status, body)
   ngx.status = status
   ngx.header["Content-Type"] = "application/json"
   ngx.header["Cache-Control"] = "no-store"
-  if status == 405 then ngx.header["Allow"] = "GET, POST" end
+  if status == 405 then ngx.header["Allow"] = "GET, HEAD, POST" end
   ngx.say(_M.encode(body))
   return ngx.exit(status)
 end
@@ -226,8 +272,11 @@ function _M.admin(opts)
   local ngx = ngx_api("fuse.admin")
   local method, args = ngx.req.get_method(), nil
   if method == "POST" then
-    local why = _M.refused(ngx.req.get_headers(), o.token)
+    local headers = ngx.req.get_headers()
+    local why = _M.refused(headers, o.token)
     if why then return answer(ngx, 403, { error = why }) end
+    why = _M.not_a_form(headers["content-type"], ngx.var.args)
+    if why then return answer(ngx, 400, { error = why }) end
     local err
     args, err = form(ngx)
     if not args then
