@@ -257,11 +257,16 @@ describe("fuse #" .. BACKEND, function()
 
     it("raises for a since that is not a seq", function()
       assert.has_error(function() fuse.events(-1) end,
-        "fuse: fuse.events needs a seq number (>= 0) or nothing, got -1")
+        "fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got -1")
       assert.has_error(function() fuse.events("x") end,
-        'fuse: fuse.events needs a seq number (>= 0) or nothing, got "x"')
+        'fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got "x"')
       assert.has_error(function() fuse.events(0 / 0) end,
-        "fuse: fuse.events needs a seq number (>= 0) or nothing, got nan")
+        "fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got nan")
+      -- (the message said ">= 0" for these too)
+      assert.has_error(function() fuse.events(2 ^ 53) end,
+        "fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got 9007199254740992")
+      assert.has_error(function() fuse.events(1 / 0) end,
+        "fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got inf")
     end)
   end)
 
