@@ -448,6 +448,34 @@ describe("fuse #" .. BACKEND, function()
       assert.equal('{"error":"missing name"}', admin.encode({ error = "missing name" }))
     end)
 
+    it("fuse.watch starts in init_worker or a timer, and raises in any other phase", function()
+      if rawget(_G, "ngx") then return end
+      local phase, started = nil, 0
+      local fake = { get_phase = function() return phase end, req = {},
+        timer = { every = function() started = started + 1; return true end } }
+      local function watch_in(p)
+        phase = p
+        rawset(_G, "ngx", fake)
+        local ok, err = pcall(fuse.watch, function() end)
+        rawset(_G, "ngx", nil)
+        return ok, err
+      end
+      for _, p in ipairs { "init_worker", "timer" } do assert.is_true((watch_in(p))) end
+      assert.equal(2, started)
+      for _, c in ipairs {
+        { "init", "init_by_lua* (the master, which runs no timers)" },  -- (was: "no request")
+        { "content", "the content phase" },  -- (was: a watch more for each request)
+        { "access", "the access phase" },
+        { "log", "the log phase" },
+      } do
+        local ok, err = watch_in(c[1])
+        assert.is_false(ok)
+        assert.equal("fuse: fuse.watch belongs in init_worker_by_lua* (it watches for the worker's life), not in "
+          .. c[2], err)
+      end
+      assert.equal(2, started)
+    end)
+
     it("fuse.reject and fuse.watch say they need OpenResty outside nginx", function()
       if rawget(_G, "ngx") then return end
       local b = fuse.new { fails = 1 }

@@ -9,6 +9,8 @@
 # callback that talks to a slow log collector over a cosocket. /open force-opens "w",
 # /reset resets it.
 # Checks, each step and what every worker must log:
+#   fuse.watch in a content handler, and in init_by_lua (at the reload), raises, saying
+#   where it belongs;
 #   /open, then (once every worker logged its start) /reset: in each of the 4 workers
 #   both transitions, once each, the second started after the first ended (ngx.timer.every
 #   starts the next poll while the callback waits: fuse before this test delivered
@@ -61,6 +63,7 @@ $(nginx_lua_paths "$T")
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 64 }
         fuse.new{ name = "w", fails = 1 }
+        ngx.log(ngx.NOTICE, "watch in init: ", select(2, pcall(fuse.watch, print)))
     }
     init_worker_by_lua_block {
         local fuse = require "fuse"
@@ -79,6 +82,7 @@ $(nginx_lua_paths "$T")
     server {
         listen 127.0.0.1:$PORT;
         location = /open { content_by_lua_block { require("fuse").get("w"):force_open() ngx.say("ok") } }
+        location = /in-content { content_by_lua_block { ngx.say(select(2, pcall(require("fuse").watch, print))) } }
         location = /reset { content_by_lua_block { require("fuse").get("w"):reset() ngx.say("ok") } }
     }
 }
@@ -130,6 +134,9 @@ follows() {
 }
 
 four_workers || bail "nginx has not 4 workers: $(sorted_workers)"
+WANT="fuse: fuse.watch belongs in init_worker_by_lua* (it watches for the worker's life), not in"
+check "fuse.watch in a content handler raises, saying where it belongs (was: a watch more per request)" \
+  [ "$(curl -s -m 5 "http://127.0.0.1:$PORT/in-content")" = "$WANT the content phase" ]
 round "first start"
 before=$SEQS
 OLD=$(workers)
@@ -139,6 +146,9 @@ kill -HUP "$MASTER"
 reloaded 20 $OLD || bail "the old workers did not exit after the reload"
 wait_for 10 four_workers || bail "no 4 new workers after the reload: $(sorted_workers)"
 round "after a reload"
+# (the master's log at the first start is nginx's stderr: the reload's is the error log)
+check "fuse.watch in init_by_lua (at the reload) raises, saying where it belongs (was: \"no request\")" \
+  grep -qF "watch in init: $WANT init_by_lua* (the master, which runs no timers)" "$T/logs/error.log"
 diag "seqs before the reload: $before; after: $SEQS"
 check "after a reload the ring goes on: the seqs after it follow those before it" follows "$before" "$SEQS"
 

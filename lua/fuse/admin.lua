@@ -349,6 +349,11 @@ function _M.poller(fn)
   end
 end
 
+-- The phases fuse.watch starts in: init_worker_by_lua*, or a timer (one started there,
+-- say). In init_by_lua* (the master) ngx.timer.every raised "no request"; in a request's
+-- phase each call started one more watch, for the worker's life.
+local WATCH_PHASES = { init_worker = true, timer = true }
+
 -- fuse.watch(fn [, interval]): in init_worker_by_lua*, fn(name, from, to) in this
 -- worker for every transition any worker makes, polled every `interval` seconds (0.5).
 function _M.watch(fn, interval)
@@ -357,6 +362,11 @@ function _M.watch(fn, interval)
     error("fuse: fuse.watch's interval must be seconds from 0.001 to 3600, got " .. show(interval), 2)
   end
   local ngx = ngx_api("fuse.watch")
+  local phase = ngx.get_phase and ngx.get_phase()
+  if phase and not WATCH_PHASES[phase] then
+    error("fuse: fuse.watch belongs in init_worker_by_lua* (it watches for the worker's life), not in "
+      .. (phase == "init" and "init_by_lua* (the master, which runs no timers)" or "the " .. phase .. " phase"), 2)
+  end
   local poll = _M.poller(fn)
   return ngx.timer.every(interval or 0.5, function(premature)
     if not premature then poll() end
