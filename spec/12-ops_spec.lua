@@ -401,7 +401,8 @@ describe("fuse #" .. BACKEND, function()
     it("answers 400 for a bad request and 404 for an unknown name, each with an error", function()
       local name = uname("adm")
       local b = fuse.new { name = name, fails = 3 }
-      local BAD = "seconds must be a number in (0, 2764800], got "
+      -- (it said "a number in (0, 2764800]" to "1e3", which is one)
+      local BAD = "seconds must be decimal digits (30, 2.5) for a number in (0, 2764800], got "
       local cases = {
         { {}, 400, "missing name" },
         { { name = "", action = "reset" }, 400, "missing name" },
@@ -414,6 +415,8 @@ describe("fuse #" .. BACKEND, function()
         { { name = name, action = "force_open", seconds = "0" }, 400, BAD .. '"0"' },
         { { name = name, action = "force_open", seconds = "0x10" }, 400, BAD .. '"0x10"' },
         { { name = name, action = "force_open", seconds = "inf" }, 400, BAD .. '"inf"' },
+        { { name = name, action = "force_open", seconds = "1e3" }, 400, BAD .. '"1e3"' },
+        { { name = name, action = "force_open", seconds = " 30" }, 400, BAD .. '" 30"' },
         { { name = name, action = "force_open", seconds = "9999999" }, 400, BAD .. '"9999999"' },
         { { name = name, action = "reset", seconds = "5" }, 400, "seconds applies to force_open only" },
         { { name = "nope\233", action = "reset" }, 404, 'no breaker named "nope\\xE9"' },

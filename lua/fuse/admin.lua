@@ -124,7 +124,9 @@ local function post(args)
   if seconds ~= nil then
     if action ~= "force_open" then return 400, { error = "seconds applies to force_open only" } end
     secs = parse_seconds(seconds)
-    if not secs then return bad("seconds must be a number in (0, " .. MAX_SECONDS .. "]", seconds) end
+    if not secs then
+      return bad("seconds must be decimal digits (30, 2.5) for a number in (0, " .. MAX_SECONDS .. "]", seconds)
+    end
   end
   local b = fuse.get(name)
   if not b then return 404, { error = "no breaker named " .. show(name) } end
