@@ -351,6 +351,25 @@ describe("fuse #" .. BACKEND, function()
         assert.same({ "start closed>forced_open", "end closed>forced_open",
           "start forced_open>closed", "end forced_open>closed" }, log)
       end)
+
+    -- ngx.exit in the callback ends the timer's coroutine inside pcall (test/watch.t.sh
+    -- in nginx); Lua 5.4's coroutine.close stands for it here.
+    it("a poll whose coroutine died in the callback does not stop the watch", function()
+      if not rawget(coroutine, "close") then return end
+      local seen = {}
+      local poll = admin.poller(function(_, from, to)
+        seen[#seen + 1] = from .. ">" .. to
+        if to == "forced_open" then coroutine.yield() end
+      end)
+      local b = fuse.new { name = uname("watchdead"), fails = 1 }
+      b:force_open()
+      local co = coroutine.create(poll)
+      assert.is_true(coroutine.resume(co))
+      assert.is_true(rawget(coroutine, "close")(co))  -- dead, never back in the poll
+      b:reset()
+      assert.equal(1, poll())
+      assert.same({ "closed>forced_open", "forced_open>closed" }, seen)
+    end)
   end)
 
   describe("the admin endpoint's requests", function()

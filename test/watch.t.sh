@@ -15,6 +15,8 @@
 #   both transitions, once each, the second started after the first ended (ngx.timer.every
 #   starts the next poll while the callback waits: fuse before this test delivered
 #   forced_open -> closed in the middle of closed -> forced_open);
+#   /disable, whose callback calls ngx.exit (ending the timer's coroutine inside pcall),
+#   then /reset: every worker still hears disabled -> closed;
 #   a reload (HUP), every old worker gone: /open and /reset again reach each of the 4 new
 #   workers once each, in order, with seqs after the ones before the reload (one ring).
 # Needs nginx with the Lua module and curl; without one it skips, except under CI=true,
@@ -76,13 +78,16 @@ $(nginx_lua_paths "$T")
                 while #fuse.events(e.seq) == 0 and ngx.now() < deadline do ngx.sleep(0.01) end
                 ngx.sleep(0.2)
             end
+            if to == "disabled" then ngx.exit(0) end  -- ends the timer's coroutine, inside pcall
             ngx.log(ngx.NOTICE, "watch end ", pid, " ", e.seq)
         end, 0.05)
+        ngx.log(ngx.NOTICE, "watching in ", pid)
     }
     server {
         listen 127.0.0.1:$PORT;
         location = /open { content_by_lua_block { require("fuse").get("w"):force_open() ngx.say("ok") } }
         location = /in-content { content_by_lua_block { ngx.say(select(2, pcall(require("fuse").watch, print))) } }
+        location = /disable { content_by_lua_block { require("fuse").get("w"):disable() ngx.say("ok") } }
         location = /reset { content_by_lua_block { require("fuse").get("w"):reset() ngx.say("ok") } }
     }
 }
@@ -106,12 +111,18 @@ in_order() {
   lines | awk -v pid="$1" '$2 == pid { printf "%s %s;", $1, $3 }' |
     grep -qxE 'start ([0-9]+);end \1;start ([0-9]+);end \2;'
 }
+# watching: every worker now running has started its watch (a watch hears the transitions
+# made after it started)
+watching() {
+  [ "$(sed -n 's/.*watching in \([0-9]*\),.*/\1/p' "$T/logs/error.log" | sort -n | tr '\n' ' ')" = "$(sorted_workers)" ]
+}
 ends_at_least() { [ "$(lines | grep -c '^end')" -ge "$1" ]; }
 four_workers() { [ "$(sorted_workers | wc -w)" = 4 ]; }
 # round LABEL: /open, /reset and the checks of what the 4 workers heard; SEQS: the seqs
 # they heard
 round() {
   local label=$1 ok_order=1 p
+  wait_for 10 watching || diag "$label: not every worker started its watch"
   [ "$(get /open)" = 200 ] || { nok "$label: /open answered"; return; }
   wait_for 10 every_worker "^start [0-9]+ [0-9]+ closed>forced_open$" ||
     diag "$label: not every worker started closed>forced_open: $(pids_with 'closed>forced_open')"
@@ -139,6 +150,10 @@ check "fuse.watch in a content handler raises, saying where it belongs (was: a w
   [ "$(curl -s -m 5 "http://127.0.0.1:$PORT/in-content")" = "$WANT the content phase" ]
 round "first start"
 before=$SEQS
+[ "$(get /disable)" = 200 ] && wait_for 10 every_worker "^start [0-9]+ [0-9]+ closed>disabled$" &&
+  [ "$(get /reset)" = 200 ] && wait_for 10 every_worker "^start [0-9]+ [0-9]+ disabled>closed$"
+check "a callback that called ngx.exit (closed>disabled) did not stop the watch: each worker heard disabled>closed" \
+  every_worker "^start [0-9]+ [0-9]+ disabled>closed$"
 OLD=$(workers)
 : > "$T/logs/error.log"
 kill -HUP "$MASTER"

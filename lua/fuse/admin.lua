@@ -16,6 +16,7 @@ local options = require "fuse.options"
 local ceil, floor, max = math.ceil, math.floor, math.max
 local ipairs, pairs, pcall, tonumber, tostring, type = ipairs, pairs, pcall, tonumber, tostring, type
 local concat = table.concat
+local co_running, co_status = coroutine.running, coroutine.status
 local show = options.show  -- how every message of fuse's shows a value
 
 local _M = {}
@@ -328,10 +329,11 @@ end
 -- whether the one before ended or not, and two polls delivering at once would call fn
 -- out of order and concurrently. So a poll that finds the one before still delivering
 -- does nothing (returns nil): that one goes on, and the first poll after it takes what
--- came meanwhile.
+-- came meanwhile. Unless that one's coroutine is dead: fn called ngx.exit, which ends
+-- the timer's coroutine from inside pcall, so that the poll never got to its end.
 function _M.poller(fn)
   local _, _, since = fuse.events()
-  local busy = false
+  local busy  -- the coroutine of the poll that delivers, while it does (nil: none, or main)
   local function call(...)
     local ok, err = pcall(fn, ...)
     if not ok then
@@ -340,13 +342,13 @@ function _M.poller(fn)
     end
   end
   return function()
-    if busy then return nil end
-    busy = true
+    if busy and co_status(busy) ~= "dead" then return nil end
+    busy = co_running()
     local list, lost, upto = fuse.events(since)
     since = upto
     if lost > 0 then call(nil, "overrun", lost) end
     for _, e in ipairs(list) do call(e.name, e.from, e.to, e) end
-    busy = false
+    busy = nil
     return #list, lost
   end
 end
