@@ -229,7 +229,8 @@ local function check_name(v)
   if #v > NAME_MAX then
     return fmt("fuse: option 'name' must be %s, got %d bytes", what, #v)
   end
-  if v:find("\0", 1, true) then return bad("name", "a string without NUL bytes", v) end
+  local nul = v:find("\0", 1, true)  -- (where: a long name is shown cut after 60 bytes)
+  if nul then return bad("name", "a string without NUL bytes", v) .. fmt(" (a NUL at byte %d)", nul) end
   return nil
 end
 
