@@ -1797,6 +1797,9 @@ function Pool:balance()
       state, code = get_last_failure()
     end
     if state == nil then
+      -- (the earlier pool synced too, when it is another: closed or changed by another
+      -- worker since its last call here, its tries report nothing, as in its log phase)
+      if earlier ~= self then sync(earlier, t) end
       before = judge_earlier(earlier, rec)
       rec, fresh = clear(self, rec, t)
     end

@@ -1,0 +1,76 @@
+-- fuse.upstream's nginx phases (pool:balance(), pool:log()) under a fake nginx
+-- (spec/fake_nginx.lua), where a gateway operator meets them: pools changed or closed by
+-- another worker while a request is in flight. Each check says how the code before its
+-- fix failed. (The same phases in a real nginx: test/upstream.t.sh.)
+local fuse = require "fuse"
+local support = require "spec.support"
+
+if support.ffi_only("fuse.upstream's phases under a fake nginx") then return end
+
+local unique = support.unique_names("s23")
+
+describe("fuse.upstream's phases #ffi", function()
+  support.it_runs_on_backend()
+  support.fake_clock(1000, 100)
+
+  -- The keys of the fake nginx's shared dict that belong to pool `name`.
+  local function keys_of(nginx, name)
+    local out = {}
+    for _, k in ipairs(nginx.ngx.shared.fuse_upstream:get_keys(0)) do
+      if ("/" .. k .. "/"):find("/" .. name .. "/", 1, true) then out[#out + 1] = k end
+    end
+    table.sort(out)
+    return out
+  end
+
+  it("an error_page to another pool's location judges the earlier pool's try as that pool is now: "
+    .. "closed by another worker, it counts nothing", function()
+    -- (fails) the balancer of the new pool's first try judged the earlier pool's last try
+    -- with that pool's copy as this worker last saw it: closed in another worker since,
+    -- the try's failure made its counter again, c/E/ADDR/status, and
+    -- fuse_upstream_failures_total{pool="E"} showed for a closed pool for good (close
+    -- deletes a pool's keys once; a copy that learns of it later deletes nothing).
+    local nginx = require("spec.fake_nginx").new()
+    local req, var = nginx.req, nginx.var
+    local e, s = unique("e"), unique("s")
+    local E = nginx.upstream.new(e, { "10.0.0.1:1" })
+    local S = nginx.upstream.new(s, { "10.0.0.2:1" })
+    local other = nginx.upstream.new(e, { "10.0.0.1:1" })  -- E in another worker
+    req.start, req.internal, req.failure, req.code = 2000, false, nil, nil
+    E:balance()                       -- the request's one try in pool E
+    other:close()                     -- meanwhile, another worker closes E
+    -- the try failed with a 500; error_page sends the request to a location of pool S
+    req.internal = true
+    var.upstream_status, var.upstream_header_time, var.upstream_response_time = "500 : ", "0.001 : ", "0.001 : "
+    S:balance()
+    assert.same({}, keys_of(nginx, e))
+    assert.falsy(nginx.module.metrics():find('pool="' .. e .. '"', 1, true))
+    assert.is_nil(fuse.get(e .. "/10.0.0.1:1"))
+    var.upstream_status, var.upstream_header_time, var.upstream_response_time = "500 : 200", "0.001 : 0.001",
+      "0.001 : 0.001"
+    S:log()
+    assert.same({}, keys_of(nginx, e))
+    S:close()
+  end)
+
+  it("an error_page to another pool's location: a peer the earlier pool's list dropped meanwhile "
+    .. "(another worker's set_peers) counts nothing", function()
+    -- (fails) as above: the dropped peer's counter, removed by set_peers, came back
+    local nginx = require("spec.fake_nginx").new()
+    local req, var = nginx.req, nginx.var
+    local e, s = unique("e"), unique("s")
+    local E = nginx.upstream.new(e, { "10.0.0.1:1" })
+    local S = nginx.upstream.new(s, { "10.0.0.2:1" })
+    local other = nginx.upstream.new(e, { "10.0.0.1:1" })
+    req.start, req.internal, req.failure, req.code = 3000, false, nil, nil
+    E:balance()
+    assert.is_true(other:set_peers({ "10.0.0.1:2" }))   -- another worker drops the peer
+    req.internal = true
+    var.upstream_status, var.upstream_header_time, var.upstream_response_time = "500 : ", "0.001 : ", "0.001 : "
+    S:balance()
+    assert.equal(0, other:failures("10.0.0.1:1", "status"))
+    assert.falsy(nginx.module.metrics():find('peer="10.0.0.1:1"', 1, true))
+    E:close()
+    S:close()
+  end)
+end)
