@@ -949,6 +949,22 @@ describe("fuse.upstream #" .. BACKEND, function()
       says(err_of("p", { "10.9.9.9:1" }, { max_ejected = "\n" }), 'got "\\n"')
     end)
 
+    -- (fails) a mistyped pool option went to fuse.new as a breaker option, whose message
+    -- listed the breaker options only ('name' and 'max_wait', which a pool refuses, among
+    -- them) and never the pool's: "fuse: unknown option 'max_eject' (options are: name,
+    -- fallback, fails, ...)"
+    it("for an unknown option, with the near pool option", function()
+      says(err_of("p", { "10.9.9.9:1" }, { max_eject = 0.5 }),
+        "fuse.upstream: unknown option 'max_eject' (did you mean 'max_ejected'?)")
+      says(err_of("p", { "10.9.9.9:1" }, { fail_status = { 500 } }),
+        "fuse.upstream: unknown option 'fail_status' (did you mean 'fail_statuses'?)")
+      says(err_of("p", { "10.9.9.9:1" }, { slowstart = 10 }), "(did you mean 'slow_start'?)")
+      local e = err_of("p", { "10.9.9.9:1" }, { weights = 2 })
+      says(e, "fuse.upstream: unknown option 'weights' (pool options: max_ejected, tries, fail_statuses, "
+        .. "fail_on, enforce, slow_start, dict; and any breaker option but name and max_wait: fallback, fails,")
+      assert.falsy(e:find("name, fallback", 1, true), e)
+    end)
+
     it("for breaker options, with fuse's own message", function()
       says(err_of(unique("p"), { "10.9.9.9:1" }, { fails = "x" }),
         "fuse: option 'fails' must be a positive integer, got \"x\"")

@@ -45,8 +45,10 @@ local _M = { VERSION = fuse.VERSION }
 local Pool = {}
 Pool.__index = Pool
 
-local POOL_KEYS = { max_ejected = true, tries = true, fail_statuses = true, fail_on = true,
-  enforce = true, slow_start = true, dict = true }
+local POOL_NAMES = { "max_ejected", "tries", "fail_statuses", "fail_on", "enforce", "slow_start", "dict" }
+local POOL_KEYS, BREAKER_KEYS = {}, {}
+for _, k in ipairs(POOL_NAMES) do POOL_KEYS[k] = true end
+for _, k in ipairs(options.NAMES) do BREAKER_KEYS[k] = true end
 local DEFAULT_FAIL = { 500, 502, 503, 504 }
 local CLASSES = { "connect", "timeout", "status" }
 local MAX_WEIGHT, MAX_TRIES, NAME_MAX, MAX_SLOW_START = 1000, 100, 127, 3600
@@ -244,6 +246,25 @@ local function bad(name, what, v, level)
   raise(fmt("option '%s' must be %s, got %s", name, what, show(v)), level + 1)
 end
 
+-- A key that is neither a pool option nor a breaker option: raises at `level` with the
+-- near name among both (a mistyped pool option is no breaker option, and fuse.new's
+-- message would list only those, pools' forbidden 'name' and 'max_wait' among them),
+-- unless the near name is a breaker option: then fuse.new's own message says it.
+local function unknown(k, level)
+  local known, listed = {}, {}  -- (listed: the breaker options a pool takes)
+  for i, name in ipairs(POOL_NAMES) do known[i] = name end
+  for _, name in ipairs(options.NAMES) do
+    known[#known + 1] = name
+    if name ~= "name" and name ~= "max_wait" then listed[#listed + 1] = name end
+  end
+  local near = options.suggest(k, known)
+  if near and BREAKER_KEYS[near] then return end
+  local q = options.quote(k, "'")
+  if near then raise(fmt("unknown option %s (did you mean '%s'?)", q, near), level + 1) end
+  raise(fmt("unknown option %s (pool options: %s; and any breaker option but name and max_wait: %s)", q,
+    concat(POOL_NAMES, ", "), concat(listed, ", ")), level + 1)
+end
+
 -- Splits opts into the pool's options and the breakers' options; raises at `level`.
 local function check_opts(opts, level)
   if opts == nil then opts = {} end
@@ -260,7 +281,10 @@ local function check_opts(opts, level)
         .. "balancer_by_lua*, where nothing can wait (ngx.sleep is disabled there), so a full "
         .. "peer is skipped at once; leave max_wait out (max_concurrent alone limits each peer)",
         show(v)), level + 1)
-    else bopts[k] = v end
+    else
+      if type(k) == "string" and not BREAKER_KEYS[k] then unknown(k, level + 1) end
+      bopts[k] = v
+    end
   end
   local m = o.max_ejected
   if m == nil then m = 0.5 end
