@@ -73,4 +73,40 @@ describe("fuse.upstream's phases #ffi", function()
     E:close()
     S:close()
   end)
+
+  -- A pool with max_concurrent = 1 whose peer another worker's set_peers drops (or whose
+  -- pool it closes) while a request's try on it is in flight; the try ends (pool:log()),
+  -- then a breaker is made in the freed registry slot (a registry of `capacity` slots, in
+  -- a process of its own). Prints "admitted" or "full" for that breaker's first call.
+  local function next_breaker_after(case, capacity)
+    return support.run_child(([[
+local fuse = require "fuse"
+fuse.init{ capacity = %d }
+local nginx = require("spec.fake_nginx").new()
+local case = %q
+local pool = nginx.upstream.new("mc", { "10.0.0.1:1" }, { max_concurrent = 1 })
+local other = nginx.upstream.new("mc", { "10.0.0.1:1" }, { max_concurrent = 1 })  -- another worker's
+nginx.req.start = 10
+pool:balance()                                  -- the try on 10.0.0.1:1 holds its permit
+if case == "close" then other:close() else assert(other:set_peers({ "10.0.0.1:2" })) end
+local status = case == "500" and "500" or "200"
+nginx.var.upstream_status, nginx.var.upstream_header_time = status, "0.001"
+nginx.var.upstream_response_time, nginx.ngx.status = "0.001", tonumber(status)
+pool:log()                                      -- the try ends
+local b = fuse.new{ name = "next", max_concurrent = 1 }   -- in the dropped peer's slot
+print(b:allow() and "admitted" or "full", b:stats().running)
+]]):format(capacity, case))
+  end
+
+  it("a try in flight on a peer that set_peers drops or close removes gives its max_concurrent "
+    .. "permit back: the slot's next breaker is not full", function()
+    -- (fails) the log phase reported nothing for a peer removed meanwhile: its ticket held
+    -- its permit for good, and a registry slot keeps the permits of the breaker that was
+    -- there (for its calls to give back), so the next breaker made in that slot (another
+    -- pool's peer, the peer added again) started with one call running: "full 1" for a
+    -- success, a 500 and a close alike
+    assert.equal("admitted\t1\n", next_breaker_after("200", 2))   -- (2: the new peer takes the other slot)
+    assert.equal("admitted\t1\n", next_breaker_after("500", 2))
+    assert.equal("admitted\t1\n", next_breaker_after("close", 1))
+  end)
 end)

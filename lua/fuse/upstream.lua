@@ -569,8 +569,9 @@ local function set_array(self, peers, by_addr)
   make_sched(self)
 end
 
--- Installs a peer array; peers that left are flagged `removed` (requests in flight skip
--- their reports) and, when `remove`, their breakers and counters go.
+-- Installs a peer array; peers that left are flagged `removed` (requests in flight count
+-- nothing for them and give their tickets back without a verdict: see failed) and, when
+-- `remove`, their breakers and counters go.
 -- Peer `addr` of this pool, gone: its breaker, its failure counters and its ramp.
 local function forget(self, addr)
   local store, pfx = self._store, self._pfx
@@ -608,7 +609,8 @@ local function read_ramps(self)
 end
 
 -- A copy whose incarnation another worker closed: its peers are removed here too, so that
--- a try in flight here reports nothing (no counter of the closed pool comes back).
+-- a try in flight here counts nothing (no counter of the closed pool comes back; its
+-- ticket goes back without a verdict, see failed).
 local function closed_elsewhere(self)
   for _, p in ipairs(self._peers) do p.removed = true end
   self._closed = true
@@ -787,7 +789,7 @@ end
 -- pool:set_peers(list): replaces the pool's peers, in every worker (their next pick).
 -- Peers that stay keep their breaker (and so their state); new ones get a fresh breaker;
 -- the breakers and counters of peers that left are removed. Requests in flight that
--- tried a removed peer report nothing for it. Returns true, or nil and why when the
+-- tried a removed peer count nothing for it (see failed). Returns true, or nil and why when the
 -- shared dict cannot hold the list.
 function Pool:set_peers(peers)
   check_open(self, 2)
@@ -1352,16 +1354,21 @@ end
 -- A try's failure of class `class`: counted, and reported to its breaker (as a failure
 -- when fail_on has the class, else as a success: the peer answered, or the class is not
 -- held against it).
+-- A try on a peer that left the pool (set_peers, close) counts nowhere, but its ticket is
+-- given back, without a verdict (which counts nothing, in no breaker, and makes none):
+-- a registry slot keeps the max_concurrent permits of the breaker that was there, for its
+-- calls to give back, and a ticket never given back left the slot's next breaker (another
+-- pool's peer, the peer added again) with a call running for good.
 local function failed(self, try, class, seconds)
   try.done = true
-  local peer = try.peer
-  if peer.removed then return end
-  bump(self._store, peer.ckey .. class)
-  local ticket = try.ticket
-  if ticket then
-    try.ticket = false
-    peer.b:report(ticket, not self._on[class], seconds)
+  local peer, ticket = try.peer, try.ticket
+  try.ticket = false
+  if peer.removed then
+    if ticket then peer.report(peer.b, ticket, nil) end
+    return
   end
+  bump(self._store, peer.ckey .. class)
+  if ticket then peer.b:report(ticket, not self._on[class], seconds) end
 end
 _M._failed = failed  -- for the specs
 _M._stores = STORES  -- for the specs: dict name -> store
@@ -1370,9 +1377,10 @@ _M._local_store = local_store  -- for the specs (spec/fake_nginx.lua's shared di
 local function succeeded(try, ok, seconds)
   try.done = true
   local ticket = try.ticket
-  if ticket and not try.peer.removed then
+  if ticket then
     try.ticket = false
     local peer = try.peer
+    if peer.removed then ok = nil end  -- (given back without a verdict: see failed)
     peer.report(peer.b, ticket, ok, seconds)
   end
 end
@@ -1822,7 +1830,7 @@ function Pool:balance()
     end
     if state == nil then
       -- (the earlier pool synced too, when it is another: closed or changed by another
-      -- worker since its last call here, its tries report nothing, as in its log phase)
+      -- worker since its last call here, its tries count nothing, as in its log phase)
       if earlier ~= self then sync(earlier, t) end
       before = judge_earlier(earlier, rec)
       rec, fresh = clear(self, rec, t)
@@ -1901,7 +1909,7 @@ local function log_record(self, rec, r)
       if s >= 100 and s < 499 and not plain[s] and (not t or floor(t / 2) % 2 == 1)
           and internal(r) == 0 and not from_cache(self) then
         local peer = rec.peer
-        if t and not peer.removed then peer.report(peer.b, t, true, nil) end
+        if t then peer.report(peer.b, t, not peer.removed or nil, nil) end  -- (removed: see failed)
         return
       end
     end
