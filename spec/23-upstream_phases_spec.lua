@@ -11,7 +11,7 @@ local unique = support.unique_names("s23")
 
 describe("fuse.upstream's phases #ffi", function()
   support.it_runs_on_backend()
-  support.fake_clock(1000, 100)
+  local clock = support.fake_clock(1000, 100)
 
   -- The keys of the fake nginx's shared dict that belong to pool `name`.
   local function keys_of(nginx, name)
@@ -72,6 +72,43 @@ describe("fuse.upstream's phases #ffi", function()
     assert.falsy(nginx.module.metrics():find('peer="10.0.0.1:1"', 1, true))
     E:close()
     S:close()
+  end)
+
+  it("a request whose log phase never ran (a subrequest) gives its tickets back when its address "
+    .. "serves the next request: its max_concurrent permit, its probe (as failed)", function()
+    -- (fails) the record was cleared for the next request with the tickets of its tries
+    -- dropped: each held its peer's max_concurrent permit for good (with max_concurrent =
+    -- 1 the peer was full for good: the next request's pick was a panic pick, and so was
+    -- every later one), and a probe held its slot until probe_timeout
+    local nginx = require("spec.fake_nginx").new()
+    local req, var = nginx.req, nginx.var
+    local name = unique("sub")
+    local pool = nginx.upstream.new(name, { "10.0.0.1:1" }, { max_concurrent = 1, fails = 1, open_for = 5 })
+    local b = fuse.get(name .. "/10.0.0.1:1")
+    req.start, req.internal, req.failure, req.code = 5000, false, nil, nil
+    pool:balance()                       -- a subrequest's try (nginx runs no log phase for it)
+    assert.equal(1, b:stats().running)
+    req.start = 5001                     -- the next request at that address
+    pool:balance()
+    assert.equal(0, pool:panics())       -- the peer admitted it: not full
+    assert.equal(1, b:stats().running)   -- (its own call)
+    var.upstream_status, var.upstream_header_time, var.upstream_response_time = "200", "0.001", "0.001"
+    nginx.ngx.status = 200
+    pool:log()
+    assert.equal(0, b:stats().running)
+    -- a probe whose log phase never ran: given back as failed, as probe_timeout would
+    b:report(b:allow(), false)
+    clock:advance(6)
+    req.start = 5002
+    pool:balance()
+    assert.equal("half_open", b:state())
+    local opens = b:stats().opens_total
+    req.start = 5003
+    pool:balance()
+    assert.equal("open", b:state())
+    assert.equal(opens + 1, b:stats().opens_total)
+    assert.equal(0, b:stats().running)   -- (this request's pick: in panic, without a ticket)
+    pool:close()
   end)
 
   -- A pool with max_concurrent = 1 whose peer another worker's set_peers drops (or whose

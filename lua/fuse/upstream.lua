@@ -1484,10 +1484,36 @@ local function slot_of(key)  -- bits 4 to 13 of the address and 14 to 23 (r is 1
   return band(bxor(rshift(key, 4), rshift(key, 14)), SLOT_MASK) + 1
 end
 
+-- The tries of live record `rec` that hold a ticket nothing reported, when the record is
+-- let go: its request's log phase never ran for the pool (a subrequest, a location
+-- without pool:log()) and a later request has its address (nginx freed the request: its
+-- tries are over), or it is STALE_AFTER old, or an internal redirect left an upstream
+-- whose lists did not say how its tries ended. Each ticket is given back: a probe as
+-- failed (what probe_timeout makes of it, sooner), another try without a verdict. Before,
+-- they were dropped, and each held its peer's max_concurrent permit for good (a peer with
+-- max_concurrent = 1 was full for good after one subrequest).
+local function give_back(rec)
+  for k = 1, rec.n do
+    local try = rec[k]
+    local ticket = try.ticket
+    if ticket and not try.done then
+      try.ticket = false
+      local peer, ok = try.peer, nil
+      if floor(ticket / 2) % 2 ~= 1 and not peer.removed then ok = false end  -- (a probe: see log_record)
+      peer.report(peer.b, ticket, ok, nil)
+    end
+  end
+end
+
 local function sweep(now)
   in_reqs = 0
   for k, rec in pairs(REQS) do
-    if not rec.pool or now - rec.t > STALE_AFTER then REQS[k] = nil else in_reqs = in_reqs + 1 end
+    if not rec.pool or now - rec.t > STALE_AFTER then
+      if rec.pool then give_back(rec) end
+      REQS[k] = nil
+    else
+      in_reqs = in_reqs + 1
+    end
   end
   made = 0
 end
@@ -1525,6 +1551,7 @@ end
 
 -- A record cleared for the first try of this pool's upstream (t: the request's start time).
 local function clear(self, rec, t)
+  if rec.pool then give_back(rec) end  -- (a record let go live: see give_back)
   rec.pool, rec.t, rec.n, rec.refused = self, t, 0, false
   return rec, true, t
 end
@@ -1556,8 +1583,12 @@ local function take(self)
   local pool = rec and rec.pool
   if not pool or (self and pool ~= self) then return nil end
   if not in_slot then REQS[key], in_reqs = nil, in_reqs - 1 end
+  if rec.t ~= start_time(r) then  -- an earlier request's, at the same address
+    give_back(rec)
+    rec.pool = false
+    return nil
+  end
   rec.pool = false
-  if rec.t ~= start_time(r) then return nil end  -- an earlier request's, at the same address
   return rec, r, pool
 end
 
