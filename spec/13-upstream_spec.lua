@@ -844,6 +844,121 @@ describe("fuse.upstream #" .. BACKEND, function()
     end
   end)
 
+  -- The picks of pools of one to three peers go through paths written out for them (the
+  -- schedule, pick's first round, pick_two, pick_three, retry_few, retry_three; for
+  -- LuaJIT, which blacklists loops that run once to three times per call). The same
+  -- situations through the general path (pick_from, pick_retry: what a pool of four or
+  -- more runs) must give the same picks: two pools of the same peers and options, their
+  -- breakers given the same history, one picked through pool:pick(), the other through
+  -- the general path, over random sequences of first tries, retries (any peers tried),
+  -- outcomes held or reported, opens, resets, disables, time, ramps and set_peers. (The
+  -- general path has no schedule: where a pool restarts its cycle after a whole cycle
+  -- admitted at the first ask, the other's round robin restarts with it.)
+  it("pools of one to three peers pick as the general path picks the same situation", function()
+    local function upvalue(f, name)
+      for i = 1, 200 do
+        local n, v = debug.getupvalue(f, i)
+        if n == name then return v end
+        if n == nil then break end
+      end
+      error("no upvalue " .. name .. ": this check needs updating")
+    end
+    local pick = upvalue(upstream.new(unique("p"), { "10.0.0.1:1" }).pick, "pick")
+    local pick_from, pick_retry = upvalue(pick, "pick_from"), upvalue(pick, "pick_retry")
+    local ramp_now, to_cur = upvalue(pick, "ramp_now"), upvalue(pick, "to_cur")
+    local function general(pool, tried)
+      pool:tries()  -- (synced, as pool:pick() is)
+      local now = ramp_now(pool)
+      to_cur(pool)
+      if tried == nil or next(tried) == nil then return pick_from(pool, tried, now, nil) end
+      return pick_retry(pool, tried, now)
+    end
+    local seed = 12345  -- (a generator of the spec's own: the same sequences on every backend)
+    local function rand(lo, hi)
+      seed = (seed * 1103515245 + 12345) % 2147483648
+      return lo + math.floor(seed / 2147483648 * (hi - lo + 1))
+    end
+    local function desc(p, t)
+      if not p then return ("none %.3f"):format(t) end
+      return p.addr .. (t and " ticket" or " none")
+    end
+    local picks = 0
+    for _ = 1, 60 do
+      local n, peers = rand(1, 3), {}
+      for i = 1, n do peers[i] = { addr = "10.0.0.1:" .. i, weight = rand(1, 3) } end
+      local opts = { fails = rand(1, 3), window = 5, open_for = rand(1, 3), probes = rand(1, 2),
+        max_ejected = ({ 0, 0.34, 0.5, 0.67, 1 })[rand(1, 5)], enforce = rand(1, 5) > 1,
+        slow_start = rand(1, 3) == 1 and 4 or 0 }
+      local a, b = upstream.new(unique("d"), peers, opts), upstream.new(unique("d"), peers, opts)
+      local held, trail = {}, {}
+      for step = 1, 200 do
+        local e = rand(1, 100)
+        if e <= 45 then
+          local ta, tb
+          if rand(1, 3) == 1 then
+            ta, tb = {}, {}
+            for i = 1, #a._peers do
+              if rand(1, 2) == 1 then ta[a._peers[i]], tb[b._peers[i]] = true, true end
+            end
+          end
+          local pos = a._pos
+          local pa, xa = a:pick(ta)
+          local pb, xb = general(b, tb)
+          if pos == false and a._pos == 0 then  -- a whole cycle admitted: a's round robin restarts
+            for i = 1, #b._peers do b._peers[i].cur = 0 end
+          end
+          picks = picks + 1
+          trail[#trail + 1] = step .. ": " .. desc(pa, xa) .. " / " .. desc(pb, xb)
+          assert.equal(desc(pb, xb), desc(pa, xa), table.concat(trail, "\n", math.max(1, #trail - 12)))
+          if not a._pos then  -- (off its schedule, a's round robin state is in the peers' cur)
+            for i = 1, #a._peers do
+              assert.near(b._peers[i].cur, a._peers[i].cur, 1e-6, table.concat(trail, "\n", math.max(1, #trail - 12)))
+            end
+          end
+          if pa and xa then
+            local r = rand(1, 3)
+            if r == 3 then held[#held + 1] = { pa, xa, pb, xb }
+            else pa.b:report(xa, r == 1); pb.b:report(xb, r == 1) end
+          end
+        elseif e <= 60 then
+          local dt = rand(0, 30) / 10
+          clock:advance(dt)
+          trail[#trail + 1] = step .. ": " .. dt .. " s"
+        elseif e <= 70 then
+          local i, act = rand(1, #a._peers), ({ "force_open", "reset", "disable" })[rand(1, 3)]
+          a._peers[i].b[act](a._peers[i].b)
+          b._peers[i].b[act](b._peers[i].b)
+          trail[#trail + 1] = step .. ": " .. act .. " " .. a._peers[i].addr
+        elseif e <= 88 then
+          if #held > 0 then
+            local h, ok = table.remove(held, rand(1, #held)), rand(1, 2) == 1
+            h[1].b:report(h[2], ok)
+            h[3].b:report(h[4], ok)
+          end
+        elseif e <= 95 then  -- a failure from elsewhere (another request)
+          local i = rand(1, #a._peers)
+          for _, pool in ipairs({ a, b }) do
+            local t = pool._peers[i].b:allow()
+            if t then pool._peers[i].b:report(t, false) end
+          end
+        else
+          local list, seen = {}, {}
+          for _ = 1, rand(1, 3) do
+            local addr = "10.0.0.1:" .. rand(1, 5)
+            if not seen[addr] then seen[addr] = true; list[#list + 1] = { addr = addr, weight = rand(1, 3) } end
+          end
+          assert.is_true(a:set_peers(list))
+          assert.is_true(b:set_peers(list))
+          trail[#trail + 1] = step .. ": set_peers of " .. #list
+        end
+      end
+      for _, h in ipairs(held) do h[1].b:report(h[2], true); h[3].b:report(h[4], true) end
+      a:close()
+      b:close()
+    end
+    assert.truthy(picks > 4000, picks)
+  end)
+
   it("default tries: min(#peers, 3)", function()
     assert.equal(2, upstream.new(unique("p"), { "10.0.0.1:1", "10.0.0.1:2" }):tries())
     assert.equal(3, upstream.new(unique("p"), { "10.9.9.9:1", "10.9.9.9:2", "10.9.9.9:3", "10.9.9.9:4" }):tries())
@@ -947,6 +1062,22 @@ describe("fuse.upstream #" .. BACKEND, function()
         "option 'slow_start' must be a number of seconds from 0 to 3600, got -1")
       says(err_of("p", { "10.9.9.9:1" }, { slow_start = 1 / 0 }), "got inf")
       says(err_of("p", { "10.9.9.9:1" }, { max_ejected = "\n" }), 'got "\\n"')
+    end)
+
+    -- (fails) a mistyped pool option went to fuse.new as a breaker option, whose message
+    -- listed the breaker options only ('name' and 'max_wait', which a pool refuses, among
+    -- them) and never the pool's: "fuse: unknown option 'max_eject' (options are: name,
+    -- fallback, fails, ...)"
+    it("for an unknown option, with the near pool option", function()
+      says(err_of("p", { "10.9.9.9:1" }, { max_eject = 0.5 }),
+        "fuse.upstream: unknown option 'max_eject' (did you mean 'max_ejected'?)")
+      says(err_of("p", { "10.9.9.9:1" }, { fail_status = { 500 } }),
+        "fuse.upstream: unknown option 'fail_status' (did you mean 'fail_statuses'?)")
+      says(err_of("p", { "10.9.9.9:1" }, { slowstart = 10 }), "(did you mean 'slow_start'?)")
+      local e = err_of("p", { "10.9.9.9:1" }, { weights = 2 })
+      says(e, "fuse.upstream: unknown option 'weights' (pool options: max_ejected, tries, fail_statuses, "
+        .. "fail_on, enforce, slow_start, dict; and any breaker option but name and max_wait: fallback, fails,")
+      assert.falsy(e:find("name, fallback", 1, true), e)
     end)
 
     it("for breaker options, with fuse's own message", function()

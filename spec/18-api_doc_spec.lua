@@ -82,11 +82,11 @@ describe("docs/api.md #" .. BACKEND, function()
 
   it("names every pool option of upstream.new", function()
     local src = read("lua/fuse/upstream.lua")
-    local keys = src:match("local POOL_KEYS = (%b{})")
-    assert.is_string(keys, "lua/fuse/upstream.lua has no POOL_KEYS table")
+    local keys = src:match("local POOL_NAMES = (%b{})")
+    assert.is_string(keys, "lua/fuse/upstream.lua has no POOL_NAMES table")
     local new = DOC:match("\n### upstream.new\n(.-)\n### ")
     local absent = {}
-    for k in keys:gmatch("([%a_]+) = true") do
+    for k in keys:gmatch('"([%a_]+)"') do
       if not new:find("`" .. k .. "`", 1, true) then absent[#absent + 1] = k end
     end
     assert.same({}, absent)

@@ -163,7 +163,7 @@ local function quote(s, q)
   end)
   return q .. hex_invalid(s) .. (cut and "..." or "") .. q
 end
-_M.quote = quote
+_M.quote = quote  -- (fuse.upstream and the admin endpoint name unknown options and fields the same way)
 
 -- A value as it appears after "got" in every message of fuse's: "x" for strings,
 -- numbers and booleans the same under every Lua (fmt_num: "5", "nan", "inf"), the type

@@ -45,8 +45,10 @@ local _M = { VERSION = fuse.VERSION }
 local Pool = {}
 Pool.__index = Pool
 
-local POOL_KEYS = { max_ejected = true, tries = true, fail_statuses = true, fail_on = true,
-  enforce = true, slow_start = true, dict = true }
+local POOL_NAMES = { "max_ejected", "tries", "fail_statuses", "fail_on", "enforce", "slow_start", "dict" }
+local POOL_KEYS, BREAKER_KEYS = {}, {}
+for _, k in ipairs(POOL_NAMES) do POOL_KEYS[k] = true end
+for _, k in ipairs(options.NAMES) do BREAKER_KEYS[k] = true end
 local DEFAULT_FAIL = { 500, 502, 503, 504 }
 local CLASSES = { "connect", "timeout", "status" }
 local MAX_WEIGHT, MAX_TRIES, NAME_MAX, MAX_SLOW_START = 1000, 100, 127, 3600
@@ -244,6 +246,25 @@ local function bad(name, what, v, level)
   raise(fmt("option '%s' must be %s, got %s", name, what, show(v)), level + 1)
 end
 
+-- A key that is neither a pool option nor a breaker option: raises at `level` with the
+-- near name among both (a mistyped pool option is no breaker option, and fuse.new's
+-- message would list only those, pools' forbidden 'name' and 'max_wait' among them),
+-- unless the near name is a breaker option: then fuse.new's own message says it.
+local function unknown(k, level)
+  local known, listed = {}, {}  -- (listed: the breaker options a pool takes)
+  for i, name in ipairs(POOL_NAMES) do known[i] = name end
+  for _, name in ipairs(options.NAMES) do
+    known[#known + 1] = name
+    if name ~= "name" and name ~= "max_wait" then listed[#listed + 1] = name end
+  end
+  local near = options.suggest(k, known)
+  if near and BREAKER_KEYS[near] then return end
+  local q = options.quote(k, "'")
+  if near then raise(fmt("unknown option %s (did you mean '%s'?)", q, near), level + 1) end
+  raise(fmt("unknown option %s (pool options: %s; and any breaker option but name and max_wait: %s)", q,
+    concat(POOL_NAMES, ", "), concat(listed, ", ")), level + 1)
+end
+
 -- Splits opts into the pool's options and the breakers' options; raises at `level`.
 local function check_opts(opts, level)
   if opts == nil then opts = {} end
@@ -260,7 +281,10 @@ local function check_opts(opts, level)
         .. "balancer_by_lua*, where nothing can wait (ngx.sleep is disabled there), so a full "
         .. "peer is skipped at once; leave max_wait out (max_concurrent alone limits each peer)",
         show(v)), level + 1)
-    else bopts[k] = v end
+    else
+      if type(k) == "string" and not BREAKER_KEYS[k] then unknown(k, level + 1) end
+      bopts[k] = v
+    end
   end
   local m = o.max_ejected
   if m == nil then m = 0.5 end
@@ -545,8 +569,9 @@ local function set_array(self, peers, by_addr)
   make_sched(self)
 end
 
--- Installs a peer array; peers that left are flagged `removed` (requests in flight skip
--- their reports) and, when `remove`, their breakers and counters go.
+-- Installs a peer array; peers that left are flagged `removed` (requests in flight count
+-- nothing for them and give their tickets back without a verdict: see failed) and, when
+-- `remove`, their breakers and counters go.
 -- Peer `addr` of this pool, gone: its breaker, its failure counters and its ramp.
 local function forget(self, addr)
   local store, pfx = self._store, self._pfx
@@ -584,7 +609,8 @@ local function read_ramps(self)
 end
 
 -- A copy whose incarnation another worker closed: its peers are removed here too, so that
--- a try in flight here reports nothing (no counter of the closed pool comes back).
+-- a try in flight here counts nothing (no counter of the closed pool comes back; its
+-- ticket goes back without a verdict, see failed).
 local function closed_elsewhere(self)
   for _, p in ipairs(self._peers) do p.removed = true end
   self._closed = true
@@ -763,7 +789,7 @@ end
 -- pool:set_peers(list): replaces the pool's peers, in every worker (their next pick).
 -- Peers that stay keep their breaker (and so their state); new ones get a fresh breaker;
 -- the breakers and counters of peers that left are removed. Requests in flight that
--- tried a removed peer report nothing for it. Returns true, or nil and why when the
+-- tried a removed peer count nothing for it (see failed). Returns true, or nil and why when the
 -- shared dict cannot hold the list.
 function Pool:set_peers(peers)
   check_open(self, 2)
@@ -1328,16 +1354,21 @@ end
 -- A try's failure of class `class`: counted, and reported to its breaker (as a failure
 -- when fail_on has the class, else as a success: the peer answered, or the class is not
 -- held against it).
+-- A try on a peer that left the pool (set_peers, close) counts nowhere, but its ticket is
+-- given back, without a verdict (which counts nothing, in no breaker, and makes none):
+-- a registry slot keeps the max_concurrent permits of the breaker that was there, for its
+-- calls to give back, and a ticket never given back left the slot's next breaker (another
+-- pool's peer, the peer added again) with a call running for good.
 local function failed(self, try, class, seconds)
   try.done = true
-  local peer = try.peer
-  if peer.removed then return end
-  bump(self._store, peer.ckey .. class)
-  local ticket = try.ticket
-  if ticket then
-    try.ticket = false
-    peer.b:report(ticket, not self._on[class], seconds)
+  local peer, ticket = try.peer, try.ticket
+  try.ticket = false
+  if peer.removed then
+    if ticket then peer.report(peer.b, ticket, nil) end
+    return
   end
+  bump(self._store, peer.ckey .. class)
+  if ticket then peer.b:report(ticket, not self._on[class], seconds) end
 end
 _M._failed = failed  -- for the specs
 _M._stores = STORES  -- for the specs: dict name -> store
@@ -1346,9 +1377,10 @@ _M._local_store = local_store  -- for the specs (spec/fake_nginx.lua's shared di
 local function succeeded(try, ok, seconds)
   try.done = true
   local ticket = try.ticket
-  if ticket and not try.peer.removed then
+  if ticket then
     try.ticket = false
     local peer = try.peer
+    if peer.removed then ok = nil end  -- (given back without a verdict: see failed)
     peer.report(peer.b, ticket, ok, seconds)
   end
 end
@@ -1452,10 +1484,36 @@ local function slot_of(key)  -- bits 4 to 13 of the address and 14 to 23 (r is 1
   return band(bxor(rshift(key, 4), rshift(key, 14)), SLOT_MASK) + 1
 end
 
+-- The tries of live record `rec` that hold a ticket nothing reported, when the record is
+-- let go: its request's log phase never ran for the pool (a subrequest, a location
+-- without pool:log()) and a later request has its address (nginx freed the request: its
+-- tries are over), or it is STALE_AFTER old, or an internal redirect left an upstream
+-- whose lists did not say how its tries ended. Each ticket is given back: a probe as
+-- failed (what probe_timeout makes of it, sooner), another try without a verdict. Before,
+-- they were dropped, and each held its peer's max_concurrent permit for good (a peer with
+-- max_concurrent = 1 was full for good after one subrequest).
+local function give_back(rec)
+  for k = 1, rec.n do
+    local try = rec[k]
+    local ticket = try.ticket
+    if ticket and not try.done then
+      try.ticket = false
+      local peer, ok = try.peer, nil
+      if floor(ticket / 2) % 2 ~= 1 and not peer.removed then ok = false end  -- (a probe: see log_record)
+      peer.report(peer.b, ticket, ok, nil)
+    end
+  end
+end
+
 local function sweep(now)
   in_reqs = 0
   for k, rec in pairs(REQS) do
-    if not rec.pool or now - rec.t > STALE_AFTER then REQS[k] = nil else in_reqs = in_reqs + 1 end
+    if not rec.pool or now - rec.t > STALE_AFTER then
+      if rec.pool then give_back(rec) end
+      REQS[k] = nil
+    else
+      in_reqs = in_reqs + 1
+    end
   end
   made = 0
 end
@@ -1493,6 +1551,7 @@ end
 
 -- A record cleared for the first try of this pool's upstream (t: the request's start time).
 local function clear(self, rec, t)
+  if rec.pool then give_back(rec) end  -- (a record let go live: see give_back)
   rec.pool, rec.t, rec.n, rec.refused = self, t, 0, false
   return rec, true, t
 end
@@ -1524,8 +1583,12 @@ local function take(self)
   local pool = rec and rec.pool
   if not pool or (self and pool ~= self) then return nil end
   if not in_slot then REQS[key], in_reqs = nil, in_reqs - 1 end
+  if rec.t ~= start_time(r) then  -- an earlier request's, at the same address
+    give_back(rec)
+    rec.pool = false
+    return nil
+  end
   rec.pool = false
-  if rec.t ~= start_time(r) then return nil end  -- an earlier request's, at the same address
   return rec, r, pool
 end
 
@@ -1797,6 +1860,9 @@ function Pool:balance()
       state, code = get_last_failure()
     end
     if state == nil then
+      -- (the earlier pool synced too, when it is another: closed or changed by another
+      -- worker since its last call here, its tries count nothing, as in its log phase)
+      if earlier ~= self then sync(earlier, t) end
       before = judge_earlier(earlier, rec)
       rec, fresh = clear(self, rec, t)
     end
@@ -1874,7 +1940,7 @@ local function log_record(self, rec, r)
       if s >= 100 and s < 499 and not plain[s] and (not t or floor(t / 2) % 2 == 1)
           and internal(r) == 0 and not from_cache(self) then
         local peer = rec.peer
-        if t and not peer.removed then peer.report(peer.b, t, true, nil) end
+        if t then peer.report(peer.b, t, not peer.removed or nil, nil) end  -- (removed: see failed)
         return
       end
     end
