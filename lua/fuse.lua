@@ -165,6 +165,7 @@ local function report(msg)
   if ok then return end
   pcall(default_report, msg .. " (fuse.report_error failed: " .. tostring(err) .. ")")
 end
+_M._report = report  -- (for fuse.watch's callback errors, lua/fuse/admin.lua)
 
 local function fire(listener, name, code)
   if code >= 128 then  -- two transitions made by one call (a timed forced_open lifted, ...)
@@ -1249,10 +1250,6 @@ end
 -- fuse.events([since]): the recorded transitions (lua/fuse/events.lua).
 _M.events = require("fuse.events").new(B, STATES)
 
--- OpenResty helpers (lua/fuse/admin.lua), loaded on first use.
-function _M.admin(...) return require("fuse.admin").admin(...) end
-function _M.reject(...) return require("fuse.admin").reject(...) end
-function _M.watch(...) return require("fuse.admin").watch(...) end
 
 ---------------------------------------------------------------------------- OpenResty: calls that end the request
 
@@ -1272,5 +1269,17 @@ _M._counter_value = B.counter_value_c or metrics.counter_value
 -- fuse._counter_word(i): under LuaJIT the counter's word (a uint64_t pointer), which
 -- fuse.upstream reads at every pick with one load; nil under the C module.
 _M._counter_word = B.counter_word
+
+---------------------------------------------------------------------------- OpenResty helpers
+
+-- fuse.admin, fuse.reject and fuse.watch are lua/fuse/admin.lua's functions themselves,
+-- whose errors name their caller's line. (Wrappers that tail-called them left Lua 5.1 a
+-- frame without a line, which those errors named.) fuse.admin requires "fuse", so this
+-- module is in package.loaded first, as module() put it there.
+if type(package.loaded.fuse) ~= "table" then package.loaded.fuse = _M end
+do
+  local admin = require "fuse.admin"
+  _M.admin, _M.reject, _M.watch = admin.admin, admin.reject, admin.watch
+end
 
 return _M

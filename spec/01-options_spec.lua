@@ -240,8 +240,11 @@ describe("options #" .. BACKEND, function()
       assert.equal("fuse: option 'name' must be a string of 1 to 127 bytes, got 128 bytes",
         check_error({ name = long .. "n" }))
       assert.equal("fuse: option 'name' must be a string, got 5", check_error({ name = 5 }))
-      assert.equal([[fuse: option 'name' must be a string without NUL bytes, got "a\000b"]],
+      assert.equal([[fuse: option 'name' must be a string without NUL bytes, got "a\000b" (a NUL at byte 2)]],
         check_error({ name = "a\0b" }))
+      -- past the 60 bytes a message shows: the byte says where (it said nothing of it)
+      assert.equal("fuse: option 'name' must be a string without NUL bytes, got \"" .. ("n"):rep(60)
+        .. '..." (a NUL at byte 100)', check_error({ name = ("n"):rep(99) .. "\0" }))
     end)
 
     it("is_failure and on_state_change are functions", function()

@@ -257,11 +257,16 @@ describe("fuse #" .. BACKEND, function()
 
     it("raises for a since that is not a seq", function()
       assert.has_error(function() fuse.events(-1) end,
-        "fuse: fuse.events needs a seq number (>= 0) or nothing, got -1")
+        "fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got -1")
       assert.has_error(function() fuse.events("x") end,
-        'fuse: fuse.events needs a seq number (>= 0) or nothing, got "x"')
+        'fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got "x"')
       assert.has_error(function() fuse.events(0 / 0) end,
-        "fuse: fuse.events needs a seq number (>= 0) or nothing, got nan")
+        "fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got nan")
+      -- (the message said ">= 0" for these too)
+      assert.has_error(function() fuse.events(2 ^ 53) end,
+        "fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got 9007199254740992")
+      assert.has_error(function() fuse.events(1 / 0) end,
+        "fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got inf")
     end)
   end)
 
@@ -300,6 +305,70 @@ describe("fuse #" .. BACKEND, function()
       assert.equal(2, n)
       assert.equal(2, #reported)
       assert.matches("fuse.watch callback failed: .*boom", reported[1])
+    end)
+
+    it("an error in the callback that fuse.report_error cannot report still leaves the rest delivered", function()
+      local saved = fuse.report_error
+      fuse.report_error = function() error("the reporter is down") end
+      local seen = {}
+      local poll = admin.poller(function(_, from, to) seen[#seen + 1] = from .. ">" .. to; error("boom") end)
+      local b = fuse.new { name = uname("watchrep"), fails = 1 }
+      b:force_open()
+      b:reset()
+      local ok, err = pcall(poll)
+      b:disable()
+      local ok2 = pcall(poll)
+      fuse.report_error = saved
+      assert.is_true(ok, tostring(err))  -- (was: the reporter's error ended the poll)
+      assert.is_true(ok2)
+      assert.same({ "closed>forced_open", "forced_open>closed", "closed>disabled" }, seen)
+    end)
+
+    -- ngx.timer.every starts each poll at its time, whether the one before ended or not
+    -- (test/ops.t.sh sees it in nginx); here two coroutines stand for two timers.
+    it("a callback that yields: a poll meanwhile delivers nothing, and each transition comes once, in order",
+      function()
+        -- pcall lets a coroutine yield under LuaJIT and Lua 5.4, not under Lua 5.1
+        if not coroutine.wrap(function() return pcall(coroutine.yield, true) end)() then return end
+        local log = {}
+        local poll = admin.poller(function(_, from, to)
+          log[#log + 1] = "start " .. from .. ">" .. to
+          if to == "forced_open" then coroutine.yield() end  -- a cosocket, ngx.sleep
+          log[#log + 1] = "end " .. from .. ">" .. to
+        end)
+        local b = fuse.new { name = uname("watchyield"), fails = 1 }
+        b:force_open()
+        local first = coroutine.create(poll)
+        assert.is_true(coroutine.resume(first))            -- delivers closed>forced_open, which yields
+        b:reset()
+        local second = coroutine.create(poll)
+        local ok, n = coroutine.resume(second)              -- the next tick, while the first still runs
+        assert.is_true(ok)
+        assert.same({ "dead", nil }, { coroutine.status(second), n })
+        assert.is_true(coroutine.resume(first))            -- the callback ends
+        assert.equal("dead", coroutine.status(first))
+        assert.equal(1, poll())                             -- the poll after it: forced_open>closed
+        assert.same({ "start closed>forced_open", "end closed>forced_open",
+          "start forced_open>closed", "end forced_open>closed" }, log)
+      end)
+
+    -- ngx.exit in the callback ends the timer's coroutine inside pcall (test/watch.t.sh
+    -- in nginx); Lua 5.4's coroutine.close stands for it here.
+    it("a poll whose coroutine died in the callback does not stop the watch", function()
+      if not rawget(coroutine, "close") then return end
+      local seen = {}
+      local poll = admin.poller(function(_, from, to)
+        seen[#seen + 1] = from .. ">" .. to
+        if to == "forced_open" then coroutine.yield() end
+      end)
+      local b = fuse.new { name = uname("watchdead"), fails = 1 }
+      b:force_open()
+      local co = coroutine.create(poll)
+      assert.is_true(coroutine.resume(co))
+      assert.is_true(rawget(coroutine, "close")(co))  -- dead, never back in the poll
+      b:reset()
+      assert.equal(1, poll())
+      assert.same({ "closed>forced_open", "forced_open>closed" }, seen)
     end)
   end)
 
@@ -351,7 +420,8 @@ describe("fuse #" .. BACKEND, function()
     it("answers 400 for a bad request and 404 for an unknown name, each with an error", function()
       local name = uname("adm")
       local b = fuse.new { name = name, fails = 3 }
-      local BAD = "seconds must be a number in (0, 2764800], got "
+      -- (it said "a number in (0, 2764800]" to "1e3", which is one)
+      local BAD = "seconds must be decimal digits (30, 2.5) for a number in (0, 2764800], got "
       local cases = {
         { {}, 400, "missing name" },
         { { name = "", action = "reset" }, 400, "missing name" },
@@ -364,9 +434,17 @@ describe("fuse #" .. BACKEND, function()
         { { name = name, action = "force_open", seconds = "0" }, 400, BAD .. '"0"' },
         { { name = name, action = "force_open", seconds = "0x10" }, 400, BAD .. '"0x10"' },
         { { name = name, action = "force_open", seconds = "inf" }, 400, BAD .. '"inf"' },
+        { { name = name, action = "force_open", seconds = "1e3" }, 400, BAD .. '"1e3"' },
+        { { name = name, action = "force_open", seconds = " 30" }, 400, BAD .. '" 30"' },
         { { name = name, action = "force_open", seconds = "9999999" }, 400, BAD .. '"9999999"' },
         { { name = name, action = "reset", seconds = "5" }, 400, "seconds applies to force_open only" },
         { { name = "nope\233", action = "reset" }, 404, 'no breaker named "nope\\xE9"' },
+        -- a field it does not take: a typo would change the action (force_open for good)
+        { { name = name, action = "force_open", second = "30" }, 400,
+          "unknown field 'second' (did you mean 'seconds'?)" },
+        { { nmae = name, action = "reset" }, 400, "unknown field 'nmae' (did you mean 'name'?)" },
+        { { name = name, action = "reset", ["{\"x\":1}"] = true }, 400,
+          "unknown field '{\"x\":1}' (a POST takes name, action, seconds)" },
       }
       for _, c in ipairs(cases) do
         local status, body = admin.handle("POST", c[1])
@@ -374,11 +452,50 @@ describe("fuse #" .. BACKEND, function()
         assert.is_string(body.error)
         if c[3] then assert.equal(c[3], body.error) end
       end
+      for _, c in ipairs {
+        { { stat = "open" }, "unknown field 'stat' (did you mean 'state'?)" },
+        { { name = name, action = "force_open" }, "unknown field 'action' (a GET takes name, state, limit, after; "
+          .. "an action is a POST of name=N&action=A[&seconds=S])" },
+        { { pretty = true }, "unknown field 'pretty' (a GET takes name, state, limit, after)" },
+      } do
+        for _, method in ipairs { "GET", "HEAD" } do
+          local status, body = admin.handle(method, c[1])
+          assert.same({ 400, c[2] }, { status, body.error })
+        end
+      end
       local status, body = admin.handle("DELETE")
       assert.equal(405, status)
-      assert.is_string(body.error)
+      assert.equal('method "DELETE" not allowed: GET, HEAD or POST', body.error)
       assert.equal("closed", b:state())  -- nothing acted
       assert.equal('{"error":"missing name"}', admin.encode({ error = "missing name" }))
+    end)
+
+    it("fuse.watch starts in init_worker or a timer, and raises in any other phase", function()
+      if rawget(_G, "ngx") then return end
+      local phase, started = nil, 0
+      local fake = { get_phase = function() return phase end, req = {},
+        timer = { every = function() started = started + 1; return true end } }
+      local function watch_in(p)
+        phase = p
+        rawset(_G, "ngx", fake)
+        local ok, err = pcall(fuse.watch, function() end)
+        rawset(_G, "ngx", nil)
+        return ok, err
+      end
+      for _, p in ipairs { "init_worker", "timer" } do assert.is_true((watch_in(p))) end
+      assert.equal(2, started)
+      for _, c in ipairs {
+        { "init", "init_by_lua* (the master, which runs no timers)" },  -- (was: "no request")
+        { "content", "the content phase" },  -- (was: a watch more for each request)
+        { "access", "the access phase" },
+        { "log", "the log phase" },
+      } do
+        local ok, err = watch_in(c[1])
+        assert.is_false(ok)
+        assert.equal("fuse: fuse.watch belongs in init_worker_by_lua* (it watches for the worker's life), not in "
+          .. c[2], err)
+      end
+      assert.equal(2, started)
     end)
 
     it("fuse.reject and fuse.watch say they need OpenResty outside nginx", function()

@@ -143,6 +143,31 @@ describe("fuse.admin #" .. BACKEND, function()
     end)
   end)
 
+  describe("a POST's body", function()
+    it("is read as a form only when it is one, and its fields only from it", function()
+      for _, ct in ipairs { "application/x-www-form-urlencoded",
+        "application/x-www-form-urlencoded; charset=UTF-8", "Application/X-WWW-Form-Urlencoded",
+        " application/x-www-form-urlencoded;charset=utf-8" } do
+        assert.is_nil(admin.not_a_form(ct, nil), ct)
+        assert.is_nil(admin.not_a_form(ct, ""), ct)
+      end
+      assert.is_nil(admin.not_a_form(nil, nil))  -- a client that names no type
+      local WANT = "a POST's body is a form, Content-Type: application/x-www-form-urlencoded "
+        .. "(as curl -d sends it), got Content-Type "
+      for _, c in ipairs {
+        { "application/json", '"application/json"' },
+        { "multipart/form-data; boundary=x", '"multipart/form-data; boundary=x"' },
+        { "text/plain", '"text/plain"' },
+        { "application/x-www-form-urlencodedx", '"application/x-www-form-urlencodedx"' },
+        { { "application/x-www-form-urlencoded", "application/json" }, "table" },  -- the header twice
+      } do
+        assert.equal(WANT .. c[2], admin.not_a_form(c[1], nil))
+      end
+      assert.equal("a POST takes its fields in a form body (curl -d 'name=N&action=A'), not in the query string",
+        admin.not_a_form("application/x-www-form-urlencoded", "name=x&action=reset"))
+    end)
+  end)
+
   describe("a GET", function()
     it("?name= answers that breaker alone, 404 for a name unknown", function()
       local name = uname("one")

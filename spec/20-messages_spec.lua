@@ -101,4 +101,36 @@ describe("messages #" .. BACKEND, function()
       end)
     end
   end)
+
+  -- Each raised at the line that called fuse (under Lua 5.1, fuse.admin, fuse.reject
+  -- and fuse.watch named a frame without a line: their wrappers' tail calls).
+  describe("raised at the caller's line", function()
+    local b = fuse.new { fails = 3 }
+    b:force_open()
+    local rej = select(2, b:call(function() end))
+    local cases = {
+      { "fuse.admin's options", function() fuse.admin { tokn = "x" } end },
+      { "fuse.admin's options", function() fuse.admin("x") end },
+      { "fuse.reject's rejection", function() fuse.reject("x") end },
+      { "fuse.reject's status", function() fuse.reject(rej, 200) end },
+      { "fuse.watch's function", function() fuse.watch("f") end },
+      { "fuse.watch's interval", function() fuse.watch(print, 0) end },
+      { "fuse.events' since", function() fuse.events(-1) end },
+      { "fuse.get's name", function() fuse.get(42) end },
+      { "fuse.remove's name", function() fuse.remove(42) end },
+      { "fuse.init's options", function() fuse.init { capacity = 0 } end },
+    }
+    if not rawget(_G, "ngx") then
+      cases[#cases + 1] = { "fuse.admin outside nginx", function() fuse.admin() end }
+      cases[#cases + 1] = { "fuse.reject outside nginx", function() fuse.reject(rej) end }
+      cases[#cases + 1] = { "fuse.watch outside nginx", function() fuse.watch(print) end }
+    end
+    for _, c in ipairs(cases) do
+      it(c[1], function()
+        local line = debug.getinfo(c[2], "S").linedefined
+        local err = message(c[2])
+        assert.truthy(err:find("20%-messages_spec%.lua:" .. line .. ": fuse: "), err)
+      end)
+    end
+  end)
 end)

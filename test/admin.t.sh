@@ -14,7 +14,9 @@
 #   GET ?name= (404 unknown), ?state= (400 unknown), pages of 100 / ?limit= / ?after=
 #   that list every breaker once; a name with the byte 0xE9 (/keyed?name=caf%E9) gives
 #   JSON that is valid UTF-8 (iconv) and that cjson reads as "caf\xE9", on every page;
-#   a POST of a 20 kB form: 413 with a JSON error, nothing changed.
+#   a POST of a 20 kB form: 413 with a JSON error, nothing changed; a POST of a JSON body,
+#   or with its fields in the query string: 400 saying so (not "missing name"); a field
+#   mistyped (POST second=30, GET ?stat=open): 400 naming it; DELETE: 405, Allow with HEAD.
 # Needs nginx with the Lua module, curl, iconv and luajit with lua-cjson; without one
 # it skips, except under CI=true, where it fails. About 3 s; a watchdog stops it after
 # 120 s. KEEP=1 keeps the temp prefix.
@@ -184,6 +186,27 @@ admin /fuse -H "$AUTH" -d "${fields}name=twostep&action=force_open"
 check "a POST of a form of 150 fields (more than get_post_args reads) is 413" \
   [ "$CODE/$(json 'j.error:match("^the form is too large to read %(truncated%)") ~= nil')" = "413/true" ]
 check "... and twostep is still closed" [ "$(state_of)" = closed ]
+
+# ---------------------------------------------------------------- a POST that is not a form, a typo
+admin /fuse -H "$AUTH" -H 'Content-Type: application/json' -d '{"name":"twostep","action":"force_open"}'
+check "a POST of a JSON body is 400 that says a form is needed, not \"missing name\"" \
+  [ "$CODE/$(json 'j.error:match("^a POST.s body is a form, Content%-Type: application/x%-www%-form%-urlencoded") ~= nil')" = "400/true" ]
+diag "JSON body: $BODY"
+admin '/fuse?name=twostep&action=force_open' -H "$AUTH" -X POST
+check "a POST with its fields in the query string is 400 that says so, not \"missing name\"" \
+  [ "$CODE/$(json 'j.error:match("not in the query string$") ~= nil')" = "400/true" ]
+admin /fuse -H "$AUTH" -d 'name=twostep&action=force_open&second=30'
+check "a POST with a mistyped field (second=30) is 400 naming it, not a force-open until reset" \
+  [ "$CODE/$(json 'j.error')" = "400/unknown field 'second' (did you mean 'seconds'?)" ]
+check "... and twostep is still closed" [ "$(state_of)" = closed ]
+admin '/fuse?stat=open'
+check "a GET with a mistyped field (?stat=open) is 400 naming it, not every breaker" \
+  [ "$CODE/$(json 'j.error')" = "400/unknown field 'stat' (did you mean 'state'?)" ]
+admin /fuse -X DELETE -D "$T/headers"
+check "a DELETE is 405 with Allow: GET, HEAD, POST (HEAD is answered too)" \
+  [ "$CODE/$(tr -d '\r' < "$T/headers" | grep -i '^allow:')" = "405/Allow: GET, HEAD, POST" ]
+admin /fuse -I
+check "a HEAD is 200" [ "$CODE" = 200 ]
 
 # ---------------------------------------------------------------- GET: one, a state, pages
 admin '/fuse?name=bulk-0042'

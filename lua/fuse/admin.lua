@@ -14,8 +14,9 @@ local fuse = require "fuse"
 local options = require "fuse.options"
 
 local ceil, floor, max = math.ceil, math.floor, math.max
-local ipairs, pcall, tonumber, tostring, type = ipairs, pcall, tonumber, tostring, type
+local ipairs, pairs, pcall, tonumber, tostring, type = ipairs, pairs, pcall, tonumber, tostring, type
 local concat = table.concat
+local co_running, co_status = coroutine.running, coroutine.status
 local show = options.show  -- how every message of fuse's shows a value
 
 local _M = {}
@@ -124,12 +125,41 @@ local function post(args)
   if seconds ~= nil then
     if action ~= "force_open" then return 400, { error = "seconds applies to force_open only" } end
     secs = parse_seconds(seconds)
-    if not secs then return bad("seconds must be a number in (0, " .. MAX_SECONDS .. "]", seconds) end
+    if not secs then
+      return bad("seconds must be decimal digits (30, 2.5) for a number in (0, " .. MAX_SECONDS .. "]", seconds)
+    end
   end
   local b = fuse.get(name)
   if not b then return 404, { error = "no breaker named " .. show(name) } end
   if action == "force_open" then b:force_open(secs) elseif action == "reset" then b:reset() else b:disable() end
   return 200, _M.breaker_json(b)
+end
+
+-- The fields each method takes. Any other is a 400, not ignored: a mistyped one would
+-- change what was asked (a POST of force_open with "second=30" forced the circuit open
+-- until a reset, not for 30 s; a GET of "stat=open" listed every breaker).
+local FIELDS = { GET = { "name", "state", "limit", "after" }, POST = { "name", "action", "seconds" } }
+local FIELD_SET = {}
+for m, list in pairs(FIELDS) do
+  FIELD_SET[m] = {}
+  for _, f in ipairs(list) do FIELD_SET[m][f] = true end
+end
+
+-- The 400 for the first field (in sorted order) of args that method does not take, or nil.
+local function unknown_field(method, args)
+  local unknown = {}
+  for k in pairs(args) do
+    if not FIELD_SET[method][k] then unknown[#unknown + 1] = tostring(k) end
+  end
+  if #unknown == 0 then return nil end
+  table.sort(unknown)
+  local k = unknown[1]
+  local near = options.suggest(k, FIELDS[method])
+  local hint = near and "did you mean '" .. near .. "'?" or "a " .. method .. " takes " .. concat(FIELDS[method], ", ")
+  if method == "GET" and FIELD_SET.POST[k] then
+    hint = hint .. "; an action is a POST of name=N&action=A[&seconds=S]"
+  end
+  return 400, { error = "unknown field " .. options.quote(k, "'") .. " (" .. hint .. ")" }
 end
 
 -- The admin request as data: method ("GET", "POST", ...) and its arguments (for GET
@@ -145,9 +175,12 @@ end
 --   POST name=N&action=force_open|reset|disable[&seconds=S]
 function _M.handle(method, args)
   args = args or {}
-  if method == "GET" or method == "HEAD" then return get(args) end
-  if method == "POST" then return post(args) end
-  return 405, { error = "method " .. show(method) .. " not allowed: GET or POST" }
+  local m = method == "HEAD" and "GET" or method
+  if not FIELDS[m] then return 405, { error = "method " .. show(method) .. " not allowed: GET, HEAD or POST" } end
+  local status, body = unknown_field(m, args)
+  if status then return status, body end
+  if m == "GET" then return get(args) end
+  return post(args)
 end
 
 -- host[:port] without the default port of the scheme, in lower case.
@@ -198,6 +231,22 @@ function _M.encode(body)
     .. (body.next and cjson.encode(body.next) or "null") .. "}"
 end
 
+-- Why a POST's body is not a form the endpoint reads, or nil. content_type: its
+-- Content-Type header (a table when repeated); query: its query string, or nil.
+-- get_post_args reads any body as a form, whatever its type: a JSON body
+-- {"name":"x",...} was one field named after the whole body, and answered "missing
+-- name"; so were fields sent in the query string.
+function _M.not_a_form(content_type, query)
+  if query ~= nil and query ~= "" then
+    return "a POST takes its fields in a form body (curl -d 'name=N&action=A'), not in the query string"
+  end
+  if content_type == nil then return nil end  -- (a client that names no type: read as a form)
+  local media = type(content_type) == "string" and content_type:match("^%s*([^;%s]*)") or nil
+  if media and media:lower() == "application/x-www-form-urlencoded" then return nil end
+  return "a POST's body is a form, Content-Type: application/x-www-form-urlencoded (as curl -d "
+    .. "sends it), got Content-Type " .. show(content_type)
+end
+
 -- The form of a POST, or nil and why it cannot be read: a body larger than
 -- client_body_buffer_size, which nginx keeps in a temp file (get_post_args reads none),
 -- or more than 100 fields (get_post_args' "truncated").
@@ -213,7 +262,7 @@ local function answer(ngx, status, body)
   ngx.status = status
   ngx.header["Content-Type"] = "application/json"
   ngx.header["Cache-Control"] = "no-store"
-  if status == 405 then ngx.header["Allow"] = "GET, POST" end
+  if status == 405 then ngx.header["Allow"] = "GET, HEAD, POST" end
   ngx.say(_M.encode(body))
   return ngx.exit(status)
 end
@@ -226,8 +275,11 @@ function _M.admin(opts)
   local ngx = ngx_api("fuse.admin")
   local method, args = ngx.req.get_method(), nil
   if method == "POST" then
-    local why = _M.refused(ngx.req.get_headers(), o.token)
+    local headers = ngx.req.get_headers()
+    local why = _M.refused(headers, o.token)
     if why then return answer(ngx, 403, { error = why }) end
+    why = _M.not_a_form(headers["content-type"], ngx.var.args)
+    if why then return answer(ngx, 400, { error = why }) end
     local err
     args, err = form(ngx)
     if not args then
@@ -269,22 +321,42 @@ end
 -- A poll step for fn: each call delivers, in order, the transitions recorded since the
 -- previous one, as fn(name, from, to, event). Transitions the ring lost in between (an
 -- overrun: more than its 1024 entries between two polls) are reported first, as one
--- call fn(nil, "overrun", n). An error in fn is reported through fuse.report_error and
--- never stops the watch. It starts from the newest event at the time it is made.
+-- call fn(nil, "overrun", n). An error in fn is reported through fuse.report_error (and
+-- when that raises too, through nginx's log or stderr) and never stops the watch: the
+-- poll goes on with the next transition. It starts from the newest event at the time it
+-- is made.
+-- fn may yield (a cosocket, ngx.sleep): ngx.timer.every starts the next poll at its time
+-- whether the one before ended or not, and two polls delivering at once would call fn
+-- out of order and concurrently. So a poll that finds the one before still delivering
+-- does nothing (returns nil): that one goes on, and the first poll after it takes what
+-- came meanwhile. Unless that one's coroutine is dead: fn called ngx.exit, which ends
+-- the timer's coroutine from inside pcall, so that the poll never got to its end.
 function _M.poller(fn)
   local _, _, since = fuse.events()
+  local busy  -- the coroutine of the poll that delivers, while it does (nil: none, or main)
   local function call(...)
     local ok, err = pcall(fn, ...)
-    if not ok then fuse.report_error("fuse: a fuse.watch callback failed: " .. tostring(err)) end
+    if not ok then
+      local shown, text = pcall(tostring, err)
+      fuse._report("fuse: a fuse.watch callback failed: " .. (shown and text or "(an error tostring fails on)"))
+    end
   end
   return function()
+    if busy and co_status(busy) ~= "dead" then return nil end
+    busy = co_running()
     local list, lost, upto = fuse.events(since)
     since = upto
     if lost > 0 then call(nil, "overrun", lost) end
     for _, e in ipairs(list) do call(e.name, e.from, e.to, e) end
+    busy = nil
     return #list, lost
   end
 end
+
+-- The phases fuse.watch starts in: init_worker_by_lua*, or a timer (one started there,
+-- say). In init_by_lua* (the master) ngx.timer.every raised "no request"; in a request's
+-- phase each call started one more watch, for the worker's life.
+local WATCH_PHASES = { init_worker = true, timer = true }
 
 -- fuse.watch(fn [, interval]): in init_worker_by_lua*, fn(name, from, to) in this
 -- worker for every transition any worker makes, polled every `interval` seconds (0.5).
@@ -294,6 +366,11 @@ function _M.watch(fn, interval)
     error("fuse: fuse.watch's interval must be seconds from 0.001 to 3600, got " .. show(interval), 2)
   end
   local ngx = ngx_api("fuse.watch")
+  local phase = ngx.get_phase and ngx.get_phase()
+  if phase and not WATCH_PHASES[phase] then
+    error("fuse: fuse.watch belongs in init_worker_by_lua* (it watches for the worker's life), not in "
+      .. (phase == "init" and "init_by_lua* (the master, which runs no timers)" or "the " .. phase .. " phase"), 2)
+  end
   local poll = _M.poller(fn)
   return ngx.timer.every(interval or 0.5, function(premature)
     if not premature then poll() end

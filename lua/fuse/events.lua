@@ -17,7 +17,7 @@ function _M.new(B, STATES)
   -- lost: how many of those the ring no longer holds; upto: the seq to pass next time.
   return function(since)
     if since ~= nil and (type(since) ~= "number" or not (since >= 0 and since < 2^53)) then
-      error("fuse: fuse.events needs a seq number (>= 0) or nothing, got " .. show(since), 2)
+      error("fuse: fuse.events needs a seq number (0 to 2^53) or nothing, got " .. show(since), 2)
     end
     since = floor(since or 0)
     local last = B.events_last()

@@ -163,7 +163,7 @@ local function quote(s, q)
   end)
   return q .. hex_invalid(s) .. (cut and "..." or "") .. q
 end
-_M.quote = quote  -- (fuse.upstream names its own unknown options the same way)
+_M.quote = quote  -- (fuse.upstream and the admin endpoint name unknown options and fields the same way)
 
 -- A value as it appears after "got" in every message of fuse's: "x" for strings,
 -- numbers and booleans the same under every Lua (fmt_num: "5", "nan", "inf"), the type
@@ -229,7 +229,8 @@ local function check_name(v)
   if #v > NAME_MAX then
     return fmt("fuse: option 'name' must be %s, got %d bytes", what, #v)
   end
-  if v:find("\0", 1, true) then return bad("name", "a string without NUL bytes", v) end
+  local nul = v:find("\0", 1, true)  -- (where: a long name is shown cut after 60 bytes)
+  if nul then return bad("name", "a string without NUL bytes", v) .. fmt(" (a NUL at byte %d)", nul) end
   return nil
 end
 
