@@ -176,6 +176,33 @@ check(not pcall(fuse.metrics_chunks, "print"), "a string is not a function")
 ]], 10)
   end)
 
+  it("keeps its tables for the next scrape: one in another's yield, and one of fewer breakers, are right", function()
+    assert_child([[
+local plain = fuse.metrics()
+local inner
+local text = scrape("content", function(k)
+  if k ~= 2 then return end
+  local stand_in = rawget(_G, "ngx")
+  rawset(_G, "ngx", nil)
+  inner = fuse.metrics()  -- (in one go: begins and ends while the other yields)
+  rawset(_G, "ngx", stand_in)
+end)
+check(text == plain, "a scrape with another in its yield: the text")
+check(inner == plain, "the scrape in the other's yield: the text")
+for i = 1, N, 2 do fuse.remove(("scrape-%05d"):format(i)) end
+local fewer = scrape("content")
+local state, twice = series(fewer, "fuse_state")
+local shown, odd = 0, 0
+for name in pairs(state) do
+  shown = shown + 1
+  if tonumber(name:match("%d+")) % 2 == 1 then odd = odd + 1 end
+end
+check(not twice and shown == N - math.ceil(N / 2) and odd == 0,
+  "after removing half: " .. shown .. " names, " .. odd .. " of them removed")
+check(select(2, fewer:gsub("\n", "\n")) == 11 * (shown + 2) + 6, "after removing half: no other line")
+]], 4)
+  end)
+
   it("leaves the walk compiled: no function of fuse blacklisted after scrapes that yield", function()
     if not jit then return pending("LuaJIT only") end
     assert_child([[
