@@ -3,8 +3,9 @@
 # serves a /metrics scrape of 100,000 named breakers (make bench-nginx-scrape).
 #
 # nginx, 2 workers, fuse.init{ shared = true, capacity = 131072 }; init_by_lua makes N
-# (100000) breakers. /metrics is README's location (ngx.print(fuse.metrics())), which
-# also answers the worker's pid in X-Pid; /ping answers the worker's pid. The listener
+# (100000) breakers. /metrics is README's location (fuse.metrics_chunks(ngx.print); in a
+# tree without it, ngx.print(fuse.metrics())), which also answers the worker's pid in
+# X-Pid; /ping answers the worker's pid. The listener
 # has reuseport, so that each connection lands on a worker at random.
 #
 # A round, per tree: STREAMS (6) ping streams, each one curl on one keep-alive
@@ -67,7 +68,9 @@ $(nginx_lua_paths "$d")
             default_type "text/plain; version=0.0.4";
             content_by_lua_block {
                 ngx.header["X-Pid"] = ngx.worker.pid()
-                ngx.print(require("fuse").metrics())
+                local fuse = require "fuse"
+                if fuse.metrics_chunks then fuse.metrics_chunks(ngx.print)
+                else ngx.print(fuse.metrics()) end
             }
         }
         location = /ping { content_by_lua_block { ngx.print(ngx.worker.pid()) } }

@@ -1262,6 +1262,12 @@ _M.settle, _M.log = settle.settle, settle.log
 -- fuse.metrics(), and the shared counters fuse.upstream keeps (lua/fuse/metrics.lua).
 local metrics = require("fuse.metrics").new(B, each_breaker, function() if fake then sync() end end)
 _M.metrics = metrics.metrics
+-- fuse.metrics_chunks(fn): fuse.metrics()' text handed to fn in parts, in order (under
+-- OpenResty: fn = ngx.print sends a scrape without making it one string first).
+function _M.metrics_chunks(fn)
+  check_callable(fn, "metrics_chunks", 2)
+  metrics.metrics_chunks(fn)
+end
 _M._counter, _M._count = metrics.counter, metrics.count
 -- fuse._counter_value(i): under LuaJIT the core's function itself, which fuse.upstream
 -- calls at every pick: one call into C in its trace, no Lua function in between.

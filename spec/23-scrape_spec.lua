@@ -18,18 +18,19 @@ local EVERY = metrics.YIELD_EVERY
 fuse.init{ capacity = 16384 }
 local function check(cond, what) io.write(cond and "ok " or "not ok ", what, "\n") end
 
--- fuse.metrics() in `phase` under a stand-in ngx, in a coroutine that `at_yield(k)`
--- resumes after its k-th ngx.sleep. Returns the text and the number of yields. Each
+-- fuse.metrics() (fuse.metrics_chunks(chunk_fn) when given) in `phase` under a stand-in
+-- ngx, in a coroutine that `at_yield(k)` resumes after its k-th ngx.sleep. Returns the
+-- text (nil for metrics_chunks) and the number of yields. Each
 -- sleep must be of more than 0 s: ngx.sleep(0) of an nginx without OpenResty's patch
 -- resumes the scrape before the worker's other events.
-local function scrape(phase, at_yield)
+local function scrape(phase, at_yield, chunk_fn)
   local yields, slept = 0, {}
   rawset(_G, "ngx", {
     get_phase = function() return phase end,
     sleep = function(s) slept[#slept + 1] = s; coroutine.yield("slept") end,
   })
-  local co = coroutine.create(fuse.metrics)
-  local ok, text = coroutine.resume(co)
+  local co = coroutine.create(chunk_fn and fuse.metrics_chunks or fuse.metrics)
+  local ok, text = coroutine.resume(co, chunk_fn)
   while ok and text == "slept" do
     yields = yields + 1
     if at_yield then at_yield(yields) end
@@ -136,11 +137,78 @@ check(after[ahead] == nil and after[behind] == nil and after[first] == "0" and a
 ]], 10)
   end)
 
+  it("metrics_chunks hands the same text in parts, one before each yield of the writing", function()
+    assert_child([[
+local plain = fuse.metrics()
+local LINES = 8 * EVERY  -- a part's lines (the last: the rest)
+-- the events of a scrape by fuse.metrics_chunks in `phase`: "part" (its text kept in
+-- parts) and "yield", in order
+local function chunks(phase)
+  local parts, events = {}, {}
+  local fn = function(text) parts[#parts + 1] = text; events[#events + 1] = "part" end
+  local text, yields = scrape(phase, function() events[#events + 1] = "yield" end, fn)
+  return parts, events, text, yields
+end
+local parts, events, text, yields = chunks("content")
+check(text == nil, "it returns nothing")
+check(table.concat(parts) == plain, "content: the parts joined are fuse.metrics()' text")
+local lines = select(2, plain:gsub("\n", "\n"))
+-- every part but the last ends at a multiple of LINES of the breakers' lines, the HELP
+-- and TYPE lines aside (2 per series)
+local whole_parts = math.floor((lines - 2 * 11 - 6) / LINES)
+check(#parts == whole_parts + 1 and #parts >= 5, "content: " .. #parts .. " parts for " .. lines .. " lines")
+local most = 0
+for _, p in ipairs(parts) do most = math.max(most, select(2, p:gsub("\n", "\n"))) end
+check(most <= LINES + 2 * 11 + 6, "content: at most " .. (LINES + 28) .. " lines in a part (" .. most .. ")")
+-- after the walk's yields: part, yield, part, yield, ..., the last part
+local writing = table.concat(events, " ", #events - 2 * whole_parts)
+check(writing == ("part yield "):rep(whole_parts) .. "part", "content: each part before its yield: " .. writing)
+check(yields == #events - #parts, "content: the yields are the stand-in's")
+for _, phase in ipairs{ "header_filter", "log" } do
+  local p2, e2 = chunks(phase)
+  check(table.concat(p2) == plain and #p2 == #parts and not table.concat(e2, " "):find("yield"),
+    phase .. ": the same parts, without yielding")
+end
+local p3 = {}
+fuse.metrics_chunks(function(t) p3[#p3 + 1] = t end)
+check(table.concat(p3) == plain and #p3 == #parts, "without ngx: the same parts")
+check(not pcall(fuse.metrics_chunks, "print"), "a string is not a function")
+]], 10)
+  end)
+
+  it("keeps its tables for the next scrape: one in another's yield, and one of fewer breakers, are right", function()
+    assert_child([[
+local plain = fuse.metrics()
+local inner
+local text = scrape("content", function(k)
+  if k ~= 2 then return end
+  local stand_in = rawget(_G, "ngx")
+  rawset(_G, "ngx", nil)
+  inner = fuse.metrics()  -- (in one go: begins and ends while the other yields)
+  rawset(_G, "ngx", stand_in)
+end)
+check(text == plain, "a scrape with another in its yield: the text")
+check(inner == plain, "the scrape in the other's yield: the text")
+for i = 1, N, 2 do fuse.remove(("scrape-%05d"):format(i)) end
+local fewer = scrape("content")
+local state, twice = series(fewer, "fuse_state")
+local shown, odd = 0, 0
+for name in pairs(state) do
+  shown = shown + 1
+  if tonumber(name:match("%d+")) % 2 == 1 then odd = odd + 1 end
+end
+check(not twice and shown == N - math.ceil(N / 2) and odd == 0,
+  "after removing half: " .. shown .. " names, " .. odd .. " of them removed")
+check(select(2, fewer:gsub("\n", "\n")) == 11 * (shown + 2) + 6, "after removing half: no other line")
+]], 4)
+  end)
+
   it("leaves the walk compiled: no function of fuse blacklisted after scrapes that yield", function()
     if not jit then return pending("LuaJIT only") end
     assert_child([[
 local jit_support = require "spec.jit_support"
 for _ = 1, 300 do scrape("content") end
+for _ = 1, 100 do scrape("content", nil, function() end) end  -- (fuse.metrics_chunks)
 local bad = jit_support.blacklisted(jit_support.fuse_roots())
 check(#bad == 0, #bad .. " blacklisted entries or loops in fuse's functions: " .. table.concat(bad, ", "))
 ]], 1)

@@ -12,9 +12,13 @@
 # "ping" between "scrape start" and "scrape end": W served a request in the middle of
 # the scrape. No time is measured: a scrape that never gives the worker back (fuse
 # 1fb4fcc and before) leaves every ping of W before its start or after its end, whatever the
-# speed of the machine. Also: the text is whole (a fuse_state line per breaker), a
-# scrape in header_filter_by_lua (which cannot yield) and one in a timer (which does)
-# work, and the error log holds no error.
+# speed of the machine. The same for /metrics-parts, fuse.metrics_chunks(ngx.print) with
+# a "part K start" line per part: a ping of W between the first part and "parts end"
+# (where fuse.metrics() joins the text and ngx.print copies it, in one go; fails on
+# 5c4fac2, which has no metrics_chunks), at least one part per 32768 lines, and its
+# text is /metrics' byte for byte. Also: the text is whole (a fuse_state line per
+# breaker), a scrape in header_filter_by_lua (which cannot yield) and one in a timer
+# (which does) work, and the error log holds no error.
 # Needs nginx with the Lua module; without it it skips, except under CI=true, where it
 # fails. About 10 s; a watchdog stops it after 180 s. KEEP=1 keeps the temp prefix;
 # FUSE_LUA_DIR=DIR runs another tree's lua/ (e.g. to see the test fail on an old one).
@@ -76,6 +80,18 @@ $(nginx_lua_paths "$T")
                 ngx.print(text)
             }
         }
+        location = /metrics-parts {
+            default_type "text/plain; version=0.0.4";
+            content_by_lua_block {
+                local k = 0
+                require("fuse").metrics_chunks(function(part)
+                    k = k + 1
+                    ngx.log(ngx.WARN, "part ", k, " start")
+                    ngx.print(part)
+                end)
+                ngx.log(ngx.WARN, "parts end (", k, ")")
+            }
+        }
         location = /ping {
             content_by_lua_block {
                 ngx.log(ngx.WARN, "ping ", ngx.var.arg_i)
@@ -135,36 +151,55 @@ C=$FD
 
 # W's lines of the error log, from line $1 on
 w_lines() { tail -n "+$1" "$T/logs/error.log" | grep -F "] $W#"; }
-scraped() { w_lines "$1" | grep -q "scrape end"; }
 
-# Up to 3 scrapes, until one of them has a ping in its middle (a ping that reached W
-# before the scrape began proves nothing, nor does one after it: try again)
-between=0 tries=0 i=1000
-for try in 1 2 3; do
-  tries=$try
-  from=$(($(wc -l < "$T/logs/error.log") + 1))
-  printf 'GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n' >&"$S"
-  cat <&"$S" > "$T/scrape.$try" &
-  reader=$!
-  while kill -0 "$reader" 2>/dev/null && [ "$i" -lt 100000 ]; do
-    i=$((i + 1))
-    [ "$(ping "$C" "$i")" = "$W" ] || bail "ping $i: no answer from worker $W"
-    scraped "$from" && break
+# pings_within PATH FROM_RE TO_RE: up to 3 scrapes of PATH on S (each on a new
+# connection to W), each while pinging W on C, until one has a ping of W between a log
+# line FROM_RE and the next TO_RE (a ping that reached W before proves nothing, nor does
+# one after: try again). Sets between (the pings) and tries; the text in $T/scrape.TRY.
+i=1000
+pings_within() {
+  local path=$1 from_re=$2 to_re=$3 try from reader
+  between=0 tries=0
+  for try in 1 2 3; do
+    tries=$try
+    from=$(($(wc -l < "$T/logs/error.log") + 1))
+    printf 'GET %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n' "$path" >&"$S"
+    cat <&"$S" > "$T/scrape.$try" &
+    reader=$!
+    while kill -0 "$reader" 2>/dev/null && [ "$i" -lt 100000 ]; do
+      i=$((i + 1))
+      [ "$(ping "$C" "$i")" = "$W" ] || bail "ping $i: no answer from worker $W"
+      w_lines "$from" | grep -qE "$to_re" && break
+    done
+    wait "$reader"
+    wait_for 30 eval 'w_lines "$from" | grep -qE "$to_re"' || bail "no \"$to_re\" in worker $W's log"
+    between=$(w_lines "$from" | awk -v a="$from_re" -v b="$to_re" '$0 ~ a { s = 1 } $0 ~ b { s = 0 } s && /ping / { n++ } END { print n + 0 }')
+    diag "$path, try $try: $between pings of worker $W between \"$from_re\" and \"$to_re\""
+    exec {S}>&-
+    on_w || bail "60 connections, none on worker $W"
+    S=$FD
+    [ "$between" -gt 0 ] && break
   done
-  wait "$reader"
-  wait_for 30 scraped "$from" || bail "no \"scrape end\" in worker $W's log"
-  between=$(w_lines "$from" | awk '/scrape start/ { s = 1 } /scrape end/ { s = 0 } s && /ping / { n++ } END { print n + 0 }')
-  diag "scrape $try: $between pings of worker $W between its start and its end"
-  [ "$between" -gt 0 ] && break
-  exec {S}>&-
-  on_w || bail "60 connections, none on worker $W"
-  S=$FD
-done
+}
+
+pings_within /metrics "scrape start" "scrape end"
 check "worker $W served requests in the middle of a scrape ($between pings, scrape $tries)" [ "$between" -gt 0 ]
 
 lines=$(grep -c '^fuse_state{name="scrape-' "$T/scrape.$tries")
 check "the scrape is whole: $lines fuse_state lines for $N breakers" [ "$lines" -eq "$N" ]
 check "the scrape ends with the registry's series" grep -q '^fuse_registry_evictions_total 0' "$T/scrape.$tries"
+
+# fuse.metrics_chunks(ngx.print): W serves requests between its parts, where
+# fuse.metrics() makes the text one string and ngx.print copies it, in one go
+pings_within /metrics-parts "part 1 start" "parts end"
+check "worker $W served requests between the first and the last part of metrics_chunks ($between pings, try $tries)" \
+  [ "$between" -gt 0 ]
+parts=$(w_lines 1 | grep -c "part [0-9]* start")
+check "metrics_chunks wrote $parts parts (at least one per 32768 lines: 20 for $N breakers)" [ "$parts" -ge 20 ]
+curl -s -o "$T/text" -m 60 "http://127.0.0.1:$PORT/metrics"
+curl -s -o "$T/text-parts" -m 60 "http://127.0.0.1:$PORT/metrics-parts"
+check "the text of metrics_chunks is fuse.metrics()' text ($(wc -c < "$T/text-parts") bytes)" \
+  cmp -s "$T/text" "$T/text-parts"
 
 hdr=$(curl -s -D - -o /dev/null -m 60 "http://127.0.0.1:$PORT/in-header-filter" | tr -d '\r' |
   sed -n 's/^X-Metrics-Bytes: //Ip')
