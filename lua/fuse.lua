@@ -1266,7 +1266,7 @@ _M.metrics = metrics.metrics
 -- OpenResty: fn = ngx.print sends a scrape without making it one string first).
 function _M.metrics_chunks(fn)
   check_callable(fn, "metrics_chunks", 2)
-  metrics.metrics_chunks(fn)
+  return metrics.metrics_chunks(fn)
 end
 _M._counter, _M._count = metrics.counter, metrics.count
 -- fuse._counter_value(i): under LuaJIT the core's function itself, which fuse.upstream

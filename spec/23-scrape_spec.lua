@@ -20,7 +20,7 @@ local function check(cond, what) io.write(cond and "ok " or "not ok ", what, "\n
 
 -- fuse.metrics() (fuse.metrics_chunks(chunk_fn) when given) in `phase` under a stand-in
 -- ngx, in a coroutine that `at_yield(k)` resumes after its k-th ngx.sleep. Returns the
--- text (nil for metrics_chunks) and the number of yields. Each
+-- text (true for metrics_chunks) and the number of yields. Each
 -- sleep must be of more than 0 s: ngx.sleep(0) of an nginx without OpenResty's patch
 -- resumes the scrape before the worker's other events.
 local function scrape(phase, at_yield, chunk_fn)
@@ -150,7 +150,7 @@ local function chunks(phase)
   return parts, events, text, yields
 end
 local parts, events, text, yields = chunks("content")
-check(text == nil, "it returns nothing")
+check(text == true, "it returns true")
 check(table.concat(parts) == plain, "content: the parts joined are fuse.metrics()' text")
 local lines = select(2, plain:gsub("\n", "\n"))
 -- every part but the last ends at a multiple of LINES of the breakers' lines, the HELP
@@ -173,7 +173,17 @@ local p3 = {}
 fuse.metrics_chunks(function(t) p3[#p3 + 1] = t end)
 check(table.concat(p3) == plain and #p3 == #parts, "without ngx: the same parts")
 check(not pcall(fuse.metrics_chunks, "print"), "a string is not a function")
-]], 10)
+-- fn's nil and an error (ngx.print's once the client has gone) stops the scrape there
+local calls = 0
+local ok, err = fuse.metrics_chunks(function()
+  calls = calls + 1
+  if calls == 2 then return nil, "closed" end
+  return 1
+end)
+check(ok == nil and err == "closed" and calls == 2,
+  "fn's nil, err stops it: " .. tostring(ok) .. ", " .. tostring(err) .. " after " .. calls .. " parts")
+check(fuse.metrics() == plain, "and the next scrape is whole")
+]], 12)
   end)
 
   it("keeps its tables for the next scrape: one in another's yield, and one of fewer breakers, are right", function()

@@ -255,10 +255,19 @@ function _M.new(B, each_breaker, sync)
     -- made as they grow, once per scrape, as one part is taken out before the next)
     local out, memo = emit and new_text() or new_text(4096 + nseries * label_bytes
       + n * (nseries * 8 + LINE_NAMES)), {}
-    -- at every YIELD_EVERY * 8 lines: the part so far to emit, then the yield
-    local part
+    -- at every YIELD_EVERY * 8 lines: the part so far to emit, then the yield; true when
+    -- emit failed (returned nil and an error, as ngx.print does once the client has gone:
+    -- the scrape stops there, its error kept in `failed`)
+    local part, failed
     if emit then
-      part = function() emit(out:get()); if pause then pause(PAUSE) end end
+      part = function()
+        local ok, err = emit(out:get())
+        if ok == nil and err ~= nil then
+          failed = err
+          return true
+        end
+        if pause then pause(PAUSE) end
+      end
     elseif pause then
       part = function() pause(PAUSE) end
     end
@@ -267,7 +276,10 @@ function _M.new(B, each_breaker, sync)
       out:put("# HELP ", m[1], " ", m[3], "\n# TYPE ", m[1], " ", m[2], "\n")
       local head, before = m[1] .. '{name="', (k - 1) * n  -- (the lines of the series before)
       for i = 1, n do  -- (the three cases: see SMALL)
-        if (before + i) % (YIELD_EVERY * 8) == 0 and part then part() end
+        if (before + i) % (YIELD_EVERY * 8) == 0 and part and part() then
+          spare = tables
+          return nil, failed
+        end
         local v = col[i]
         local tail = SMALL[v]
         if tail and (v ~= 0 or 1 / v > 0) then
@@ -290,8 +302,9 @@ function _M.new(B, each_breaker, sync)
     if type(up) == "table" and type(up.metrics) == "function" then out:put(up.metrics()) end
     spare = tables
     if emit then
-      emit(out:get())
-      return nil
+      local ok, err = emit(out:get())
+      if ok == nil and err ~= nil then return nil, err end
+      return true
     end
     return out:tostring()
   end
@@ -299,8 +312,9 @@ function _M.new(B, each_breaker, sync)
   -- fuse.metrics() -> the text, one string.
   function M.metrics() return (write(nil)) end
 
-  -- fuse.metrics_chunks(fn): the same text handed to fn in parts (the facade checks fn).
-  function M.metrics_chunks(fn) write(fn) end
+  -- fuse.metrics_chunks(fn) -> true, or nil and fn's error: the same text handed to fn in
+  -- parts (the facade checks fn).
+  function M.metrics_chunks(fn) return write(fn) end
 
   return M
 end
