@@ -26,34 +26,11 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 NGINX=$(nginx_bin) || { echo "bench-nginx-registry: nginx is not installed" >&2; exit 1; }
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-4} BASE=${BASE:-}
 command -v wrk >/dev/null || { echo "bench-nginx-registry: wrk is not installed" >&2; exit 1; }
-[ -r "$ROOT/build/fuse/core.so" ] || { echo "run make first" >&2; exit 1; }
-if [ -n "$BASE" ]; then
-  BASE=$(cd "$BASE" && pwd)
-  [ -r "$BASE/build/fuse/core.so" ] || { echo "bench-nginx-registry: no $BASE/build/fuse/core.so" >&2; exit 1; }
-fi
+side_trees bench-nginx-registry
 
-T=$(mktemp -d /tmp/fuse-bench-registry.XXXXXX)
-MASTERS=()
-trap 'cleanup_nginx "${MASTERS[@]}"' EXIT
-
-TREES=(this) PORTS=() MASTER_OF=()
-[ -n "$BASE" ] && TREES=(base this)
-read -r -a PORTS <<<"$(p=$(pick_ports ${#TREES[@]}); seq "$p" $((p + ${#TREES[@]} - 1)) | tr '\n' ' ')"
-
-start_tree() {  # start_tree INDEX NAME LUA_DIR SO
-  local d="$T/$2"
-  mkdir -p "$d/p/logs" "$d/p/temp"
-  copy_fuse "$d" "$3" "$4"
-  cat > "$d/p/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 2;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$d")
+start_tree() {  # start_tree INDEX NAME (see test/lib/nginx.sh, side_trees)
+  cat > "$T/$2/p/nginx.conf" <<EOF
+$(side_tree_head "$2")
     init_by_lua_block {
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 65536 }
@@ -70,17 +47,10 @@ $(nginx_lua_paths "$d")
     }
 }
 EOF
-  "$NGINX" -p "$d/p/" -c nginx.conf
-  for _ in $(seq 100); do [ -r "$d/p/logs/nginx.pid" ] && break; sleep 0.1; done
-  MASTER_OF[$1]=$(cat "$d/p/logs/nginx.pid")
-  MASTERS+=("${MASTER_OF[$1]}")
-  for _ in $(seq 100); do curl -s "http://127.0.0.1:${PORTS[$1]}/a?n=h-1" >/dev/null && break; sleep 0.1; done
+  side_tree_run "$1" "$2" "/a?n=h-1"
 }
 
-for i in "${!TREES[@]}"; do
-  if [ "${TREES[$i]}" = base ]; then start_tree "$i" base "$BASE/lua" "$BASE/build/fuse/core.so"
-  else start_tree "$i" this "$ROOT/lua" "$ROOT/build/fuse/core.so"; fi
-done
+side_trees_start
 
 cat > "$T/cycle.lua" <<'EOF'
 function init(args) n, size = 0, tonumber(args[1]) end

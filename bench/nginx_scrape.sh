@@ -29,34 +29,11 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 NGINX=$(nginx_bin) || { echo "bench-nginx-scrape: nginx is not installed" >&2; exit 1; }
 N=${N:-100000} ROUNDS=${ROUNDS:-2} SECS=${SECS:-8} STREAMS=${STREAMS:-6} RATE=${RATE:-200}
 SCRAPES=${SCRAPES:-5} BASE=${BASE:-}
-[ -r "$ROOT/build/fuse/core.so" ] || { echo "run make first" >&2; exit 1; }
-if [ -n "$BASE" ]; then
-  BASE=$(cd "$BASE" && pwd)
-  [ -r "$BASE/build/fuse/core.so" ] || { echo "bench-nginx-scrape: no $BASE/build/fuse/core.so" >&2; exit 1; }
-fi
+side_trees bench-nginx-scrape
 
-T=$(mktemp -d /tmp/fuse-bench-scrape.XXXXXX)
-MASTERS=()
-trap 'cleanup_nginx "${MASTERS[@]}"' EXIT
-
-TREES=(this) PORTS=() MASTER_OF=()
-[ -n "$BASE" ] && TREES=(base this)
-read -r -a PORTS <<<"$(p=$(pick_ports ${#TREES[@]}); seq "$p" $((p + ${#TREES[@]} - 1)) | tr '\n' ' ')"
-
-start_tree() {  # start_tree INDEX NAME LUA_DIR SO
-  local d="$T/$2"
-  mkdir -p "$d/p/logs" "$d/p/temp"
-  copy_fuse "$d" "$3" "$4"
-  cat > "$d/p/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 2;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$d")
+start_tree() {  # start_tree INDEX NAME (see test/lib/nginx.sh, side_trees)
+  cat > "$T/$2/p/nginx.conf" <<EOF
+$(side_tree_head "$2")
     init_by_lua_block {
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 131072 }
@@ -77,17 +54,10 @@ $(nginx_lua_paths "$d")
     }
 }
 EOF
-  "$NGINX" -p "$d/p/" -c nginx.conf
-  wait_for 60 test -s "$d/p/logs/nginx.pid" || { echo "nginx ($2) did not start" >&2; exit 1; }
-  MASTER_OF[$1]=$(cat "$d/p/logs/nginx.pid")
-  MASTERS+=("${MASTER_OF[$1]}")
-  wait_for 60 curl -sf -o /dev/null "http://127.0.0.1:${PORTS[$1]}/ping" || { echo "nginx ($2) does not answer" >&2; exit 1; }
+  side_tree_run "$1" "$2" "/ping"
 }
 
-for i in "${!TREES[@]}"; do
-  if [ "${TREES[$i]}" = base ]; then start_tree "$i" base "$BASE/lua" "$BASE/build/fuse/core.so"
-  else start_tree "$i" this "$ROOT/lua" "$ROOT/build/fuse/core.so"; fi
-done
+side_trees_start
 
 NPING=$((RATE * SECS))
 # pings TREE_INDEX OUT: STREAMS ping streams at once, "PID SECONDS" lines into OUT.s*

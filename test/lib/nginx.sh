@@ -227,3 +227,67 @@ _isolation_render() {
   nginx_start "$P" slow-upstream.conf || return 1
   nginx_start "$P" isolation.conf || { stop_master "$(cat "$P/logs-up/nginx.pid" 2>/dev/null)"; return 1; }
 }
+
+# ---- side by side: this tree and BASE, each in an nginx of its own, measured in the same
+# rounds (bench/nginx_registry.sh, bench/nginx_scrape.sh). The script sets ROOT, NGINX and
+# BASE (a tree with lua/ and a built build/fuse/core.so, or empty) and defines
+# start_tree INDEX NAME: it writes "$T/NAME/p/nginx.conf" (side_tree_head gives its head)
+# and calls side_tree_run.
+
+# side_trees WHAT: the builds checked; T (a temp dir), TREES ("this", or "base" and
+# "this"), PORTS (one per tree), MASTER_OF and MASTERS set; an EXIT trap stops the masters.
+# shellcheck disable=SC2153  # ROOT and BASE: the calling script's
+side_trees() {
+  [ -r "$ROOT/build/fuse/core.so" ] || { echo "run make first" >&2; exit 1; }
+  if [ -n "$BASE" ]; then
+    BASE=$(cd "$BASE" && pwd)
+    [ -r "$BASE/build/fuse/core.so" ] || { echo "$1: no $BASE/build/fuse/core.so" >&2; exit 1; }
+  fi
+  T=$(mktemp -d "/tmp/fuse-$1.XXXXXX")
+  MASTERS=()
+  trap 'cleanup_nginx "${MASTERS[@]}"' EXIT
+  TREES=(this) PORTS=() MASTER_OF=()
+  [ -n "$BASE" ] && TREES=(base this)
+  read -r -a PORTS <<<"$(p=$(pick_ports ${#TREES[@]}); seq "$p" $((p + ${#TREES[@]} - 1)) | tr '\n' ' ')"
+}
+
+# side_tree_head NAME: the head of "$T/NAME"'s nginx.conf: 2 workers, the tree's fuse on
+# the Lua paths, up to the http block's own directives.
+side_tree_head() {
+  local d="$T/$1"
+  cat <<EOF
+$(nginx_load_modules)
+worker_processes 2;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_temp_paths)
+$(nginx_lua_paths "$d")
+EOF
+}
+
+# side_tree_run INDEX NAME PATH: starts "$T/NAME/p"'s nginx (its master in MASTER_OF and
+# MASTERS) and waits until PATH on the tree's port answers.
+side_tree_run() {
+  local d="$T/$2"
+  "$NGINX" -p "$d/p/" -c nginx.conf
+  wait_for 60 test -s "$d/p/logs/nginx.pid" || { echo "nginx ($2) did not start" >&2; exit 1; }
+  MASTER_OF[$1]=$(cat "$d/p/logs/nginx.pid")
+  MASTERS+=("${MASTER_OF[$1]}")
+  wait_for 60 curl -sf -o /dev/null "http://127.0.0.1:${PORTS[$1]}$3" || { echo "nginx ($2) does not answer" >&2; exit 1; }
+}
+
+# side_trees_start: for each tree, "$T/NAME" made with its fuse (BASE's for "base"), then
+# start_tree INDEX NAME.
+side_trees_start() {
+  local i d
+  for i in "${!TREES[@]}"; do
+    d="$T/${TREES[$i]}"
+    mkdir -p "$d/p/logs" "$d/p/temp"
+    if [ "${TREES[$i]}" = base ]; then copy_fuse "$d" "$BASE/lua" "$BASE/build/fuse/core.so"
+    else copy_fuse "$d" "$ROOT/lua" "$ROOT/build/fuse/core.so"; fi
+    start_tree "$i" "${TREES[$i]}"
+  done
+}
