@@ -46,9 +46,13 @@ describe("fuse #" .. BACKEND, function()
       assert.same({ 1, 0 }, { totals(a) })
     end)
 
+    -- (An untracked ticket is checked by its breaker's key, drawn at random from 1 to 8191
+    -- into bits 40 and up, its generation and its state: a made-up number that carries b's
+    -- key is taken, 1 time in 8191. So the numbers here carry key 0, which no breaker has;
+    -- 2^52 + 2 and 7 * 2^40 + 2, here before, failed that often: once in a CI run.)
     it("refuses made-up numbers", function()
       local b = fuse.new { fails = 1 }
-      for _, n in ipairs { 2, 130, 3, 2 ^ 52 + 2, 7 * 2 ^ 40 + 2 } do
+      for _, n in ipairs { 2, 130, 3, 2 ^ 39 + 2, 2 ^ 30 + 2 ^ 8 + 2, 2 ^ 40 - 126 } do
         assert.matches("is not a ticket", refusal(b.report, b, n, false))
       end
       assert.equal("closed", b:state())
