@@ -22,17 +22,7 @@ local function ok_fn(x) return x end
 local function failing() return nil, "boom" end
 ]]
 
-local function run_child(body) return support.run_child(PRELUDE .. body) end
-
-local function assert_child(body, count)
-  local out = run_child(body)
-  local n = 0
-  for line in out:gmatch("[^\n]+") do
-    n = n + 1
-    assert.matches("^ok ", line, nil, nil, out)
-  end
-  assert.equal(count, n, out)
-end
+local function assert_child(body, count) support.assert_child(PRELUDE .. body, count) end
 
 describe("many breakers #" .. BACKEND, function()
   local clock = support.fake_clock(1000, 1)

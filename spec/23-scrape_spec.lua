@@ -56,15 +56,7 @@ local N = 3 * EVERY + 500
 for i = 1, N do fuse.new{ name = ("scrape-%05d"):format(i), fails = 5 } end
 ]]
 
-local function assert_child(body, count)
-  local out = support.run_child(PRELUDE .. body)
-  local n = 0
-  for line in out:gmatch("[^\n]+") do
-    n = n + 1
-    assert.matches("^ok ", line, nil, nil, out)
-  end
-  assert.equal(count, n, out)
-end
+local function assert_child(body, count) support.assert_child(PRELUDE .. body, count) end
 
 describe("fuse.metrics() under OpenResty #" .. BACKEND, function()
   support.it_runs_on_backend()

@@ -161,4 +161,16 @@ function support.run_child(text)
   return out
 end
 
+-- Runs `text` as run_child does, for a script that prints one "ok WHAT" or "not ok WHAT:
+-- why" line per check: every line must be "ok", and there must be `count` of them.
+function support.assert_child(text, count)
+  local out = support.run_child(text)
+  local n = 0
+  for line in out:gmatch("[^\n]+") do
+    n = n + 1
+    assert.matches("^ok ", line, nil, nil, out)
+  end
+  assert.equal(count, n, out)
+end
+
 return support
