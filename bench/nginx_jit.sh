@@ -26,20 +26,13 @@ command -v wrk >/dev/null || { echo "wrk not installed" >&2; exit 1; }
 T=$(mktemp -d /tmp/fuse-nginx-jit.XXXXXX)
 P=$T/prefix
 trap 'cleanup_nginx "$(cat "$P/logs/nginx.pid" 2>/dev/null)"' EXIT
-mkdir -p "$P/logs"
+mkdir -p "$P/logs" "$P/temp"
 copy_fuse "$T"
 
 PORT=$(pick_ports 1) || { echo "no free port" >&2; exit 1; }
 
 cat > "$P/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 2;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_lua_paths "$T")
+$(bench_conf_head "$T")
     init_by_lua_block {
         local fuse = require "fuse"
         local ffi = require "ffi"

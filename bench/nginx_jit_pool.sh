@@ -39,15 +39,7 @@ for ((i = 1; i <= NPEERS; i++)); do
 "
 done
 cat > "$P/nginx.conf" <<CONF
-$(nginx_load_modules)
-worker_processes 2;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$T")
+$(bench_conf_head "$T")
     lua_shared_dict fuse_upstream 1m;
     init_by_lua_block {
         local fuse = require "fuse"

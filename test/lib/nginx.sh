@@ -64,6 +64,23 @@ nginx_lua_paths() {
   printf '    lua_package_path "%s/lua/?.lua;;";\n    lua_package_cpath "%s/build/?.so;;";\n' "$1" "$1"
 }
 
+# bench_conf_head DIR: the head of a benchmark's nginx.conf, up to its http block's own
+# directives: 2 workers, no access log, temp paths in the prefix, DIR's fuse (copy_fuse)
+# on the Lua paths.
+bench_conf_head() {
+  cat <<EOF
+$(nginx_load_modules)
+worker_processes 2;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_temp_paths)
+$(nginx_lua_paths "$1")
+EOF
+}
+
 copy_fuse() {
   local root
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -251,22 +268,8 @@ side_trees() {
   read -r -a PORTS <<<"$(p=$(pick_ports ${#TREES[@]}); seq "$p" $((p + ${#TREES[@]} - 1)) | tr '\n' ' ')"
 }
 
-# side_tree_head NAME: the head of "$T/NAME"'s nginx.conf: 2 workers, the tree's fuse on
-# the Lua paths, up to the http block's own directives.
-side_tree_head() {
-  local d="$T/$1"
-  cat <<EOF
-$(nginx_load_modules)
-worker_processes 2;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$d")
-EOF
-}
+# side_tree_head NAME: the head of "$T/NAME"'s nginx.conf (bench_conf_head).
+side_tree_head() { bench_conf_head "$T/$1"; }
 
 # side_tree_run INDEX NAME PATH: starts "$T/NAME/p"'s nginx (its master in MASTER_OF and
 # MASTERS) and waits until PATH on the tree's port answers.
