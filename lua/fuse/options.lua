@@ -77,7 +77,11 @@ _M.numbers = numbers
 -- A number the same way under every Lua: no "20.0" (5.4), no "-nan" (glibc), and the
 -- fewest digits (14 at least) that read back as the same value, so that two different
 -- values never print alike.
+local math_type = rawget(math, "type")  -- (Lua 5.3 and later)
+
 local function fmt_num(v)
+  -- (an integer of 5.3+ by its digits: past 2^53 "%.17g" would round it to another value)
+  if math_type and math_type(v) == "integer" then return fmt("%d", v) end
   if v ~= v then return "nan" end
   if v == huge then return "inf" end
   if v == -huge then return "-inf" end
@@ -386,9 +390,12 @@ local function resolve(o, cfg)
     end
   end
 
-  -- Defaults a short count window could never reach are cut down to it.
-  local fails = o.fails or (rate_rule and 0 or 5)
-  local min_calls = o.min_calls or 10
+  -- Defaults a short count window could never reach are cut down to it. (The integer
+  -- options through floor: under Lua 5.3+ a 3.0 given is the integer 3 in cfg, whose
+  -- numbers show as under LuaJIT, e.g. a rejection's limit.)
+  cw = floor(cw)
+  local fails = floor(o.fails or (rate_rule and 0 or 5))
+  local min_calls = floor(o.min_calls or 10)
   if cw > 0 then
     fails = min(fails, cw)
     min_calls = min(min_calls, cw)
@@ -406,8 +413,8 @@ local function resolve(o, cfg)
   cfg.fails = fails
   cfg.count_window = cw
   cfg.min_calls = min_calls
-  cfg.probes = o.probes or 1
-  cfg.max_concurrent = o.max_concurrent or 0
+  cfg.probes = floor(o.probes or 1)
+  cfg.max_concurrent = floor(o.max_concurrent or 0)
   return nil
 end
 
