@@ -64,10 +64,11 @@ local function shows(...)
 end
 
 -- label: the results of f(...) in pcall, or its error
+local function pack(...) return { n = select("#", ...), ... } end
+
 local function try(label, f, ...)
-  local r = { pcall(f, ...) }
-  local n = 0
-  for k in pairs(r) do if k > n then n = k end end
+  local r = pack(pcall(f, ...))
+  local n = r.n
   if r[1] then
     emit(label .. " -> " .. shows(unpack(r, 2, n)))
   else
@@ -517,9 +518,58 @@ do
   pcall(a.call, a, fail_fn)
   st("a re-created", a)
   try("get re-created", function() return fuse.get(name):stats().failures end)
+  -- rates that need 17 digits in the metrics: 1/3 and 2/7
+  local r3, r7 = fuse.new{ name = uname("rate"), fails = 100 }, fuse.new{ name = uname("rate"), fails = 100 }
+  for i = 1, 3 do local tk = r3:allow(); r3:report(tk, i ~= 2) end
+  for i = 1, 7 do local tk = r7:allow(); r7:report(tk, i > 2) end
+  st("1 failure in 3", r3)
+  st("2 failures in 7", r7)
   local l = fuse.list()
   table.sort(l)
   emit("list " .. show(l))
+  try("init after named", fuse.init, { capacity = 10 })
+end
+
+------------------------------------------------------------------------------ errors
+emit("# error values")
+do
+  try("error()", fuse.wrap(function() error() end))
+  try("error(nil)", fuse.wrap(function() error(nil) end))
+  try("error(false)", fuse.wrap(function() error(false) end))
+  local E = setmetatable({}, { __tostring = function() return "E!" end })
+  try("error(E) is E", function() local _, e = pcall(fuse.wrap(function() error(E) end)); return e == E end)
+  local fb = fuse.wrap(function() error("x") end, { fallback = function(_, ...) return select("#", ...), ... end })
+  try("fallback with 12 arguments", fb, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, nil, nil)
+  local b = fuse.new{ fails = 1 }
+  try("b:wrap's fallback", b:wrap(function() error("y", 0) end, function(e, a) return "fb", e, a end), "A")
+  try("b:wrap's fallback, rejected", function()
+    local _, r, a = b:wrap(ok_fn, function(e, x) return "fb", e, x end)("B")
+    return tostring(r), a
+  end)
+  try("fuse.watch outside nginx", fuse.watch, function() end)
+  try("fuse.reject 5", fuse.reject, 5)
+  try("fuse.reject outside nginx", function() b:force_open(); return fuse.reject(select(2, b:allow())) end)
+  try("fuse.admin outside nginx", fuse.admin)
+  try("fuse.admin short token", fuse.admin, { token = "short" })
+end
+
+emit("# admin handler")
+do
+  local admin = require "fuse.admin"
+  local name = uname("adm")
+  local b = fuse.new{ name = name, fails = 2 }
+  b:call(nil_err)
+  try("GET name", admin.handle, "GET", { name = name })
+  try("POST force_open 2.5", admin.handle, "POST", { name = name, action = "force_open", seconds = "2.5" })
+  for _, a in ipairs({ { name = "nope", action = "reset" }, { name = name, action = "x" },
+    { name = name, action = "force_open", seconds = "x" }, { name = name, action = "force_open", seconds = "1e9" },
+    {}, { name = name, action = "reset", extra = "1" } }) do
+    try("POST " .. show(a), admin.handle, "POST", a)
+  end
+  for _, a in ipairs({ { state = "nope" }, { limit = "0" }, { limit = "1001" }, { after = "x" },
+    { name = name, limit = "1" } }) do
+    try("GET " .. show(a), admin.handle, "GET", a)
+  end
 end
 
 ------------------------------------------------------------------------------ events, metrics
