@@ -318,16 +318,32 @@ local function suggest(key, known)
 end
 _M.suggest = suggest
 
--- A message for the first bad key of opts (non-string keys first, then unknown strings
--- in sorted order), or nil.
+-- Whether non-string key a (with value va) comes before b (vb) in messages: numbers
+-- first, smallest first, then false and true, then the rest by their text. The order of
+-- pairs differs between LuaJIT, Lua 5.1 and 5.4; a message must not.
+local function key_before(a, va, b, vb)
+  local ra = type(a) == "number" and 1 or type(a) == "boolean" and 2 or 3
+  local rb = type(b) == "number" and 1 or type(b) == "boolean" and 2 or 3
+  if ra ~= rb then return ra < rb end
+  if ra == 1 then return a < b end
+  if ra == 2 then return a == false and b == true end
+  local ta, tb = show(a) .. " " .. show(va), show(b) .. " " .. show(vb)
+  return ta < tb
+end
+
+-- A message for the first bad key of opts (non-string keys first, in key_before's
+-- order, then unknown strings in sorted order), or nil.
 local function check_keys(opts, known_set, known)
-  local unknown = {}
-  for k in pairs(opts) do
+  local unknown, odd = {}, nil
+  for k, v in pairs(opts) do
     if type(k) ~= "string" then
-      return fmt("fuse: option names must be strings, got key %s (value %s)",
-        show(k), show(opts[k]))
+      if odd == nil or key_before(k, v, odd, opts[odd]) then odd = k end
+    elseif not known_set[k] then
+      unknown[#unknown + 1] = k
     end
-    if not known_set[k] then unknown[#unknown + 1] = k end
+  end
+  if odd ~= nil then
+    return fmt("fuse: option names must be strings, got key %s (value %s)", show(odd), show(opts[odd]))
   end
   if #unknown == 0 then return nil end
   sort(unknown)

@@ -149,6 +149,7 @@ for _, o in ipairs({
   { max_open_for = 5 }, { max_open_for = 5, backoff = 2, open_for = 10 }, { slow_rate = 0.5 },
   { max_wait = 0 }, { min_calls = 3 }, { is_failure = 1 }, { on_state_change = "x" },
   { fail = 1 }, { timeout = 1 }, { rate = 1 }, { [1] = 2 }, { [2.5] = 2 }, { [true] = 1 },
+  { [2.5] = 2, [1] = 3, [false] = 1 }, { [true] = 1, [false] = 2, zz = 1 }, { zz = 1, aa = 2, fials = 3 },
 }) do
   try("new " .. show(o):gsub("%.0([ }])", "%1"), function() return fuse.new(o).cfg end)
 end
