@@ -221,6 +221,18 @@ describe("fuse #" .. BACKEND, function()
       assert.equal("", floats(b:stats()))
     end)
 
+    -- (push_num's bound: below 1e14 an integer, whose digits are LuaJIT's "%.14g"; from
+    -- 1e14 a float, which 5.4 writes in the exponent form LuaJIT writes)
+    it("a whole number below 1e14 by its digits, from 1e14 as LuaJIT writes it", function()
+      local i = fuse._counter(uname("big"))
+      local got = {}
+      for _, n in ipairs({ 1e14 - 1, 1, 2 ^ 53 - 1e14 }) do
+        fuse._count(i, n)
+        got[#got + 1] = tostring(fuse._counter_value(i))
+      end
+      assert.equal("99999999999999 1e+14 9.007199254741e+15", table.concat(got, " "))
+    end)
+
     it("fuse.events' seq and upto, a named breaker's stats through fuse.get", function()
       local name = uname("numbers")
       local b = fuse.new{ name = name, fails = 1, window = 4 }
