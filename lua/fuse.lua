@@ -404,14 +404,34 @@ end
 
 ---------------------------------------------------------------------------- guarded calls
 
+-- What judged returns for an is_failure that answered neither true, false nor nil (the
+-- answer in `got`): misjudged makes the message, with the breaker and the caller's line.
+local BadAnswer = {}
+
 local function judged(ok, v)
   if not ok then return nil, v end
   if v == true then return FAILURE elseif v == false then return SUCCESS elseif v == nil then return IGNORE end
-  return nil, "fuse: is_failure must return true, false or nil, got " .. show(v)
+  return nil, setmetatable({ got = v }, BadAnswer)
+end
+
+-- "file:line: " of the nearest Lua function on the stack outside this file (the code
+-- that made the guarded call), or "" (no debug library, or none found). For errors only.
+local SOURCE = debug and debug.getinfo(1, "S").source
+local function caller_at()
+  if not SOURCE then return "" end
+  for level = 2, 64 do
+    local info = debug.getinfo(level, "Sl")
+    if not info then break end
+    if info.source ~= SOURCE and info.what ~= "C" and (info.currentline or 0) > 0 then
+      return info.short_src .. ":" .. info.currentline .. ": "
+    end
+  end
+  return ""
 end
 
 -- The default failure rule, or the user's is_failure: FAILURE, SUCCESS or IGNORE; or
--- nil and the error when is_failure raised or answered something else.
+-- nil and the error when is_failure raised, or a BadAnswer when it answered something
+-- else.
 local function classify(is_failure, ok, ...)
   if is_failure == nil then
     if not ok then return FAILURE end
@@ -509,10 +529,15 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
     end
   end
 
-  -- An is_failure that raised: the call counts nowhere (a probe gives its slot back)
-  -- and the error goes to the caller.
+  -- An is_failure that raised, or answered neither true, false nor nil: the call counts
+  -- nowhere (a probe gives its slot back) and the error goes to the caller: the one
+  -- is_failure raised as it is, or fuse's, at the line of the guarded call.
   local function misjudged(br, t, ph, err)
     record(br, t, 0, IGNORE, ph)
+    if getmetatable(err) == BadAnswer then
+      err = caller_at() .. "fuse: is_failure of breaker '" .. (br.name or "anonymous")
+        .. "' must return true, false or nil, got " .. show(err.got)
+    end
     error(err, 0)
   end
 

@@ -170,6 +170,10 @@ describe("docs/api.md #" .. BACKEND, function()
         local rej = open_rejection()
         return raised(function() rej.retry_after = 0 end)
       end,
+      ["fuse: is_failure of breaker 'NAME' must return true, false or nil, got ..."] = function()
+        local f = fuse.wrap(print, { name = "apidoc-judge", is_failure = function() return 1 end })
+        return raised(function() local r = f(); return r end)
+      end,
       ["fuse: unknown option 'tokn' (did you mean 'token'?)"] = function()
         return raised(function() local r = fuse.admin{ tokn = "x" }; return r end)
       end,
