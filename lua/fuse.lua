@@ -83,11 +83,39 @@ local function bad_clock(s)
   end
 end
 
+-- "file:line: " of the nearest Lua function on the stack outside this file (the code
+-- that called fuse), or "" (no debug library, or none found). For errors only.
+local SOURCE = debug and debug.getinfo(1, "S").source
+local function caller_at()
+  if not SOURCE then return "" end
+  for level = 2, 64 do
+    local info = debug.getinfo(level, "Sl")
+    if not info then break end
+    if info.source ~= SOURCE and info.what ~= "C" and (info.currentline or 0) > 0 then
+      return info.short_src .. ":" .. info.currentline .. ": "
+    end
+  end
+  return ""
+end
+
 local function sync()
   local s = fake()
   local msg = bad_clock(s)
-  if msg then error(msg, 0) end
+  if msg then error(caller_at() .. msg, 0) end
   core.fz_clock_manual(s)
+end
+
+-- sync for a guarded call that must record its outcome before it raises (else its
+-- ticket, probe slot and max_concurrent permit were never given back): false when the
+-- reading is good, else true and the error to raise once the outcome is recorded (the
+-- clock's own, or fuse's message; the clock is left where it was).
+local function sync_later()
+  local ok, s = pcall(fake)
+  if not ok then return true, s end
+  local msg = bad_clock(s)
+  if msg then return true, caller_at() .. msg end
+  core.fz_clock_manual(s)
+  return false
 end
 
 -- fuse.clock(fn): read time (seconds) from fn, for tests; fuse.clock() restores. fn is
@@ -414,21 +442,6 @@ local function judged(ok, v)
   return nil, setmetatable({ got = v }, BadAnswer)
 end
 
--- "file:line: " of the nearest Lua function on the stack outside this file (the code
--- that made the guarded call), or "" (no debug library, or none found). For errors only.
-local SOURCE = debug and debug.getinfo(1, "S").source
-local function caller_at()
-  if not SOURCE then return "" end
-  for level = 2, 64 do
-    local info = debug.getinfo(level, "Sl")
-    if not info then break end
-    if info.source ~= SOURCE and info.what ~= "C" and (info.currentline or 0) > 0 then
-      return info.short_src .. ":" .. info.currentline .. ": "
-    end
-  end
-  return ""
-end
-
 -- The default failure rule, or the user's is_failure: FAILURE, SUCCESS or IGNORE; or
 -- nil and the error when is_failure raised, or a BadAnswer when it answered something
 -- else.
@@ -513,8 +526,9 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
   -- the outcome (in the same call into the core, unless a re-find moved the object's
   -- handle meanwhile).
   local function record(br, t, t0, outcome, ph)
-    local elapsed = -1
-    if slow then elapsed = now() - t0 elseif fake then sync() end
+    local elapsed, bad, err = -1, false, nil
+    if fake then bad, err = sync_later() end
+    if slow then elapsed = core.fz_clock_now() - t0 end
     local h = br._h
     local code
     if not limit then code = core.fz_done(h, t, outcome, elapsed)
@@ -527,6 +541,7 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
       if code < 0 then code = late(br, t, outcome, elapsed, code) end
       fire(listener, br.name, code)
     end
+    if bad then error(err, 0) end  -- (a test clock's bad reading, once the call is counted)
   end
 
   -- An is_failure that raised, or answered neither true, false nor nil: the call counts
