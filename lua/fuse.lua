@@ -83,11 +83,40 @@ local function bad_clock(s)
   end
 end
 
+-- "file:line: " of the nearest Lua function on the stack outside this file (the code
+-- that called fuse), or "" (no debug library, or none found). For errors only.
+local SOURCE = debug and debug.getinfo(1, "S").source
+local function caller_at()
+  if not SOURCE then return "" end
+  for level = 2, 64 do
+    local info = debug.getinfo(level, "Sl")
+    if not info then break end
+    if info.source ~= SOURCE and info.what ~= "C" and (info.currentline or 0) > 0 then
+      return info.short_src .. ":" .. info.currentline .. ": "
+    end
+  end
+  return ""
+end
+
 local function sync()
   local s = fake()
   local msg = bad_clock(s)
-  if msg then error(msg, 0) end
+  if msg then error(caller_at() .. msg, 0) end
   core.fz_clock_manual(s)
+end
+
+-- sync for a guarded call that must record its outcome before it raises (else its
+-- ticket, probe slot and max_concurrent permit were never given back): false when the
+-- reading is good, else true and fuse's message, to raise once the outcome is recorded
+-- (the clock is left where it was). A clock that raises still raises here: a pcall of
+-- it made every trace begun at the clock function's entry abort ("return to lower
+-- frame"), and LuaJIT blacklists such a function (spec/12-longlived).
+local function sync_later()
+  local s = fake()
+  local msg = bad_clock(s)
+  if msg then return true, caller_at() .. msg end
+  core.fz_clock_manual(s)
+  return false
 end
 
 -- fuse.clock(fn): read time (seconds) from fn, for tests; fuse.clock() restores. fn is
@@ -407,14 +436,19 @@ end
 
 ---------------------------------------------------------------------------- guarded calls
 
+-- What judged returns for an is_failure that answered neither true, false nor nil (the
+-- answer in `got`): misjudged makes the message, with the breaker and the caller's line.
+local BadAnswer = {}
+
 local function judged(ok, v)
   if not ok then return nil, v end
   if v == true then return FAILURE elseif v == false then return SUCCESS elseif v == nil then return IGNORE end
-  return nil, "fuse: is_failure must return true, false or nil, got " .. show(v)
+  return nil, setmetatable({ got = v }, BadAnswer)
 end
 
 -- The default failure rule, or the user's is_failure: FAILURE, SUCCESS or IGNORE; or
--- nil and the error when is_failure raised or answered something else.
+-- nil and the error when is_failure raised, or a BadAnswer when it answered something
+-- else.
 local function classify(is_failure, ok, ...)
   if is_failure == nil then
     if not ok then return FAILURE end
@@ -496,8 +530,9 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
   -- the outcome (in the same call into the core, unless a re-find moved the object's
   -- handle meanwhile).
   local function record(br, t, t0, outcome, ph)
-    local elapsed = -1
-    if slow then elapsed = now() - t0 elseif fake then sync() end
+    local elapsed, bad, err = -1, false, nil
+    if fake then bad, err = sync_later() end
+    if slow then elapsed = core.fz_clock_now() - t0 end
     local h = br._h
     local code
     if not limit then code = core.fz_done(h, t, outcome, elapsed)
@@ -510,12 +545,18 @@ local function make_run(fallback, is_failure, listener, direct, slow, limit, max
       if code < 0 then code = late(br, t, outcome, elapsed, code) end
       fire(listener, br.name, code)
     end
+    if bad then error(err, 0) end  -- (a test clock's bad reading, once the call is counted)
   end
 
-  -- An is_failure that raised: the call counts nowhere (a probe gives its slot back)
-  -- and the error goes to the caller.
+  -- An is_failure that raised, or answered neither true, false nor nil: the call counts
+  -- nowhere (a probe gives its slot back) and the error goes to the caller: the one
+  -- is_failure raised as it is, or fuse's, at the line of the guarded call.
   local function misjudged(br, t, ph, err)
     record(br, t, 0, IGNORE, ph)
+    if getmetatable(err) == BadAnswer then
+      err = caller_at() .. "fuse: is_failure of breaker '" .. (br.name or "anonymous")
+        .. "' must return true, false or nil, got " .. show(err.got)
+    end
     error(err, 0)
   end
 

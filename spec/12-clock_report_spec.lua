@@ -58,6 +58,37 @@ describe("fuse #" .. BACKEND, function()
       assert.is_false(ok)
       assert.matches("must return seconds", err, 1, true)
     end)
+
+    -- A clock that goes bad while a guarded call runs (the function moves the test's time
+    -- to a bad value): the call is counted and gives back its probe slot and its
+    -- max_concurrent permit, then the error is raised. (The outcome's reading raised
+    -- before the core was told: the permit stayed held for good, and every later call was
+    -- rejected "full".) Not a clock that raises: its error still goes up at once (a pcall
+    -- of the clock on the call path makes its traces abort).
+    local BAD_VALUES = {}
+    for what, bad in pairs(BAD) do
+      if what ~= "an error" then BAD_VALUES[what] = bad end
+    end
+    for what, bad in pairs(BAD_VALUES) do
+      it("going bad during a guarded call (" .. what .. ") leaks no permit and no probe slot", function()
+        local now, broken = 1000, false
+        fuse.clock(function() if broken then return bad() end return now end)
+        local b = fuse.new{ fails = 1, open_for = 10, max_concurrent = 1 }
+        b:call(function() return nil, "down" end)
+        now = 1011
+        assert.equal("half_open", b:state())
+        local ok, err = pcall(function()
+          local r = b:call(function() broken = true; return "fine" end); return r
+        end)
+        broken = false
+        assert.is_false(ok)
+        assert.matches("12%-clock_report_spec%.lua:%d+: fuse: the clock function must return seconds", err)
+        local s = b:stats()
+        assert.equal(0, s.running)
+        assert.equal("closed", s.state)  -- the probe's success was counted
+        assert.equal("ran", b:call(function() return "ran" end))
+      end)
+    end
   end)
 
   describe("fuse.report_error that is not a function, or raises", function()

@@ -102,4 +102,125 @@ describe("docs/api.md #" .. BACKEND, function()
     assert.is_true(seen >= 9, "fuse.metrics() printed " .. seen .. " families")
     assert.same({}, absent)
   end)
+  -- Every message the reference pages quote (a code span that starts "fuse: " or
+  -- "fuse.upstream: ") is what fuse says: each is provoked here and matched, its "..." any
+  -- text, NAME a breaker's name, N a number. A quoted message with no provocation below
+  -- fails too, so that a new one is checked when it is written.
+  it("quotes every message as fuse raises or shows it", function()
+    local upstream = require "fuse.upstream"
+    local me = debug.getinfo(1, "S").short_src:match("[^/]*$")
+    local function raised(f)  -- f's error, which must name the caller's line (here)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      err = tostring(err)
+      local at, text = err:match("^(.-):%d+: (.*)$")
+      assert.equal(me, at and at:match("[^/]*$"), err)
+      return text
+    end
+    local function child(text)  -- a registry of its own: the last line it prints
+      return support.run_child(text):match("([^\n]*)\n$")
+    end
+    local function open_rejection()
+      local f = fuse.wrap(function() error("down") end, { fails = 1 })
+      pcall(f)
+      return select(2, f())
+    end
+    local provoke = {
+      [ [[fuse: option 'fails' must be a positive integer, got "x"]] ] = function()
+        return raised(function() local f = fuse.wrap(print, { fails = "x" }); return f end)
+      end,
+      ["fuse: unknown option 'fail' (did you mean 'fails'?)"] = function()
+        return raised(function() local f = fuse.wrap(print, { fail = 3 }); return f end)
+      end,
+      ["fuse: cannot create breaker 'NAME': breaker registry is full ..."] = function()
+        return child([[
+          local fuse = require "fuse"
+          fuse.init{ capacity = 1 }
+          fuse.new{ name = "one" }
+          print(select(2, pcall(fuse.new, { name = "two" })))]])
+      end,
+      ["fuse: breaker 'x' already exists with other options (existing vs given): fails (5 vs 3)"] = function()
+        return child([[
+          local fuse = require "fuse"
+          fuse.new{ name = "x" }
+          print(select(2, pcall(fuse.new, { name = "x", fails = 3 })))]])
+      end,
+      ["fuse: option 'capacity' must be a positive integer, got 0"] = function()
+        return raised(function() local r = fuse.init{ capacity = 0 }; return r end)
+      end,
+      ["fuse: call b:state(), not b.state(): self is nil, not a breaker"] = function()
+        local b = fuse.new{}
+        return raised(function() local s = b.state(); return s end)
+      end,
+      ["fuse: report: ... was already reported"] = function()
+        local b = fuse.new{}
+        local t = b:allow()
+        b:report(t, true)
+        return raised(function() b:report(t, true) end)
+      end,
+      ["fuse: circuit 'NAME' is open"] = function() return tostring(open_rejection()) end,
+      ["fuse: breaker 'NAME' is full (N calls running)"] = function()
+        local b = fuse.new{ max_concurrent = 1 }
+        local t = b:allow()
+        local _, rej = b:allow()
+        b:report(t, true)
+        return tostring(rej)
+      end,
+      ["fuse: a rejection is read-only ..."] = function()
+        local rej = open_rejection()
+        return raised(function() rej.retry_after = 0 end)
+      end,
+      ["fuse: is_failure of breaker 'NAME' must return true, false or nil, got ..."] = function()
+        local f = fuse.wrap(print, { name = "apidoc-judge", is_failure = function() return 1 end })
+        return raised(function() local r = f(); return r end)
+      end,
+      ["fuse: unknown option 'tokn' (did you mean 'token'?)"] = function()
+        return raised(function() local r = fuse.admin{ tokn = "x" }; return r end)
+      end,
+      [ [[fuse.upstream: peer 1: more than one '::' in an IPv6 address, got "[::1::2]:80"]] ] = function()
+        return raised(function() local p = upstream.new("apidoc-msg", { "[::1::2]:80" }); return p end)
+      end,
+      ["fuse.upstream: peer 2: 10.0.0.1:080 is listed twice (peer 1, 10.0.0.1:80, is the same "
+        .. "address: 10.0.0.1:80)"] = function()
+          return raised(function()
+            local p = upstream.new("apidoc-msg", { "10.0.0.1:80", "10.0.0.1:080" }); return p
+          end)
+        end,
+      ["fuse.upstream: unknown option 'max_eject' (did you mean 'max_ejected'?)"] = function()
+        return raised(function()
+          local p = upstream.new("apidoc-msg", { "10.0.0.1:80" }, { max_eject = 1 }); return p
+        end)
+      end,
+      ["fuse.upstream: option 'max_wait' cannot work in a pool, got 0.2: ..."] = function()
+        return raised(function()
+          local p = upstream.new("apidoc-msg", { "10.0.0.1:80" }, { max_concurrent = 1, max_wait = 0.2 }); return p
+        end)
+      end,
+    }
+    provoke["fuse: call b:state(), not b.state(): ..."] =
+      provoke["fuse: call b:state(), not b.state(): self is nil, not a breaker"]
+    provoke["fuse: report: ..."] = provoke["fuse: report: ... was already reported"]
+    -- a quoted message as a pattern: "..." any text, NAME a name, N a number
+    local function pattern(quoted)
+      local p = quoted:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0")
+      p = p:gsub("%%%.%%%.%%%.", ".-"):gsub("NAME", "[^']+"):gsub("%f[%a]N%f[%A]", "%%d+")
+      return "^" .. p .. "$"
+    end
+    local wrong, seen = {}, 0
+    for _, file in ipairs{ "docs/api.md", "docs/usage.md", "README.md" } do
+      for quoted in read(file):gmatch("`(fuse[%.%a]*: [^`]*)`") do
+        quoted = quoted:gsub("%s*\n%s*", " ")
+        seen = seen + 1
+        local f = provoke[quoted]
+        local said = f and f()
+        if not f then
+          wrong[#wrong + 1] = file .. ": no provocation in this spec for `" .. quoted .. "`"
+        elseif not (said or ""):match(pattern(quoted)) then
+          wrong[#wrong + 1] = file .. ": `" .. quoted .. "`, but fuse says: " .. tostring(said)
+        end
+      end
+    end
+    assert.is_true(seen >= 20, "the pages quote " .. seen .. " messages")
+    assert.same({}, wrong)
+  end)
 end)

@@ -90,7 +90,10 @@ describe("messages #" .. BACKEND, function()
       { "the clock's reading", function() fuse.clock(function() return "5" end) end, 'got "5"' },
       { "is_failure's answer", function()
         fuse.new { fails = 3, is_failure = function() return "yes" end }:call(function() end)
-      end, 'is_failure must return true, false or nil, got "yes"' },
+      end, [[fuse: is_failure of breaker 'anonymous' must return true, false or nil, got "yes"]] },
+      { "is_failure's answer, named", function()
+        fuse.new { name = "s20-judge", is_failure = function() return 0 / 0 end }:call(function() end)
+      end, "fuse: is_failure of breaker 's20-judge' must return true, false or nil, got nan" },
       { "fuse.reject's rejection", function() fuse.reject("x") end, 'got "x"' },
       { "fuse.reject's status", function() fuse.reject(rej, "503") end, 'got "503"' },
       { "fuse.reject's status", function() fuse.reject(rej, NAN) end, "got nan" },
@@ -117,6 +120,8 @@ describe("messages #" .. BACKEND, function()
   -- Each raised at the line that called fuse (under Lua 5.1, fuse.admin, fuse.reject
   -- and fuse.watch named a frame without a line: their wrappers' tail calls).
   describe("raised at the caller's line", function()
+    local judge_bad = fuse.wrap(function() return 1 end, { is_failure = function() return "yes" end })
+    local judge_bad_b = fuse.new { is_failure = function() return 5 end }
     local b = fuse.new { fails = 3 }
     b:force_open()
     local rej = select(2, b:call(function() end))
@@ -131,6 +136,9 @@ describe("messages #" .. BACKEND, function()
       { "fuse.get's name", function() fuse.get(42) end },
       { "fuse.remove's name", function() fuse.remove(42) end },
       { "fuse.init's options", function() fuse.init { capacity = 0 } end },
+      -- (an is_failure that answers neither true, false nor nil: at the guarded call's line)
+      { "is_failure's answer, a wrapped call", function() local r = judge_bad(); return r end },
+      { "is_failure's answer, b:call", function() local r = judge_bad_b:call(print); return r end },
     }
     if not rawget(_G, "ngx") then
       cases[#cases + 1] = { "fuse.admin outside nginx", function() fuse.admin() end }
