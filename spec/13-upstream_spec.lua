@@ -643,6 +643,22 @@ describe("fuse.upstream #" .. BACKEND, function()
     a:close()
   end)
 
+  it("close in another copy during set_peers (after its sync): set_peers raises, leaving no list, version or breaker", function()
+    -- (fails) set_peers stored its list and bumped the version (l/P, v/P made again) and
+    -- made the new peer's breaker, after the close had removed the name's: all stayed
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1" })
+    local b = upstream.new(name, { "10.0.0.1:1" })
+    local done = during_sync(name, function() a:close() end)
+    local ok, e = pcall(b.set_peers, b, { "10.0.0.1:1", "10.0.0.1:2" })
+    done()
+    assert.is_false(ok)
+    assert.truthy(e:find("pool '" .. name .. "' is closed", 1, true), e)
+    assert.same({}, keys_of(name))
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:2"))
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:1"))
+  end)
+
   it("a live pool's peer whose breaker went (removed, as an idle eviction retires it) gets it at its next pick",
       function()
     local name = unique("p")

@@ -653,6 +653,15 @@ local function closed_elsewhere(self)
   self._closed = true
 end
 
+-- The breakers `made` (names) that this copy made after another worker closed its pool
+-- (or removed the peers) go again, but for those the name's next pool holds by now.
+local function drop_made(self, made)
+  for i = 1, #made do
+    local addr = made[i]:sub(#self.name + 2)
+    if not wanted(self._store, self._gkey, self._lkey, self._gen, addr) then fuse.remove(made[i]) end
+  end
+end
+
 -- Brings this worker's pool to the store's version: the list set_peers stored (by any
 -- worker), the ramps.
 local function refresh(self, v)
@@ -664,12 +673,9 @@ local function refresh(self, v)
     if #list > 0 then
       local ok, peers, by_addr, made = pcall(build, self, list)
       -- closed by another worker since this copy's check of the incarnation: what the
-      -- build made goes again (unless the name's next pool holds it by now)
+      -- build made goes again
       if ok and store:get(self._gkey) ~= self._gen then
-        for i = 1, #made do
-          local addr = made[i]:sub(#self.name + 2)
-          if not wanted(store, self._gkey, self._lkey, self._gen, addr) then fuse.remove(made[i]) end
-        end
+        drop_made(self, made)
         return closed_elsewhere(self)
       end
       if ok then
@@ -850,6 +856,19 @@ function Pool:set_peers(peers)
     return nil, "cannot store the peer list: " .. tostring(err)
   end
   self._ver = changed(self._store, self._vkey)
+  local store = self._store
+  if store:get(self._gkey) ~= self._gen then
+    -- closed by another worker since the check above: the list, the version and the
+    -- breakers this call made go again (a next pool of the name keeps what it holds),
+    -- and the pool is closed here too
+    if store:get(self._gkey) == nil then
+      store:delete(self._lkey)
+      store:delete(self._vkey)
+    end
+    drop_made(self, made)
+    closed_elsewhere(self)
+    check_open(self, 2)
+  end
   install(self, new, by_addr, true, list)
   self._list_s = s
   read_ramps(self)
