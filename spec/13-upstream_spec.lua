@@ -643,7 +643,8 @@ describe("fuse.upstream #" .. BACKEND, function()
     a:close()
   end)
 
-  it("close in another copy during set_peers (after its sync): set_peers raises, leaving no list, version or breaker", function()
+  it("close in another copy during set_peers (after its sync): set_peers raises, leaving no list, version or breaker",
+      function()
     -- (fails) set_peers stored its list and bumped the version (l/P, v/P made again) and
     -- made the new peer's breaker, after the close had removed the name's: all stayed
     local name = unique("p")
