@@ -660,6 +660,33 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.is_nil(fuse.get(name .. "/10.0.0.1:1"))
   end)
 
+  it("close in another copy while a probe's success closes the peer: its slow-start stamp and version go", function()
+    -- forced: the close runs at the report's store of the ramp's start (after the breaker
+    -- closed, before the stamp is written). (fails) r/P/ADDR and v/P, made again, stayed
+    local name = unique("p")
+    local opts = { fails = 1, open_for = 5, slow_start = 10, max_ejected = 1 }
+    local a = upstream.new(name, { "10.0.0.1:1" }, opts)
+    local b = upstream.new(name, { "10.0.0.1:1" }, opts)
+    local peer = b._peers[1]
+    peer.b:report(peer.b:allow(), false)              -- open
+    clock:advance(5)
+    local ticket = peer.b:allow()                     -- the probe
+    assert.truthy(ticket)
+    local store = upstream._stores.fuse_upstream
+    local safe_set, raced = store.safe_set, false
+    store.safe_set = function(st, k, v)
+      if k == "r/" .. name .. "/10.0.0.1:1" and not raced then
+        raced = true
+        a:close()
+      end
+      return safe_set(st, k, v)
+    end
+    peer.b:report(ticket, true)                       -- the probe succeeds: closed, a ramp
+    store.safe_set = safe_set
+    assert.is_true(raced)
+    assert.same({}, keys_of(name))
+  end)
+
   it("a live pool's peer whose breaker went (removed, as an idle eviction retires it) gets it at its next pick",
       function()
     local name = unique("p")
