@@ -41,6 +41,12 @@ ROUNDS=${ROUNDS:-9}
 OUTAGE=${OUTAGE:-60}
 RATE=${RATE:-50}
 MAX_OPEN_FOR=${MAX_OPEN_FOR:-10}   # the fuse side's cap on its backoff
+# How B is sick in part 1: fail (500 at once), or hang (no answer within the fronts' 1 s
+# read timeout: B holds each request OUTAGE_DELAY s), or refuse (connections reset)
+OUTAGE_MODE=${OUTAGE_MODE:-fail}
+OUTAGE_DELAY=${OUTAGE_DELAY:-5}
+case $OUTAGE_MODE in fail) SICK_AS="answers 500" ;; hang) SICK_AS="hangs ($OUTAGE_DELAY s, the fronts time out at 1 s)" ;;
+  refuse) SICK_AS="resets every connection" ;; *) echo "bench-nginx: OUTAGE_MODE is fail, hang or refuse" >&2; exit 1 ;; esac
 # FAILURES=0 skips parts 1 and 2, THROUGHPUT=0 part 3
 die() { echo "bench-nginx: $*" >&2; exit 1; }
 [ -x "$NGINX" ] || die "nginx is not installed"
@@ -233,11 +239,11 @@ SIDES="fuse:$F1:$A1:$B1:$C1 nginx:$F2:$A2:$B2:$C2 fuse5:$F3:$A3:$B3:$C3 fuse6:$F
 for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
 
 if [ "${FAILURES:-1}" = 1 ]; then   # FAILURES=0: part 3 only
-echo "1. outage: $RATE requests/s to each side at once; 5 s healthy, B answers 500 for $OUTAGE s, then heals"
+echo "1. outage: $RATE requests/s to each side at once; 5 s healthy, B $SICK_AS for $OUTAGE s, then heals"
 total=$((5 + OUTAGE + 50))
 for s in $SIDES; do IFS=: read -r name front _ <<< "$s"; load "$front" "$total" "out-$name"; done
 sleep 5
-for s in $SIDES; do IFS=: read -r _ _ _ b _ <<< "$s"; mode "$b" 'mode=fail&reset=1'; done
+for s in $SIDES; do IFS=: read -r _ _ _ b _ <<< "$s"; mode "$b" "mode=$OUTAGE_MODE&delay=$OUTAGE_DELAY&reset=1"; done
 t_out=$(us)
 # the heal falls at a random point (0 to 10 s past OUTAGE, the same for every side), so
 # that the figure is not the phase of one fixed probe schedule against the heal

@@ -20,16 +20,19 @@
  * a userdata in the Lua registry made before any handle (so finalized after every
  * handle), frees what is left then.
  *
- * Numbers: C doubles (tickets, seconds, rates) are pushed as lua_Number; C integer
- * types (states, counts, codes) as lua_Integer, so that Lua 5.3+ prints them as
- * LuaJIT does ("3", not "3.0"). Integral arguments accept any number with an integral
- * value (3 or 3.0).
+ * Numbers: every result prints under Lua 5.3+ as it does under LuaJIT (tostring, `..`,
+ * string.format("%s")): C doubles (tickets, seconds, rates) and integers (counts,
+ * totals) alike go through push_num, so a whole number below 1e14 is a lua_Integer
+ * ("10", not "10.0", for a retry_after of 10 s; "1" for a failure rate of 1) and the
+ * rest a float. States and codes are lua_Integer. Integral arguments accept any number
+ * with an integral value (3 or 3.0).
  */
 #include "fz.h"
 
 #include <lauxlib.h>
 #include <lua.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -71,15 +74,24 @@ enum { NDOUBLES = 9, NFIELDS = 14 };
 
 /* ---------------------------------------------------------------- numbers */
 
-static void push_uint(lua_State *L, uint64_t v) {
+/* A C number as LuaJIT shows it. LuaJIT's numbers have no subtypes and its tostring is
+ * "%.14g": under Lua 5.3+ a whole number below 1e14 in magnitude is pushed as an integer
+ * (whose digits are those "%.14g" writes: "10", not 5.4's "10.0" for a float), anything
+ * else as a float, which 5.3+ writes with "%.14g" as well (1e14 and above in the same
+ * exponent form as LuaJIT; fractions; -0.0, NaN and the infinities). Lua 5.1 has floats
+ * only. */
+static void push_num(lua_State *L, double v) {
 #if LUA_VERSION_NUM >= 503
-  if (v <= (uint64_t)LUA_MAXINTEGER) {
+  if (v > -1e14 && v < 1e14 && v == (double)(int64_t)v && !(v == 0 && signbit(v))) {
     lua_pushinteger(L, (lua_Integer)v);
     return;
   }
 #endif
   lua_pushnumber(L, (lua_Number)v);
 }
+
+/* A C integer (a count, an identity, a seq): as push_num, as LuaJIT's tonumber of it. */
+static void push_uint(lua_State *L, uint64_t v) { push_num(L, (double)v); }
 
 /* Argument `arg`: a number with an integral value in [lo, hi], returned as a double
  * that the caller converts to its C type. */
@@ -227,7 +239,7 @@ static void push_config(lua_State *L, const fz_config *c) {
     c->probes, c->max_concurrent };
   lua_createtable(L, 0, NFIELDS);
   for (int i = 0; i < NFIELDS; i++) {
-    if (i < NDOUBLES) lua_pushnumber(L, d[i]);
+    if (i < NDOUBLES) push_num(L, d[i]);
     else push_uint(L, u[i - NDOUBLES]);
     lua_setfield(L, -2, CFG_FIELDS[i]);
   }
@@ -338,7 +350,7 @@ static int l_config(lua_State *L) {
 /* enter(h, identity) -> ticket (FZ_STALE's rejection when the identity is gone) */
 static int l_enter(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
-  lua_pushnumber(L, fz_enter_id(b, check_id(L, 2)));
+  push_num(L, fz_enter_id(b, check_id(L, 2)));
   return 1;
 }
 
@@ -346,13 +358,13 @@ static int l_enter(lua_State *L) {
  * max_concurrent first, given back on any rejection) */
 static int l_enter_limit(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
-  lua_pushnumber(L, fz_enter_limit(b, check_id(L, 2), (int)check_int(L, 3, 0, 1)));
+  push_num(L, fz_enter_limit(b, check_id(L, 2), (int)check_int(L, 3, 0, 1)));
   return 1;
 }
 
 static int l_allow(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
-  lua_pushnumber(L, fz_allow_id(b, check_id(L, 2)));
+  push_num(L, fz_allow_id(b, check_id(L, 2)));
   return 1;
 }
 
@@ -377,7 +389,7 @@ static int l_state(lua_State *L) {
 }
 
 static int l_retry_after(lua_State *L) {
-  lua_pushnumber(L, fz_retry_after(check_breaker(L, 1)));
+  push_num(L, fz_retry_after(check_breaker(L, 1)));
   return 1;
 }
 
@@ -436,7 +448,7 @@ static int l_event_at(lua_State *L) {
   lua_pushinteger(L, rc);
   if (rc != 1) return 1;
   push_uint(L, (uint64_t)e.seq);
-  lua_pushnumber(L, e.time);
+  push_num(L, e.time);
   lua_pushstring(L, e.name);
   lua_pushinteger(L, e.from);
   lua_pushinteger(L, e.to);
@@ -450,7 +462,7 @@ static void set_uint(lua_State *L, const char *field, uint64_t v) {
 }
 
 static void set_number(lua_State *L, const char *field, double v) {
-  lua_pushnumber(L, v);
+  push_num(L, v);
   lua_setfield(L, 2, field);
 }
 
@@ -500,7 +512,7 @@ static int l_failures(lua_State *L) {
   fz_breaker *b = check_breaker(L, 1);
   fz_stats s;
   fz_stats_peek(b, &s);
-  lua_pushnumber(L, (lua_Number)s.failures);
+  push_uint(L, s.failures);
   return 1;
 }
 
@@ -516,7 +528,7 @@ static int l_init(lua_State *L) {
 }
 
 static int l_idle(lua_State *L) {
-  lua_pushnumber(L, fz_registry_idle());
+  push_num(L, fz_registry_idle());
   return 1;
 }
 
@@ -527,12 +539,12 @@ static int l_full_add(lua_State *L) {
 }
 
 static int l_full_total(lua_State *L) {
-  lua_pushnumber(L, fz_registry_full_total());
+  push_num(L, fz_registry_full_total());
   return 1;
 }
 
 static int l_evictions_total(lua_State *L) {
-  lua_pushnumber(L, fz_registry_evictions_total());
+  push_num(L, fz_registry_evictions_total());
   return 1;
 }
 
@@ -558,7 +570,7 @@ static int l_clock_auto(lua_State *L) {
 }
 
 static int l_clock_now(lua_State *L) {
-  lua_pushnumber(L, fz_clock_now());
+  push_num(L, fz_clock_now());
   return 1;
 }
 
@@ -571,9 +583,9 @@ static int l_bounds(lua_State *L) {
     lua_createtable(L, 0, 7);
     lua_pushstring(L, b->name);
     lua_setfield(L, -2, "name");
-    lua_pushnumber(L, b->lo);
+    push_num(L, b->lo);
     lua_setfield(L, -2, "lo");
-    lua_pushnumber(L, b->hi);
+    push_num(L, b->hi);
     lua_setfield(L, -2, "hi");
     lua_pushboolean(L, b->lo_open);
     lua_setfield(L, -2, "lo_open");
@@ -602,7 +614,7 @@ static int l_counter_add(lua_State *L) {
 }
 
 static int l_counter_value(lua_State *L) {
-  lua_pushnumber(L, fz_counter_value((int)check_int(L, 1, INT32_MIN, INT32_MAX)));
+  push_num(L, fz_counter_value((int)check_int(L, 1, INT32_MIN, INT32_MAX)));
   return 1;
 }
 

@@ -129,6 +129,9 @@ function _M.now() return now() end
 -- `call`, a Lua frame; and LuaJIT never starts a trace at a vararg function's entry, so
 -- `call` itself is never a root. select(1, ...) keeps the call to fn from being a tail
 -- call (a tail call would return into pcall again) and passes every result.
+-- So under LuaJIT a guarded Lua function's caller is `call`: an error it raises with
+-- error(msg, 2) carries this line's position, where under PUC Lua (pcall its caller) it
+-- carries none (docs/api.md, fuse.wrap).
 local function call(fn, ...) return select(1, fn(...)) end
 local function protected(fn, ...) return pcall(call, fn, ...) end
 

@@ -365,6 +365,24 @@ describe("options #" .. BACKEND, function()
       assert.equal([[fuse: option names must be strings, got key true (value "x")]],
         check_error({ [true] = "x" }))
     end)
+
+    -- pairs' order differs between LuaJIT, Lua 5.1 and 5.4: of several keys that are not
+    -- strings the message names the same one under each (numbers, smallest first; then
+    -- false, true; then the rest by their text), and before any unknown string key
+    it("name the same one of several keys that are not strings under every Lua", function()
+      local cases = {
+        { { [2.5] = 2, [1] = 3, [false] = 1, fails = 1 }, "key 1 (value 3)" },
+        { { [true] = 1, [false] = 2, [7] = 3, [-1] = 4 }, "key -1 (value 4)" },
+        { { [true] = 1, [false] = 2, zz = 1 }, "key false (value 2)" },
+        { { [{}] = 2, [print] = 3, [true] = 4 }, "key true (value 4)" },
+        { { [{}] = 2, [print] = 3 }, "key function (value 3)" },
+      }
+      for _, c in ipairs(cases) do
+        assert.equal("fuse: option names must be strings, got " .. c[2], check_error(c[1]))
+        assert.equal("fuse: option names must be strings, got " .. c[2],
+          (select(2, pcall(options.check_init, c[1])):gsub("^.-: fuse", "fuse")))
+      end
+    end)
   end)
 
   describe("errors point at the line that called the facade", function()

@@ -330,7 +330,16 @@ describe("fuse #" .. BACKEND, function()
 
       describe("coroutines", function()
         if not PCALL_YIELDS then
-          pending(_VERSION .. " cannot yield across pcall: a guarded function cannot yield here")
+          -- (docs/api.md, fuse.wrap: what Lua 5.1 users get, the one difference of calls)
+          it(_VERSION .. " cannot yield across pcall: a yield in fn raises there, a failure", function()
+            local f, b = guard(function() coroutine.yield("waiting") end, {})
+            local co = coroutine.create(function() return f() end)
+            local ok, err = coroutine.resume(co)
+            assert.is_false(ok)
+            assert.matches("attempt to yield across", tostring(err), 1, true)
+            assert.equal("dead", coroutine.status(co))
+            if b then assert.equal(1, b:stats().failures_total) end
+          end)
           return
         end
 
@@ -560,6 +569,19 @@ describe("fuse #" .. BACKEND, function()
       local f = b:wrap(function() error("x", 0) end)
       pcall(f)
       assert.equal("closed", b:state())
+    end)
+  end)
+
+  -- error(msg, 2) in fn names fn's caller: fuse's trampoline under LuaJIT (a Lua frame,
+  -- which keeps fn out of trace roots), pcall under PUC Lua (no position); level 0 is
+  -- the same text under both (docs/api.md, fuse.wrap)
+  describe("an error fn raises with a level", function()
+    it("level 2: fuse.lua's line under LuaJIT, no position under PUC Lua; level 0: the text", function()
+      local _, err = pcall(fuse.wrap(function() error("level two", 2) end))
+      if BACKEND == "ffi" then assert.matches("^[^\n]*fuse%.lua:%d+: level two$", err)
+      else assert.equal("level two", err) end
+      _, err = pcall(fuse.wrap(function() error("level zero", 0) end))
+      assert.equal("level zero", err)
     end)
   end)
 

@@ -182,6 +182,68 @@ describe("fuse #" .. BACKEND, function()
     end)
   end)
 
+  -- The same program prints the same numbers under every Lua: under Lua 5.3+ a whole
+  -- number the core gives is an integer (tostring "10", as LuaJIT writes it; not "10.0"),
+  -- and an integer option given as a float (3.0) is held as the integer.
+  describe("numbers print as LuaJIT prints them", function()
+    -- fields whose tostring ends in ".0": a float with a whole value under Lua 5.3+
+    local function floats(t)
+      local bad = {}
+      for k, v in pairs(t) do
+        if type(v) == "number" and tostring(v):find("%.0$") then bad[#bad + 1] = k .. "=" .. tostring(v) end
+      end
+      table.sort(bad)
+      return table.concat(bad, " ")
+    end
+
+    it("stats(), a rejection's retry_after and fuse.now()", function()
+      local b = fuse.new{ fails = 1, open_for = 10, slow = 1 }
+      assert.equal("", floats(b:stats()))
+      outcome(b, false, 1)
+      local s = b:stats()
+      assert.equal("", floats(s))
+      assert.equal("10 1 1", ("%s %s %s"):format(s.retry_after, s.failure_rate, s.slow_rate))
+      local _, rej = b:allow()
+      assert.equal("10", tostring(rej.retry_after))
+      assert.equal(tostring(clock.now), tostring(fuse.now()))
+      clock:advance(2.5)
+      assert.equal("7.5", tostring(b:stats().retry_after))
+      assert.equal(tostring(clock.now), tostring(fuse.now()))
+    end)
+
+    it("an integer option given as 3.0: a full rejection's limit", function()
+      local b = fuse.new{ max_concurrent = 1.0, fails = 2.0 }
+      local t = b:allow()
+      local _, rej = b:allow()
+      assert.equal("1", tostring(rej.limit))
+      assert.equal("fuse: breaker 'anonymous' is full (1 calls running)", tostring(rej))
+      b:report(t, true)
+      assert.equal("", floats(b:stats()))
+    end)
+
+    -- (push_num's bound: below 1e14 an integer, whose digits are LuaJIT's "%.14g"; from
+    -- 1e14 a float, which 5.4 writes in the exponent form LuaJIT writes)
+    it("a whole number below 1e14 by its digits, from 1e14 as LuaJIT writes it", function()
+      local i = fuse._counter(uname("big"))
+      local got = {}
+      for _, n in ipairs({ 1e14 - 1, 1, 2 ^ 53 - 1e14 }) do
+        fuse._count(i, n)
+        got[#got + 1] = tostring(fuse._counter_value(i))
+      end
+      assert.equal("99999999999999 1e+14 9.007199254741e+15", table.concat(got, " "))
+    end)
+
+    it("fuse.events' seq and upto, a named breaker's stats through fuse.get", function()
+      local name = uname("numbers")
+      local b = fuse.new{ name = name, fails = 1, window = 4 }
+      outcome(b, false)
+      local list, _, upto = fuse.events()
+      assert.equal("", floats(list[#list]))
+      assert.equal(tostring(list[#list].seq), tostring(upto))
+      assert.equal("", floats(fuse.get(name):stats()))
+    end)
+  end)
+
   describe("fuse.metrics()", function()
     -- Parses the exposition: families (name -> {help, type, samples}), in order.
     local function parse(text)

@@ -33,6 +33,18 @@ describe("messages #" .. BACKEND, function()
       end)
     end
 
+    -- Lua 5.3+: an integer past 2^53 by all its digits, never the float it rounds to
+    -- (two values that differ never print alike)
+    it("shows a Lua 5.3+ integer past 2^53 by its own digits", function()
+      local big = rawget(math, "type") and load("return 9007199254740993, math.maxinteger, math.mininteger")
+      if not big then return end  -- (no integer subtype: LuaJIT, Lua 5.1)
+      local a, b, c = big()
+      assert.equal("9007199254740993 9223372036854775807 -9223372036854775808",
+        options.show(a) .. " " .. options.show(b) .. " " .. options.show(c))
+      assert.equal("fuse: option 'fails' must be an integer from 1 to 1000000, got 9007199254740993",
+        (message(fuse.new, { fails = a }):gsub("^.-: fuse", "fuse")))
+    end)
+
     it("cuts a long string after 60 bytes, never inside a character", function()
       local s = ("x"):rep(59) .. "\226\130\172" .. ("y"):rep(10)  -- € across bytes 60-62
       assert.equal('"' .. ("x"):rep(59) .. '..."', options.show(s))

@@ -74,6 +74,36 @@ describe("fuse.upstream's phases #ffi", function()
     S:close()
   end)
 
+  it("a try that no peer admits (max_ejected = 1), on a retry or a first try, ends as nginx's own "
+    .. "balancer ends one with no live peer: ngx.exit(NGX_BUSY), nginx's 502, with Retry-After", function()
+    -- (fails) ngx.exit(ngx.ERROR), -1: nginx answered 500, whatever the last try had got
+    -- (test/upstream.t.sh asks a real nginx: 502 "no live upstreams")
+    local nginx = require("spec.fake_nginx").new()
+    local req, var = nginx.req, nginx.var
+    local name = unique("np")
+    local pool = nginx.upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" },
+      { fails = 1, open_for = 30, max_ejected = 1, tries = 2 })
+    local b1, b2 = fuse.get(name .. "/10.0.0.1:1"), fuse.get(name .. "/10.0.0.1:2")
+    b2:force_open(20)
+    req.start, req.internal, req.failure, req.code = 7000, false, nil, nil
+    pool:balance()                         -- the first try: 10.0.0.1:1, the one peer admitted
+    assert.equal("10.0.0.1:1", nginx.set[#nginx.set])
+    -- it answers 504 (a status: its header came): nginx retries, and the failure opens it
+    req.failure, req.code = "failed", 504
+    var.upstream_status, var.upstream_header_time, var.upstream_response_time = "504, ", "0.001, ", "0.001, "
+    assert.error_matches(function() pool:balance() end, "ngx.exit(-3)", 1, true)
+    assert.equal("open", b1:state())
+    assert.equal(20, nginx.ngx.header["Retry-After"])  -- the soonest: 10.0.0.1:2's
+    assert.equal(1, #nginx.set)                        -- no peer set for the retry
+    -- the next request's first try: both open
+    nginx.ngx.header["Retry-After"] = nil
+    req.start, req.failure, req.code = 7001, nil, nil
+    assert.error_matches(function() pool:balance() end, "ngx.exit(-3)", 1, true)
+    assert.equal(20, nginx.ngx.header["Retry-After"])
+    assert.equal(1, #nginx.set)
+    pool:close()
+  end)
+
   it("a request whose log phase never ran (a subrequest) gives its tickets back when its address "
     .. "serves the next request: its max_concurrent permit, its probe (as failed)", function()
     -- (fails) the record was cleared for the next request with the tickets of its tries

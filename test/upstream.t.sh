@@ -382,7 +382,7 @@ check "with Retry-After of the soonest peer, 1 to 3 s (got '$RA')" \
   eval '[ -n "$RA" ] && [ "$RA" -ge 1 ] && [ "$RA" -le 3 ]'
 
 # ... and while every peer is half-open with its one probe running (busy: it admits
-# nothing), access() answers 503 as well, not a 500 from a balancer left with no peer
+# nothing), access() answers 503 as well, not the 502 of a balancer left with no peer
 mode "$A" 'mode=fail&reset=1'; mode "$B" 'mode=fail&reset=1'
 ac_trip=$(codes4 /ac)                       # A and B open (fails = 1, one try each)
 mode "$A" 'mode=hang&delay=4&reset=1'; mode "$B" 'mode=hang&delay=4&reset=1'
@@ -395,6 +395,54 @@ ac_busy=$(codes4 /ac)
 check "max_ejected=1 and access() while each peer's one probe runs (A $(hits $A), B $(hits $B) in flight): 4 requests answered 503 ($ac_busy; tripping: $ac_trip)" \
   eval '[ "$ac_busy" = "503 503 503 503 " ] && [ "$(hits $A)" = 1 ] && [ "$(hits $B)" = 1 ]'
 wait $ac_pids
+allmode 'mode=fail&reset=1'
+
+# max_ejected = 1 without pool:access() (location /q/): a try that no peer admits ends as
+# nginx's own balancer ends one with no live peer, 502 ("no live upstreams") with
+# Retry-After, on a first try and on a retry alike (before: ngx.exit(ngx.ERROR), a 500
+# whatever the last try had answered)
+qget() { # qget PATH: CODE, RA (Retry-After), UST ($upstream_status), UAD ($upstream_addr)
+  local out
+  out=$(curl -s -m 10 -H 'Connection: close' -o /dev/null \
+    -w '%{http_code}|%header{retry-after}|%header{x-upstream-status}|%header{x-upstream-addr}' \
+    "http://127.0.0.1:$POOLS$1")
+  IFS='|' read -r CODE RA UST UAD <<< "$out"
+}
+ra_ok() { [ -n "$RA" ] && [ "$RA" -ge 1 ] && [ "$RA" -le 60 ]; }
+hits3() { echo "A $(hits "$A"), B $(hits "$B"), C $(hits "$C")"; }
+nolive() { grep -c "no live upstreams while connecting to upstream.*GET $1 " "$P/logs-pools/error.log"; }
+# every peer open (np: one request trips all three), then a first try
+allmode 'mode=fail&reset=1'
+qget /q/np; np_trip="$CODE [$UST]"
+allmode 'mode=ok&reset=1'
+qget /q/np
+check "max_ejected=1, every peer open, no pool:access(): a first try answered $CODE (502) with Retry-After '$RA' (1 to 60), \$upstream_status [$UST] (502), peers hit: $(hits3) (none; the request that tripped them: $np_trip)" \
+  eval '[ "$CODE" = 502 ] && ra_ok && [ "$UST" = 502 ] && [ "$(hits "$A")$(hits "$B")$(hits "$C")" = 000 ] && [ "$np_trip" = "500 [500, 500, 500]" ]'
+np_log=$(grep -c "fuse.upstream: pool 'np': no peer admits the try (each open or busy, max_ejected = 1): 502, Retry-After" "$P/logs-pools/error.log")
+check "the error log names the pool with no peer ($np_log line, 1) beside nginx's 'no live upstreams' ($(nolive /q/np), 1)" \
+  eval '[ "$np_log" = 1 ] && [ "$(nolive /q/np)" = 1 ]'
+# B and C open, A the one peer admitted: A's try fails (and opens A, fails = 1), nginx
+# retries (tries = 2) and the retry finds no peer
+mode "$A" 'mode=ok&reset=1'; mode "$B" 'mode=fail&reset=1'; mode "$C" 'mode=fail&reset=1'
+nb_open() { [ "$(pfield "nb/127.0.0.1:$B" 1)" = open ] && [ "$(pfield "nb/127.0.0.1:$C" 1)" = open ]; }
+for _ in $(seq 40); do nb_open && break; qget /q/nb; done
+nb_trip="B $(pfield "nb/127.0.0.1:$B" 1), C $(pfield "nb/127.0.0.1:$C" 1)"
+for x in 'fail:500' 'status&status=504:504' 'hang&delay=1:504' 'refuse:502'; do
+  m=${x%:*} st=${x##*:}
+  curl -s -m 5 "http://127.0.0.1:$POOLS/reset?name=nb/127.0.0.1:$A" > /dev/null
+  mode "$B" 'reset=1'; mode "$C" 'reset=1'; mode "$A" "mode=$m&reset=1"
+  qget /q/nb
+  check "max_ejected=1, $nb_trip: A, the one peer admitted, got mode=$m ($st), the retry found no peer: $CODE (502) with Retry-After '$RA', \$upstream_status [$UST] ($st, 502), [$UAD], peers hit: $(hits3) (A once)" \
+    eval '[ "$CODE" = 502 ] && ra_ok && [ "$UST" = "$st, 502" ] && [ "$(hits "$A")" = 1 ] && [ "$(hits "$B")$(hits "$C")" = 00 ]'
+done
+# C open, A and B admitted (tries = 3): both fail in turn, the third try finds no peer
+mode "$A" 'mode=ok&reset=1'; mode "$B" 'mode=ok&reset=1'; mode "$C" 'mode=fail&reset=1'
+for _ in $(seq 40); do [ "$(pfield "nc/127.0.0.1:$C" 1)" = open ] && break; qget /q/nc; done
+nc_trip="C $(pfield "nc/127.0.0.1:$C" 1)"
+mode "$A" 'mode=fail&reset=1'; mode "$B" 'mode=fail&reset=1'; mode "$C" 'reset=1'
+qget /q/nc
+check "max_ejected=1, $nc_trip, tries = 3: A and B answered 500 in turn, the third try found no peer: $CODE (502) with Retry-After '$RA', \$upstream_status [$UST] (500, 500, 502), peers hit: $(hits3) (A and B once)" \
+  eval '[ "$CODE" = 502 ] && ra_ok && [ "$UST" = "500, 500, 502" ] && [ "$(hits "$A")$(hits "$B")$(hits "$C")" = 110 ]'
 allmode 'mode=fail&reset=1'
 
 # max_ejected = 0.5: every peer open, yet every request reaches a peer (panic picks)

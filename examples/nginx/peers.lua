@@ -13,7 +13,7 @@ local d = ngx.shared.peers
 local _M = {}
 
 local LEVELS = 256  -- concurrency levels a reset clears (far above any test's)
-local ARRIVALS = 64
+local ARRIVALS = 512
 
 local function note(port, what)
   local k = "arrivals:" .. port

@@ -77,7 +77,11 @@ _M.numbers = numbers
 -- A number the same way under every Lua: no "20.0" (5.4), no "-nan" (glibc), and the
 -- fewest digits (14 at least) that read back as the same value, so that two different
 -- values never print alike.
+local math_type = rawget(math, "type")  -- (Lua 5.3 and later)
+
 local function fmt_num(v)
+  -- (an integer of 5.3+ by its digits: past 2^53 "%.17g" would round it to another value)
+  if math_type and math_type(v) == "integer" then return fmt("%d", v) end
   if v ~= v then return "nan" end
   if v == huge then return "inf" end
   if v == -huge then return "-inf" end
@@ -314,16 +318,32 @@ local function suggest(key, known)
 end
 _M.suggest = suggest
 
--- A message for the first bad key of opts (non-string keys first, then unknown strings
--- in sorted order), or nil.
+-- Whether non-string key a (with value va) comes before b (vb) in messages: numbers
+-- first, smallest first, then false and true, then the rest by their text. The order of
+-- pairs differs between LuaJIT, Lua 5.1 and 5.4; a message must not.
+local function key_before(a, va, b, vb)
+  local ra = type(a) == "number" and 1 or type(a) == "boolean" and 2 or 3
+  local rb = type(b) == "number" and 1 or type(b) == "boolean" and 2 or 3
+  if ra ~= rb then return ra < rb end
+  if ra == 1 then return a < b end
+  if ra == 2 then return a == false and b == true end
+  local ta, tb = show(a) .. " " .. show(va), show(b) .. " " .. show(vb)
+  return ta < tb
+end
+
+-- A message for the first bad key of opts (non-string keys first, in key_before's
+-- order, then unknown strings in sorted order), or nil.
 local function check_keys(opts, known_set, known)
-  local unknown = {}
-  for k in pairs(opts) do
+  local unknown, odd = {}, nil
+  for k, v in pairs(opts) do
     if type(k) ~= "string" then
-      return fmt("fuse: option names must be strings, got key %s (value %s)",
-        show(k), show(opts[k]))
+      if odd == nil or key_before(k, v, odd, opts[odd]) then odd = k end
+    elseif not known_set[k] then
+      unknown[#unknown + 1] = k
     end
-    if not known_set[k] then unknown[#unknown + 1] = k end
+  end
+  if odd ~= nil then
+    return fmt("fuse: option names must be strings, got key %s (value %s)", show(odd), show(opts[odd]))
   end
   if #unknown == 0 then return nil end
   sort(unknown)
@@ -386,9 +406,12 @@ local function resolve(o, cfg)
     end
   end
 
-  -- Defaults a short count window could never reach are cut down to it.
-  local fails = o.fails or (rate_rule and 0 or 5)
-  local min_calls = o.min_calls or 10
+  -- Defaults a short count window could never reach are cut down to it. (The integer
+  -- options through floor: under Lua 5.3+ a 3.0 given is the integer 3 in cfg, whose
+  -- numbers show as under LuaJIT, e.g. a rejection's limit.)
+  cw = floor(cw)
+  local fails = floor(o.fails or (rate_rule and 0 or 5))
+  local min_calls = floor(o.min_calls or 10)
   if cw > 0 then
     fails = min(fails, cw)
     min_calls = min(min_calls, cw)
@@ -406,8 +429,8 @@ local function resolve(o, cfg)
   cfg.fails = fails
   cfg.count_window = cw
   cfg.min_calls = min_calls
-  cfg.probes = o.probes or 1
-  cfg.max_concurrent = o.max_concurrent or 0
+  cfg.probes = floor(o.probes or 1)
+  cfg.max_concurrent = floor(o.max_concurrent or 0)
   return nil
 end
 

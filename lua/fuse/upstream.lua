@@ -1657,16 +1657,28 @@ local function take(self)
   return rec, r, pool
 end
 
+-- Sets the Retry-After header to `seconds` (rounded up, at least 1); returns its value.
 local function retry_after_header(seconds)
-  ngx.header["Retry-After"] = max(1, ceil(seconds == huge and 1 or seconds))
+  local v = max(1, ceil(seconds == huge and 1 or seconds))
+  ngx.header["Retry-After"] = v
+  return v
 end
 
--- No candidate admitted the try (max_ejected let the pick skip them all). A balancer
--- cannot choose the status: nginx answers 500 (pool:access() answers 503 before that);
--- the Retry-After header is set all the same.
-local function no_peer(retry_after)
-  retry_after_header(retry_after)
-  return ngx.exit(ngx.ERROR)
+-- No candidate admitted the try of pool `self` (max_ejected let the pick skip them all,
+-- on a first try or on a retry): the request ends as when nginx's own balancer has no
+-- live peer. The exit code is nginx's NGX_BUSY: nginx logs "no live upstreams" and
+-- answers 502 (NGX_HTTP_UPSTREAM_FT_NOLIVE, which no proxy_next_upstream asks to retry),
+-- with the Retry-After header of the soonest peer. (Measured in Debian's nginx 1.22 and
+-- lua-nginx-module 0.10.23: ngx.exit(ngx.ERROR) answered 500 whatever the last try got;
+-- a status such as ngx.exit(503) is turned into NGX_ERROR, a 500, unless nginx carries
+-- OpenResty's balancer status-code patch; NGX_DECLINED made nginx call the balancer
+-- again at once, without end.) pool:access() answers 503 before any try.
+local NGX_BUSY = -3
+local function no_peer(self, retry_after)
+  local ra = retry_after_header(retry_after)
+  ngx.log(ngx.WARN, "fuse.upstream: pool '", self.name, "': no peer admits the try (each open or busy,",
+    " max_ejected = ", self.max_ejected, "): 502, Retry-After ", ra)
+  return ngx.exit(NGX_BUSY)
 end
 
 -- pool:access(), in access_by_lua* (optional, for max_ejected = 1): when every peer is
@@ -1948,11 +1960,11 @@ function Pool:balance()
     return ngx.exit(ngx.ERROR)
   end
   local peer, ticket = pick(self, tried)
-  if not peer then return no_peer(ticket) end
+  if not peer then return no_peer(self, ticket) end
   local ok, err = set_current_peer(peer.host, peer.port)
   if not ok then
     peer, ticket = other_peer(self, rec, tried, peer, ticket, err)
-    if not peer then return no_peer(ticket) end
+    if not peer then return no_peer(self, ticket) end
   end
   local k = rec.n + 1
   local try = k == 1 and rec or rec[k]  -- (the first try is the record)
