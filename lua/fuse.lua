@@ -361,14 +361,27 @@ end
 -- is then never taken back on its identity alone: a breaker retired by a removal keeps
 -- its identity until the remover drops it, for ever if the remover died there; only the
 -- registry's lock (taken by B.open) repairs that.
+-- br._keep (set by fuse.upstream on its peers' breakers, else absent): a function that
+-- says whether the name is still wanted (its pool open and holding the peer). Not wanted:
+-- the name is not made again, and nil is returned (the call runs unguarded, as with a
+-- full registry, and is not counted as one); checked again once the name is made, since
+-- a close elsewhere may come between the check and the making: then the breaker made here
+-- goes again (by name, when the name still has that identity).
 local function refind(br, stale_id)
   local h, id = br._h, br._id
   if id ~= stale_id and B.id(h) == id then return h, id end  -- another wrap of this object re-found it
   if fake then sync() end
-  local _
-  h, _, id = B.open(br.name, br.cfg)  -- other options there: that is the name's breaker now
+  local keep = br._keep
+  if keep and not keep() then return nil end
+  local st
+  h, st, id = B.open(br.name, br.cfg)  -- other options there: that is the name's breaker now
   if not h then
     B.full_add()
+    return nil
+  end
+  if st == 1 and keep and not keep() then  -- (1: made by this call)
+    local _, now_id = B.find(br.name)
+    if now_id == id then B.remove(br.name) end
     return nil
   end
   return adopt(br, h, id)

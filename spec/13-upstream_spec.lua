@@ -526,6 +526,181 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.truthy(fuse.get(name .. "/10.0.0.1:2"))
   end)
 
+  -- Another worker's close (or set_peers) in the microseconds between this copy's sync and
+  -- its breaker call or counter bump: forced by running it inside the copy's sync, at its
+  -- read of the version (after its check of the incarnation, g/P).
+  local function during_sync(name, act)
+    local store = upstream._stores.fuse_upstream
+    local get = store.get
+    store.get = function(st, k)
+      if k == "v/" .. name and act then
+        local f = act
+        act = nil
+        f()
+      end
+      return get(st, k)
+    end
+    return function()
+      store.get = get
+      assert.is_nil(act, "the other copy did not act")
+    end
+  end
+
+  -- the dict's keys of pool `name` (g/, v/, l/, b/, p/, d/, r/, c/)
+  local function keys_of(name)
+    local out = {}
+    for _, k in ipairs(upstream._stores.fuse_upstream:get_keys(0)) do
+      local pool = k:match("^%a/([^/]+)")
+      if pool == name then out[#out + 1] = k end
+    end
+    table.sort(out)
+    return out
+  end
+
+  it("close in another copy between a pick's sync and its breaker call: the breaker is not made again", function()
+    -- (fails) the pick's allow found the breaker removed and re-created its name (refind),
+    -- closed and fresh, which nothing removed again: fuse.get found it, /metrics showed
+    -- fuse_state{name="<pool>/<peer>"} for good, and it held a registry slot
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1" })
+    local b = upstream.new(name, { "10.0.0.1:1" })   -- another worker's copy
+    local done = during_sync(name, function() a:close() end)
+    local peer, ticket = b:pick()
+    done()
+    assert.equal("10.0.0.1:1", peer.addr)            -- (picked, as before the close)
+    if ticket then peer.b:report(ticket, false) end   -- its try fails
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:1"))
+    assert.is_false((pcall(b.peers, b)))              -- b learns of the close
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:1"))
+    assert.falsy(fuse.metrics():find(name, 1, true))
+    assert.same({}, keys_of(name))
+  end)
+
+  it("close in another copy between a log phase's sync and its report: no counter nor breaker made again", function()
+    -- (fails) the failure was counted in c/P/ADDR/CLASS, made again by safe_add, and its
+    -- report re-created the removed breaker (late -> refind): both stayed for good
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local b = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local peer, ticket = b:pick()                     -- a try in flight in copy b
+    assert.truthy(ticket)
+    local done = during_sync(name, function() a:close() end)
+    b:tries()                                         -- b syncs, as pool:log() does before judging
+    done()
+    upstream._failed(b, { peer = peer, ticket = ticket }, "status")   -- the try fails
+    assert.same({}, keys_of(name))
+    assert.is_nil(fuse.get(name .. "/" .. peer.addr))
+    assert.falsy(fuse.metrics():find(name, 1, true))
+    local again = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    assert.equal(0, again:failures(peer.addr, "status"))
+    assert.equal("closed", again:peers()[1].state)
+    again:close()
+    assert.same({}, keys_of(name))
+  end)
+
+  it("a stale copy's leftovers go, and the name's next pool keeps its own breakers and counters", function()
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { max_ejected = 0 })
+    local b = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" }, { max_ejected = 0 })
+    local peer, ticket = b:pick()
+    local c
+    local done = during_sync(name, function()
+      a:close()
+      -- the name's next pool, with the other address only, which has counted already
+      c = upstream.new(name, { "10.0.0.1:3", peer.addr == "10.0.0.1:1" and "10.0.0.1:2" or "10.0.0.1:1" },
+        { max_ejected = 0 })
+      upstream._failed(c, { peer = c._peers[1], ticket = false }, "timeout")
+      open_peer(c, "10.0.0.1:3")
+      c:pick()                                        -- a panic pick
+    end)
+    b:tries()
+    done()
+    upstream._failed(b, { peer = peer, ticket = ticket }, "connect")
+    assert.is_nil(fuse.get(name .. "/" .. peer.addr))
+    assert.equal(0, c:failures(peer.addr, "connect"))
+    assert.equal(1, c:failures("10.0.0.1:3", "timeout"))
+    assert.equal(1, c:panics())
+    assert.equal("open", c:peers()[1].state)
+    assert.truthy(fuse.get(name .. "/10.0.0.1:3"))
+    c:close()
+    assert.same({}, keys_of(name))
+    assert.falsy(fuse.metrics():find(name, 1, true))
+  end)
+
+  it("set_peers in another copy between a log phase's sync and its report: the removed peer's counter stays gone",
+      function()
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local b = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local peer, ticket = b:pick()
+    local other = peer.addr == "10.0.0.1:1" and "10.0.0.1:2" or "10.0.0.1:1"
+    b:tries()                                         -- b syncs, as pool:log() does before judging
+    assert.is_true(a:set_peers({ other }))            -- then another worker removes the peer
+    upstream._failed(b, { peer = peer, ticket = ticket }, "status")
+    assert.same({ "b/" .. name, "g/" .. name, "l/" .. name, "p/" .. name, "v/" .. name }, keys_of(name))
+    assert.is_nil(fuse.get(name .. "/" .. peer.addr))
+    assert.truthy(fuse.get(name .. "/" .. other))
+    a:close()
+  end)
+
+  it("close in another copy during set_peers (after its sync): set_peers raises, leaving no list, version or breaker",
+      function()
+    -- (fails) set_peers stored its list and bumped the version (l/P, v/P made again) and
+    -- made the new peer's breaker, after the close had removed the name's: all stayed
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1" })
+    local b = upstream.new(name, { "10.0.0.1:1" })
+    local done = during_sync(name, function() a:close() end)
+    local ok, e = pcall(b.set_peers, b, { "10.0.0.1:1", "10.0.0.1:2" })
+    done()
+    assert.is_false(ok)
+    assert.truthy(e:find("pool '" .. name .. "' is closed", 1, true), e)
+    assert.same({}, keys_of(name))
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:2"))
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:1"))
+  end)
+
+  it("close in another copy while a probe's success closes the peer: its slow-start stamp and version go", function()
+    -- forced: the close runs at the report's store of the ramp's start (after the breaker
+    -- closed, before the stamp is written). (fails) r/P/ADDR and v/P, made again, stayed
+    local name = unique("p")
+    local opts = { fails = 1, open_for = 5, slow_start = 10, max_ejected = 1 }
+    local a = upstream.new(name, { "10.0.0.1:1" }, opts)
+    local b = upstream.new(name, { "10.0.0.1:1" }, opts)
+    local peer = b._peers[1]
+    peer.b:report(peer.b:allow(), false)              -- open
+    clock:advance(5)
+    local ticket = peer.b:allow()                     -- the probe
+    assert.truthy(ticket)
+    local store = upstream._stores.fuse_upstream
+    local safe_set, raced = store.safe_set, false
+    store.safe_set = function(st, k, v)
+      if k == "r/" .. name .. "/10.0.0.1:1" and not raced then
+        raced = true
+        a:close()
+      end
+      return safe_set(st, k, v)
+    end
+    peer.b:report(ticket, true)                       -- the probe succeeds: closed, a ramp
+    store.safe_set = safe_set
+    assert.is_true(raced)
+    assert.same({}, keys_of(name))
+  end)
+
+  it("a live pool's peer whose breaker went (removed, as an idle eviction retires it) gets it at its next pick",
+      function()
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1" })
+    assert.is_true(fuse.remove(name .. "/10.0.0.1:1"))   -- (what an eviction does to the name)
+    local peer, ticket = a:pick()
+    assert.truthy(ticket)
+    peer.b:report(ticket, false)
+    local b = fuse.get(name .. "/10.0.0.1:1")
+    assert.truthy(b)
+    assert.equal(1, b:stats().failures_total)
+    a:close()
+  end)
+
   it("a closed name leaves no key in the dict (1000 pools made and closed)", function()
     -- (fails) close() kept its closed mark and the version: two keys a name for good, so a
     -- gateway making and closing pools per tenant filled the dict (10,000 names in a 1 MB

@@ -13,7 +13,8 @@
 #   pools  test/upstream-pools.conf: the other pools (max_ejected, weights, slow, statuses,
 #          refused, timeouts, probes = 2, two sick of three, a peer nginx refuses at run
 #          time (set_current_peer wrapped on the test's word), failure classes, fail_on,
-#          enforce = false, slow_start, 300 pools and close, requests at once sharing
+#          enforce = false, slow_start, 300 pools and close, close racing a request
+#          another worker holds past its check (parked at a pause point), requests at once sharing
 #          one request-record slot, a full shared dict), 4 workers
 # Each check's line carries its evidence (counts, states, codes, worker pids).
 # Needs nginx with the Lua module, lua-resty-core, curl, wrk (for the load phases). Under
@@ -770,6 +771,54 @@ m=$(curl -s -m 5 "http://127.0.0.1:$POOLS/metrics")
 cx_m=$(grep -c 'pool="cx"\|cx/' <<< "$m")
 check "pool:close() in worker $cx_closer with $cx_at tries in flight at A ($cx_codes; $cx_other of A's requests retried in other workers): no line of pool cx in /metrics after ($cx_m)" \
   eval '[ "$cx_other" -ge 1 ] && [ "$cx_m" = 0 ]'
+mode "$A" 'mode=ok&reset=1'
+
+# pool:close() in one worker while another worker's request is past its check of the pool
+# (forced: parked at the pause point of pools rc and rl, test/upstream-pools.conf): the
+# parked worker goes on with the peer it had and makes nothing of the closed pool again.
+# rc parks in the balancer, before its pick calls the peer's breaker (which re-made the
+# removed breaker rc/A); rl in the log phase, before its failed try is counted (which
+# re-made c/rl/A/status) and reported (which re-made rl/A). /metrics is the registry's
+# and the dict's, whichever worker answers.
+# race_get PATH: its answer from a worker other than the parked one (a connection that
+# the kernel gives to the parked worker waits: again, from another port)
+race_get() {
+  local out _
+  for _ in $(seq 40); do
+    out=$(curl -s -m 0.5 "http://127.0.0.1:$POOLS$1") && [ -n "$out" ] && { echo "$out"; return 0; }
+  done
+  return 1
+}
+flagv() { race_get "/flag?k=$1&get=1"; }
+allmode 'mode=ok&reset=1'
+curl -s -m 5 "http://127.0.0.1:$POOLS/flag?k=park:rc:balancer&v=1" > /dev/null
+curl -s -m 15 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/race/rc" > "$T/rc.code" &
+race_curl=$!
+wait_for 10 eval '[ "$(flagv parked:rc)" != nil ]'
+rc_parked=$(flagv parked:rc)
+rc_closer=$(race_get "/close?pool=rc")
+wait "$race_curl"
+rc_end=$(flagv unparked:rc) rc_code=$(cat "$T/rc.code")
+m=$(curl -s -m 5 "http://127.0.0.1:$POOLS/metrics")   # (the park is over: its request ended)
+rc_m=$(grep -c 'pool="rc"\|name="rc/' <<< "$m") rc_line=$(grep -m 1 'name="rc/' <<< "$m")
+check "close race in the balancer: worker $rc_parked parked after its check of pool rc, closed by worker $rc_closer ($rc_end), its request answered $rc_code; no line of rc in /metrics after ($rc_m${rc_line:+, such as $rc_line})" \
+  eval '[ "$rc_end" = closed ] && [ "$rc_closer" != "$rc_parked" ] && [ "$rc_code" = 200 ] && [ "$rc_m" = 0 ]'
+
+mode "$A" 'mode=slowfail&delay=1&reset=1'
+curl -s -m 5 "http://127.0.0.1:$POOLS/flag?k=park:rl:log&v=1" > /dev/null
+curl -s -m 15 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$POOLS/race/rl" > "$T/rl.code" &
+race_curl=$!
+wait_for 10 eval '[ "$(hits "$A")" -ge 1 ]'   # rl's try is at A (its balancer ran)
+rz_closer=$(race_get "/close?pool=rz")
+wait_for 10 eval '[ "$(flagv parked:rl)" != nil ]'
+rl_parked=$(flagv parked:rl)
+rl_closer=$(race_get "/close?pool=rl")
+wait "$race_curl"
+rl_end=$(flagv unparked:rl) rl_code=$(cat "$T/rl.code")
+m=$(curl -s -m 5 "http://127.0.0.1:$POOLS/metrics")   # (the park is over: its request ended)
+rl_m=$(grep 'pool="rl"\|name="rl/' <<< "$m" | tr '\n' ' ')
+check "close race in the log phase: worker $rl_parked parked after its check of pool rl (its try at A answered $rl_code: a failure), closed by worker $rl_closer ($rl_end; rz closed by $rz_closer); no line of rl in /metrics after (${rl_m:-none})" \
+  eval '[ "$rl_end" = closed ] && [ "$rl_closer" != "$rl_parked" ] && [ "${rl_code:-0}" -ge 500 ] && [ -z "$rl_m" ]'
 mode "$A" 'mode=ok&reset=1'
 
 if command -v promtool >/dev/null; then

@@ -418,14 +418,30 @@ end
 -- dict has room (safe_add): nginx's incr with an init value, like set, makes room by
 -- evicting the least recently used keys, and those are the stored peer lists, read only
 -- when a version moves. A counter that finds no room is not counted. ("exists": another
--- worker made it between the two calls.)
+-- worker made it between the two calls.) A second value, true, says this call made it.
 local function bump(store, key)
   local v = store:incr(key, 1)
   if v then return v end
   local ok, err = store:safe_add(key, 1)
-  if ok then return 1 end
+  if ok then return 1, true end
   if err == "exists" then return store:incr(key, 1) end
   return nil
+end
+
+-- Whether a key or breaker of pool incarnation `gen` (g/P is `gkey`, l/P `lkey`) for peer
+-- `addr` (nil: of the pool itself) is still wanted: its incarnation is open and its list
+-- holds the peer (a list not stored, as when a full dict evicted it: any peer), or the
+-- name's next incarnation holds the peer in the list it stored (then the key is its). A
+-- copy that acted on a peer after its sync (a pick's breaker call, a try's counter) made
+-- the name again after another worker's close or set_peers removed it: what it made is
+-- not wanted, and goes (see refind, count, counted).
+local function wanted(store, gkey, lkey, gen, addr)
+  local g = store:get(gkey)
+  if g == nil then return false end
+  if addr == nil then return true end
+  local s = store:get(lkey)
+  if s == nil then return g == gen end
+  return (("\n" .. s):find("\n" .. addr .. " ", 1, true)) ~= nil
 end
 
 local function changed(store, vkey)
@@ -434,8 +450,20 @@ local function changed(store, vkey)
   return v
 end
 
+-- One more on the pool's own counter `key` (d/P, p/P); made, it goes again when the pool
+-- was closed meanwhile (after this copy's sync) and no next pool of the name holds it.
 local function count(self, key)
-  bump(self._store, key)
+  local store = self._store
+  local _, made = bump(store, key)
+  if made and not wanted(store, self._gkey, self._lkey, self._gen, nil) then store:delete(key) end
+end
+
+-- One more on peer `peer`'s counter `key` (c/P/ADDR/CLASS), the same way: made, it goes
+-- again when the peer left meanwhile (close or set_peers in another worker).
+local function counted(self, peer, key)
+  local store = self._store
+  local _, made = bump(store, key)
+  if made and not wanted(store, self._gkey, self._lkey, self._gen, peer.addr) then store:delete(key) end
 end
 
 ---------------------------------------------------------------------------- peers
@@ -446,14 +474,20 @@ local function peer_breaker(self, addr)
   local bo = {}
   for k, v in pairs(self._bopts) do bo[k] = v end
   bo.name = self.name .. "/" .. addr
+  local store, gkey, lkey, gen = self._store, self._gkey, self._lkey, self._gen
   if self._slow_start > 0 then
-    local user, store, key, vkey = self._bopts.on_state_change, self._store, self._pfx .. "r/" .. self.name
-      .. "/" .. addr, self._vkey
+    local user, key, vkey = self._bopts.on_state_change, self._pfx .. "r/" .. self.name .. "/" .. addr,
+      self._vkey
     -- the worker that closes the breaker stamps the ramp's start for every worker
     bo.on_state_change = function(name, from, to)
       -- (safe_set: on a full dict the peer is not ramped, rather than another key evicted)
       if to == "closed" and from == "half_open" and store:safe_set(key, fuse.now()) then
         changed(store, vkey)
+        -- the peer left meanwhile (another worker's close or set_peers): neither stays
+        if not wanted(store, gkey, lkey, gen, addr) then
+          store:delete(key)
+          if store:get(gkey) == nil then store:delete(vkey) end
+        end
       end
       if user then return user(name, from, to) end
     end
@@ -463,6 +497,9 @@ local function peer_breaker(self, addr)
   if not ok then
     error((tostring(b):gsub("^[^\n]-:%d+: ", "")), 0)
   end
+  -- removed (close, set_peers) or evicted, the breaker is made again at its next call
+  -- only while its pool holds the peer (see refind in fuse.lua)
+  b._keep = function() return wanted(store, gkey, lkey, gen, addr) end
   return b, made
 end
 
@@ -616,6 +653,15 @@ local function closed_elsewhere(self)
   self._closed = true
 end
 
+-- The breakers `made` (names) that this copy made after another worker closed its pool
+-- (or removed the peers) go again, but for those the name's next pool holds by now.
+local function drop_made(self, made)
+  for i = 1, #made do
+    local addr = made[i]:sub(#self.name + 2)
+    if not wanted(self._store, self._gkey, self._lkey, self._gen, addr) then fuse.remove(made[i]) end
+  end
+end
+
 -- Brings this worker's pool to the store's version: the list set_peers stored (by any
 -- worker), the ramps.
 local function refresh(self, v)
@@ -625,7 +671,13 @@ local function refresh(self, v)
   if s and s ~= self._list_s then
     local list = decode(s)
     if #list > 0 then
-      local ok, peers, by_addr = pcall(build, self, list)
+      local ok, peers, by_addr, made = pcall(build, self, list)
+      -- closed by another worker since this copy's check of the incarnation: what the
+      -- build made goes again
+      if ok and store:get(self._gkey) ~= self._gen then
+        drop_made(self, made)
+        return closed_elsewhere(self)
+      end
       if ok then
         -- every worker removes what left: one that re-made a breaker meanwhile (a pick
         -- between the writer's store and its removal) takes it away again
@@ -804,6 +856,19 @@ function Pool:set_peers(peers)
     return nil, "cannot store the peer list: " .. tostring(err)
   end
   self._ver = changed(self._store, self._vkey)
+  local store = self._store
+  if store:get(self._gkey) ~= self._gen then
+    -- closed by another worker since the check above: the list, the version and the
+    -- breakers this call made go again (a next pool of the name keeps what it holds),
+    -- and the pool is closed here too
+    if store:get(self._gkey) == nil then
+      store:delete(self._lkey)
+      store:delete(self._vkey)
+    end
+    drop_made(self, made)
+    closed_elsewhere(self)
+    check_open(self, 2)
+  end
   install(self, new, by_addr, true, list)
   self._list_s = s
   read_ramps(self)
@@ -1367,7 +1432,7 @@ local function failed(self, try, class, seconds)
     if ticket then peer.report(peer.b, ticket, nil) end
     return
   end
-  bump(self._store, peer.ckey .. class)
+  counted(self, peer, peer.ckey .. class)
   if ticket then peer.b:report(ticket, not self._on[class], seconds) end
 end
 _M._failed = failed  -- for the specs
