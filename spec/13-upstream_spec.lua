@@ -1284,5 +1284,94 @@ describe("fuse.upstream #" .. BACKEND, function()
       says(e, "13-upstream_spec.lua:" .. line .. ": fuse.upstream: peer 2 is missing")
       assert.equal(1, #pool:peers())         -- unchanged
     end)
+
+    -- (fails) the key named was the first pairs() gave: for { zz = 1, aa = 2 } 'zz' under
+    -- LuaJIT and 'aa' under 5.1/5.4; in { [1] = A, [true] = 1, x = 2 } "x" under LuaJIT and
+    -- 5.4, true under 5.1
+    it("for two bad keys, the same one under every Lua (fuse.options' order: non-strings, then sorted)", function()
+      says(err_of("p", { "10.9.9.9:1" }, { zz = 1, aa = 2 }), "fuse.upstream: unknown option 'aa' (pool options:")
+      says(err_of("p", { "10.9.9.9:1" }, { zz = 1, yy = 2, xx = 3, ww = 4, vv = 5, aa = 6 }), "unknown option 'aa'")
+      says(err_of("p", { "10.9.9.9:1" }, { zz = 1, name = "x" }), "option 'name' is not allowed")
+      -- a key near a breaker option, or not a string, is fuse.new's to name, and is first
+      says(err_of(unique("p"), { "10.9.9.9:1" }, { zz = 1, windw = 2 }),
+        "fuse: unknown option 'windw' (did you mean 'window'?)")
+      says(err_of(unique("p"), { "10.9.9.9:1" }, { zz = 1, [true] = 2 }),
+        "fuse: option names must be strings, got key true (value 2)")
+      says(err_of("p", { [1] = "10.9.9.9:1", [true] = 1, x = 2 }), "peers must be a list: unexpected key true")
+      says(err_of("p", { [1] = "10.9.9.9:1", [0] = 1, [1.5] = 1, x = 2 }), "peers must be a list: unexpected key 0")
+      says(err_of("p", { [1] = "10.9.9.9:1", zz = 1, yy = 2, xx = 3, ww = 4, aa = 5 }), 'unexpected key "aa"')
+      says(err_of("p", { { addr = "10.9.9.9:1", [true] = 1, x = 2 } }), "peer 1: unknown key true")
+      says(err_of("p", { { addr = "10.9.9.9:1", zz = 1, yy = 2, xx = 3, ww = 4, aa = 5 } }),
+        'peer 1: unknown key "aa"')
+    end)
+
+    -- (fails) a misspelled class ("timeout ") or an address spelled otherwise than the
+    -- pool keeps it ("10.0.0.1:080") read 0, whatever had been counted
+    it("in failures: a class that is not one, an address that does not parse", function()
+      local pool = upstream.new(unique("p"), { "10.9.9.9:80" })
+      upstream._failed(pool, { peer = pool._peers[1], ticket = false }, "timeout")
+      assert.equal(1, pool:failures("10.9.9.9:80", "timeout"))
+      assert.equal(1, pool:failures("10.9.9.9:080", "timeout"))   -- its canonical peer
+      assert.equal(1, pool:failures("10.9.9.09:0080", "timeout"))
+      assert.equal(0, pool:failures("10.9.9.9:81", "timeout"))    -- no such peer: nothing counted
+      local function fails(addr, class)
+        local line = debug.getinfo(1, "l").currentline + 1
+        local ok, e = pcall(function() local n = pool:failures(addr, class); return n end)
+        assert.is_false(ok)
+        says(e, "13-upstream_spec.lua:" .. line .. ": fuse.upstream: pool:failures: ")
+        return e
+      end
+      says(fails("10.9.9.9:80", "timeout "),
+        'class must be "connect", "timeout" or "status", got "timeout " (did you mean "timeout"?)')
+      says(fails("10.9.9.9:80", "Status"), '(did you mean "status"?)')
+      local e = fails("10.9.9.9:80", "refused")
+      says(e, 'class must be "connect", "timeout" or "status", got "refused"')
+      assert.falsy(e:find("did you mean", 1, true), e)
+      says(fails("10.9.9.9:80", nil), "got nil")
+      says(fails("10.9.9.9", "timeout"), 'address "10.9.9.9": no port: the form is "IP:port"')
+      says(fails("example.com:80", "timeout"), 'address "example.com:80": not an IPv4 address')
+      says(fails(nil, "timeout"), 'address nil: must be "IP:port"')
+      pool:close()
+    end)
+
+    -- (fails) pool.tries() and the like raised "attempt to index local 'self' (a nil
+    -- value)" at a line of upstream.lua
+    it("for a method called with . instead of :, as a breaker's method says it", function()
+      local pool = upstream.new(unique("p"), { "10.9.9.9:1" })
+      local calls = {  -- (no tail calls: the line is the caller's)
+        { "tries", function() local r = pool.tries(); return r end },
+        { "peers", function() local r = pool.peers(); return r end },
+        { "panics", function() local r = pool.panics(); return r end },
+        { "pick", function() local r = pool.pick(); return r end },
+        { "failures", function() local r = pool.failures("10.9.9.9:1", "status"); return r end, "a string" },
+        { "set_peers", function() local r = pool.set_peers({ "10.9.9.9:2" }); return r end, "a table" },
+        { "close", function() local r = pool.close(); return r end },
+      }
+      for _, c in ipairs(calls) do
+        local line = debug.getinfo(c[2], "S").linedefined
+        local ok, e = pcall(c[2])
+        assert.is_false(ok, c[1])
+        says(e, ("13-upstream_spec.lua:%d: fuse.upstream: call pool:%s(), not pool.%s(): self is %s, not a pool")
+          :format(line, c[1], c[1], c[3] or "nil"))
+      end
+      assert.same({ "10.9.9.9:1" }, { pool:peers()[1].addr })   -- nothing changed, nothing closed
+      pool:close()
+    end)
+  end)
+
+  -- (fails) under Lua 5.3+, weight = 3.0 and tries = 3.0 stayed floats: pool:peers() and
+  -- pool:tries() gave 3.0, which prints "3.0" (LuaJIT prints 3)
+  it("holds integer options as integers under every Lua (3.0 is 3)", function()
+    local function is_integer(v) return ("%d"):format(v) == tostring(v) end
+    local pool = upstream.new(unique("p"), { { addr = "10.9.9.9:1", weight = 3.0 }, "10.9.9.9:2" },
+      { tries = 2.0, fail_statuses = { 500.0 } })
+    assert.equal(3, pool:peers()[1].weight)
+    assert.is_true(is_integer(pool:peers()[1].weight), tostring(pool:peers()[1].weight))
+    assert.is_true(is_integer(pool:tries()), tostring(pool:tries()))
+    assert.equal(2, pool:tries())
+    assert.is_true(pool._fail[500])
+    assert.is_true(pool:set_peers({ { addr = "10.9.9.9:1", weight = 2.0 } }))
+    assert.is_true(is_integer(pool:peers()[1].weight), tostring(pool:peers()[1].weight))
+    pool:close()
   end)
 end)

@@ -168,6 +168,49 @@ describe("fuse.admin #" .. BACKEND, function()
     end)
   end)
 
+  describe("a POST's fields", function()
+    -- (fails) a POST with no action answered "action must be force_open, reset or
+    -- disable, got nil"
+    it("missing or empty: a 400 that says which", function()
+      local name = uname("post")
+      fuse.new { name = name, fails = 3 }
+      local function err(args) local status, body = admin.handle("POST", args); return status .. " " .. body.error end
+      assert.equal("400 missing action: action=force_open, reset or disable", err { name = name })
+      assert.equal('400 action must be force_open, reset or disable, got ""', err { name = name, action = "" })
+      assert.equal('400 action must be force_open, reset or disable, got ""', err { name = name, action = true })
+      assert.equal("400 missing name", err { action = "reset" })
+      assert.equal("400 empty name: name=N names the breaker", err { name = "", action = "reset" })
+      assert.equal("400 empty name: name=N names the breaker", err { name = true, action = "reset" })
+      assert.equal("closed", fuse.get(name):state())
+    end)
+  end)
+
+  -- (fails) ngx gives a repeated field as a table of its values, and the endpoint took the
+  -- last: name=a&name=b acted on b alone, action=reset&action=force_open forced it open
+  describe("a field given twice", function()
+    it("is a 400 naming the field, and nothing is done", function()
+      local a, b = uname("twice"), uname("twice")
+      fuse.new { name = a, fails = 3 }
+      fuse.new { name = b, fails = 3 }
+      local cases = {
+        { "POST", { name = { a, b }, action = "force_open" }, "name", 2 },
+        { "POST", { name = a, action = { "reset", "force_open" } }, "action", 2 },
+        { "POST", { name = a, action = "force_open", seconds = { "1", "2", "3" } }, "seconds", 3 },
+        { "POST", { name = { a, a }, action = { "force_open", "force_open" } }, "action", 2 },  -- sorted: action first
+        { "GET", { name = { a, b } }, "name", 2 },
+        { "GET", { state = { "open", "closed" } }, "state", 2 },
+        { "GET", { limit = { "1", "2" } }, "limit", 2 },
+        { "HEAD", { after = { "1", "2" } }, "after", 2 },
+      }
+      for _, c in ipairs(cases) do
+        local status, body = admin.handle(c[1], c[2])
+        assert.same({ 400, ("field '%s' is given %d times: give it once"):format(c[3], c[4]) },
+          { status, body.error })
+      end
+      assert.same({ "closed", "closed" }, { fuse.get(a):state(), fuse.get(b):state() })
+    end)
+  end)
+
   describe("a GET", function()
     it("?name= answers that breaker alone, 404 for a name unknown", function()
       local name = uname("one")
@@ -179,12 +222,19 @@ describe("fuse.admin #" .. BACKEND, function()
       status, body = admin.handle("GET", { name = uname("none") })
       assert.equal(404, status)
       assert.matches("^no breaker named \"adm18%-", body.error)
-      assert.equal(404, (admin.handle("GET", { name = "" })))
       assert.equal(404, (admin.handle("GET", { name = ("x"):rep(300) })))  -- longer than any name
       assert.equal(404, (admin.handle("GET", { name = "a\0b" })))
       status, body = admin.handle("GET", { name = name, state = "open" })
       assert.equal(400, status)
       assert.equal("name asks for one breaker: it takes no state, limit or after", body.error)
+    end)
+
+    -- (fails) ?name= (empty) was a 404, "no breaker named """: it names no breaker
+    it("?name= empty, or a bare ?name, is 400 that says the name is empty", function()
+      for _, v in ipairs { "", true } do
+        local status, body = admin.handle("GET", { name = v })
+        assert.same({ 400, "empty name: ?name=N asks for breaker N" }, { status, body.error })
+      end
     end)
 
     it("?state= lists the breakers in that state only; 400 for a state unknown", function()

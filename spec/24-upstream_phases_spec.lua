@@ -176,4 +176,22 @@ print(b:allow() and "admitted" or "full", b:stats().running)
     assert.equal("admitted\t1\n", next_breaker_after("500", 2))
     assert.equal("admitted\t1\n", next_breaker_after("close", 1))
   end)
+
+  -- (fails) pool.log() for pool:log() took the request's record, as upstream.log() does
+  -- (self nil), then raised "attempt to index local 'self' (a nil value)" in upstream.lua:
+  -- the try was never reported, its ticket held until probe_timeout
+  it("pool.log() (a dot for the colon) judges the request's tries as upstream.log() does", function()
+    local nginx = require("spec.fake_nginx").new()
+    local req, var = nginx.req, nginx.var
+    local name = unique("dot")
+    local P = nginx.upstream.new(name, { "10.0.0.1:1" }, { fails = 1 })
+    req.start, req.internal, req.failure, req.code = 9000, false, nil, nil
+    P:balance()
+    var.upstream_status, var.upstream_header_time, var.upstream_response_time = "500", "0.001", "0.001"
+    nginx.ngx.status = 500
+    P.log()
+    assert.equal(1, P:failures("10.0.0.1:1", "status"))
+    assert.equal("open", P:peers()[1].state)
+    P:close()
+  end)
 end)

@@ -16,7 +16,9 @@
 #   JSON that is valid UTF-8 (iconv) and that cjson reads as "caf\xE9", on every page;
 #   a POST of a 20 kB form: 413 with a JSON error, nothing changed; a POST of a JSON body,
 #   or with its fields in the query string: 400 saying so (not "missing name"); a field
-#   mistyped (POST second=30, GET ?stat=open): 400 naming it; DELETE: 405, Allow with HEAD.
+#   mistyped (POST second=30, GET ?stat=open): 400 naming it; a field given twice
+#   (name=a&name=b, action=reset&action=force_open), a POST without an action, an empty
+#   ?name=: 400 saying so; DELETE: 405, Allow with HEAD.
 # Needs nginx with the Lua module, curl, iconv and luajit with lua-cjson; without one
 # it skips, except under CI=true, where it fails. About 3 s; a watchdog stops it after
 # 120 s. KEEP=1 keeps the temp prefix.
@@ -199,6 +201,30 @@ admin /fuse -H "$AUTH" -d 'name=twostep&action=force_open&second=30'
 check "a POST with a mistyped field (second=30) is 400 naming it, not a force-open until reset" \
   [ "$CODE/$(json 'j.error')" = "400/unknown field 'second' (did you mean 'seconds'?)" ]
 check "... and twostep is still closed" [ "$(state_of)" = closed ]
+# ---------------------------------------------------------------- a field missing, empty or twice
+# (nginx gives a field given twice as a table of its values: the endpoint took the last)
+admin /fuse -H "$AUTH" -d 'name=bulk-0001&name=twostep&action=force_open'
+check "a POST with name=a&name=b is 400 naming the field, not an action on b alone" \
+  [ "$CODE/$(json 'j.error')" = "400/field 'name' is given 2 times: give it once" ]
+admin /fuse -H "$AUTH" -d 'name=twostep&action=reset&action=force_open'
+check "a POST with action=reset&action=force_open is 400 naming the field, not a force-open" \
+  [ "$CODE/$(json 'j.error')" = "400/field 'action' is given 2 times: give it once" ]
+check "... and twostep is still closed" [ "$(state_of)" = closed ]
+admin '/fuse?name=twostep&name=bulk-0001'
+check "a GET of ?name=a&name=b is 400 naming the field" \
+  [ "$CODE/$(json 'j.error')" = "400/field 'name' is given 2 times: give it once" ]
+admin /fuse -H "$AUTH" -d 'name=twostep'
+check "a POST without an action is 400 \"missing action\" (it said \"got nil\")" \
+  [ "$CODE/$(json 'j.error')" = "400/missing action: action=force_open, reset or disable" ]
+admin '/fuse?name='
+check "GET ?name= (empty) is 400 that says so, not 404" \
+  [ "$CODE/$(json 'j.error')" = "400/empty name: ?name=N asks for breaker N" ]
+admin '/fuse?name'
+check "GET ?name (no value) is 400 too" [ "$CODE/$(json 'j.error')" = "400/empty name: ?name=N asks for breaker N" ]
+admin /fuse -H "$AUTH" -d 'name=&action=reset'
+check "a POST of name= (empty) is 400 that says so" \
+  [ "$CODE/$(json 'j.error')" = "400/empty name: name=N names the breaker" ]
+
 admin '/fuse?stat=open'
 check "a GET with a mistyped field (?stat=open) is 400 naming it, not every breaker" \
   [ "$CODE/$(json 'j.error')" = "400/unknown field 'stat' (did you mean 'state'?)" ]

@@ -57,10 +57,9 @@ end
 local ACTIONS = { force_open = true, reset = true, disable = true }
 local STATES = { closed = true, open = true, half_open = true, forced_open = true, disabled = true }
 
--- A form or query value: the last one when the field is repeated (ngx gives a table
--- then).
+-- A form or query value (a repeated field, which ngx gives as a table, is refused
+-- before: see repeated_field).
 local function value(v)
-  if type(v) == "table" then v = v[#v] end
   if v == true then return "" end  -- a bare key ("name" without "=")
   return v
 end
@@ -88,7 +87,8 @@ local function get(args)
     if state ~= nil or limit ~= nil or after ~= nil then
       return 400, { error = "name asks for one breaker: it takes no state, limit or after" }
     end
-    local b = name ~= "" and fuse.get(name)
+    if name == "" then return 400, { error = "empty name: ?name=N asks for breaker N" } end
+    local b = fuse.get(name)
     if not b then return 404, { error = "no breaker named " .. show(name) } end
     return 200, _M.breaker_json(b)
   end
@@ -116,8 +116,12 @@ end
 
 local function post(args)
   local name, action, seconds = value(args.name), value(args.action), value(args.seconds)
-  if type(name) ~= "string" or name == "" then
+  if name == nil then
     return 400, { error = "missing name" }
+  elseif name == "" then
+    return 400, { error = "empty name: name=N names the breaker" }
+  elseif action == nil then
+    return 400, { error = "missing action: action=force_open, reset or disable" }
   elseif not ACTIONS[action] then
     return bad("action must be force_open, reset or disable", action)
   end
@@ -162,6 +166,20 @@ local function unknown_field(method, args)
   return 400, { error = "unknown field " .. options.quote(k, "'") .. " (" .. hint .. ")" }
 end
 
+-- The 400 for the first field (in sorted order) given more than once, or nil. ngx gives
+-- a repeated field as a table of its values: taking one of them would act on what the
+-- sender may not have meant (name=a&name=b, action=reset&action=force_open).
+local function repeated_field(args)
+  local rep = {}
+  for k, v in pairs(args) do
+    if type(v) == "table" then rep[#rep + 1] = tostring(k) end
+  end
+  if #rep == 0 then return nil end
+  table.sort(rep)
+  local k = rep[1]
+  return 400, { error = "field " .. options.quote(k, "'") .. " is given " .. #args[k] .. " times: give it once" }
+end
+
 -- The admin request as data: method ("GET", "POST", ...) and its arguments (for GET
 -- the query's, for POST the form's). Returns the HTTP status and the table to answer
 -- as JSON. No I/O and no access control (see _M.refused): busted tests call it
@@ -178,6 +196,8 @@ function _M.handle(method, args)
   local m = method == "HEAD" and "GET" or method
   if not FIELDS[m] then return 405, { error = "method " .. show(method) .. " not allowed: GET, HEAD or POST" } end
   local status, body = unknown_field(m, args)
+  if status then return status, body end
+  status, body = repeated_field(args)
   if status then return status, body end
   if m == "GET" then return get(args) end
   return post(args)

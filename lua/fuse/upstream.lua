@@ -33,8 +33,8 @@
 local fuse = require "fuse"
 local options = require "fuse.options"
 
-local error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next =
-  error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, next
+local error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, getmetatable, next =
+  error, pairs, ipairs, pcall, tonumber, tostring, type, setmetatable, getmetatable, next
 local floor, huge, ceil, max, min = math.floor, math.huge, math.ceil, math.max, math.min
 local fmt, concat, sort = string.format, table.concat, table.sort
 local find, byte, sub = string.find, string.byte, string.sub
@@ -57,9 +57,36 @@ local DEFAULT_DICT = "fuse_upstream"
 
 local function raise(msg, level) error("fuse.upstream: " .. msg, level + 1) end
 
+-- Raises at the caller's line of pool method `method` unless self is a pool: the usual
+-- cause is pool.method() for pool:method(), which passes nil, or the first argument, as
+-- self (as fuse's breaker methods say it). Not in the request-path methods balance, log
+-- and access: see their comments.
+local function check_self(self, method)
+  if getmetatable(self) == Pool then return end
+  local got = self == nil and "nil" or type(self) == "table" and "a table" or "a " .. type(self)
+  error(fmt("fuse.upstream: call pool:%s(), not pool.%s(): self is %s, not a pool", method, method, got), 3)
+end
+
 local function is_int(v, lo, hi)
   return type(v) == "number" and v == floor(v) and v >= lo and v <= hi
 end
+
+-- Whether table t has a key good(k) refuses, and the first such key in the order of
+-- options.sorted_keys (the order of pairs differs between LuaJIT, Lua 5.1 and 5.4; the
+-- key a message names must not). Sorts only when there is one.
+local function bad_key(t, good)
+  for k in pairs(t) do
+    if not good(k) then
+      for _, s in ipairs(options.sorted_keys(t)) do
+        if not good(s) then return true, s end
+      end
+    end
+  end
+  return false
+end
+
+local function is_index(k) return is_int(k, 1, huge) end
+local function is_peer_key(k) return k == "addr" or k == "weight" end
 
 ---------------------------------------------------------------------------- addresses
 
@@ -182,11 +209,10 @@ _M._parse_addr = parse_addr  -- for the specs
 -- entry and what is wrong.
 local function check_peers(pool_name, list, level)
   if type(list) ~= "table" then raise("peers must be a non-empty list, got " .. show(list), level + 1) end
+  local odd, key = bad_key(list, is_index)
+  if odd then raise(fmt("peers must be a list: unexpected key %s", show(key)), level + 1) end
   local top = 0
   for k in pairs(list) do
-    if not is_int(k, 1, huge) then
-      raise(fmt("peers must be a list: unexpected key %s", show(k)), level + 1)
-    end
     if k > top then top = k end
   end
   if top == 0 then raise("peers must be a non-empty list, got an empty table", level + 1) end
@@ -199,9 +225,8 @@ local function check_peers(pool_name, list, level)
     local addr, weight = p, 1
     if type(p) == "table" then
       addr, weight = p.addr, p.weight == nil and 1 or p.weight
-      for k in pairs(p) do
-        if k ~= "addr" and k ~= "weight" then raise(fmt("peer %d: unknown key %s", i, show(k)), level + 1) end
-      end
+      local unknown_key, k = bad_key(p, is_peer_key)
+      if unknown_key then raise(fmt("peer %d: unknown key %s", i, show(k)), level + 1) end
     end
     local canon, host, port = parse_addr(addr)
     if not canon then raise(fmt("peer %d: %s, got %s", i, host, show(addr)), level + 1) end
@@ -219,7 +244,8 @@ local function check_peers(pool_name, list, level)
         level + 1)
     end
     seen[canon] = { i = i, addr = addr }
-    out[i] = { addr = canon, host = host, port = port, weight = weight }
+    -- (floor: under Lua 5.3+ a weight of 3.0 is held as the integer 3, shown as LuaJIT shows it)
+    out[i] = { addr = canon, host = host, port = port, weight = floor(weight) }
   end
   return out
 end
@@ -266,11 +292,17 @@ local function unknown(k, level)
 end
 
 -- Splits opts into the pool's options and the breakers' options; raises at `level`.
+-- The keys are looked at in options.sorted_keys' order, so that of two bad keys the
+-- message names the same one under every Lua. A key left to fuse.new's message (one
+-- that is not a string, or near a breaker option) is the first bad key fuse.new names
+-- (its order is the same), so the unknown keys after it are left to fuse.new too.
 local function check_opts(opts, level)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then raise("options must be a table, got " .. show(opts), level + 1) end
   local o, bopts = {}, {}
-  for k, v in pairs(opts) do
+  local deferred = false
+  for _, k in ipairs(options.sorted_keys(opts)) do
+    local v = opts[k]
     if POOL_KEYS[k] then o[k] = v
     elseif k == "name" then
       raise("option 'name' is not allowed: each peer's breaker is named \"<pool>/<addr>\"", level + 1)
@@ -282,7 +314,10 @@ local function check_opts(opts, level)
         .. "peer is skipped at once; leave max_wait out (max_concurrent alone limits each peer)",
         show(v)), level + 1)
     else
-      if type(k) == "string" and not BREAKER_KEYS[k] then unknown(k, level + 1) end
+      if not BREAKER_KEYS[k] then
+        if type(k) == "string" and not deferred then unknown(k, level + 1) end
+        deferred = true
+      end
       bopts[k] = v
     end
   end
@@ -290,8 +325,9 @@ local function check_opts(opts, level)
   if m == nil then m = 0.5 end
   if type(m) ~= "number" or not (m >= 0 and m <= 1) then bad("max_ejected", "a number from 0 to 1", m, level + 1) end
   o.max_ejected = m
-  if o.tries ~= nil and not is_int(o.tries, 1, MAX_TRIES) then
-    bad("tries", "an integer from 1 to " .. MAX_TRIES, o.tries, level + 1)
+  if o.tries ~= nil then
+    if not is_int(o.tries, 1, MAX_TRIES) then bad("tries", "an integer from 1 to " .. MAX_TRIES, o.tries, level + 1) end
+    o.tries = floor(o.tries)  -- (an integer under Lua 5.3+, as the peers' weights)
   end
   local fs = o.fail_statuses
   if fs == nil then fs = DEFAULT_FAIL end
@@ -302,7 +338,7 @@ local function check_opts(opts, level)
     if type(k) ~= "number" or not is_int(s, 100, 599) then
       bad("fail_statuses", "a list of HTTP statuses (100 to 599)", s, level + 1)
     end
-    set[s] = true
+    set[floor(s)] = true
   end
   o.fail = set
   local fo = o.fail_on
@@ -844,6 +880,7 @@ end
 -- tried a removed peer count nothing for it (see failed). Returns true, or nil and why when the
 -- shared dict cannot hold the list.
 function Pool:set_peers(peers)
+  check_self(self, "set_peers")
   check_open(self, 2)
   local list = check_peers(self.name, peers, 2)
   check_live(self, 2)
@@ -882,6 +919,7 @@ end
 -- pool:close(): removes the pool's breakers, counters and stored list, in every worker;
 -- the pool (and its copies in other workers) cannot be used afterwards.
 function Pool:close()
+  check_self(self, "close")
   if self._closed then return end
   resync(self)  -- a copy of an incarnation closed elsewhere closes nothing of the name's next
   if self._closed then return end
@@ -903,6 +941,7 @@ end
 
 -- pool:peers() -> { { addr = "...", weight = n, state = "closed" }, ... }
 function Pool:peers()
+  check_self(self, "peers")
   check_live(self, 2)
   local out = {}
   for i, p in ipairs(self._peers) do
@@ -912,6 +951,7 @@ function Pool:peers()
 end
 
 function Pool:tries()
+  check_self(self, "tries")
   check_live(self, 2)
   return self._tries or min(#self._peers, 3)
 end
@@ -1397,20 +1437,32 @@ local function pick(self, tried)
 end
 
 function Pool:pick(tried)
+  check_self(self, "pick")
   check_live(self, 2)
   return pick(self, tried)
 end
 
 -- The panic picks counted for this pool, across all workers.
 function Pool:panics()
+  check_self(self, "panics")
   check_live(self, 2)  -- (a closed pool's key may be its name's next pool's)
   return self._store:get(self._pkey) or 0
 end
 
--- The failures of class `class` counted for peer `addr`, across all workers.
+-- The failures of class `class` counted for peer `addr` (any spelling the peer lists
+-- take: read as its canonical form), across all workers. A class that is not one, or an
+-- address that does not parse, raises: a typo would read 0.
+local CLASS_SET = { connect = true, timeout = true, status = true }
 function Pool:failures(addr, class)
+  check_self(self, "failures")
+  if not CLASS_SET[class] then
+    local near = type(class) == "string" and options.suggest(class, CLASSES)
+    raise(fmt('pool:failures: class must be "connect", "timeout" or "status", got %s%s', show(class),
+      near and fmt(' (did you mean "%s"?)', near) or ""), 2)
+  end
+  local canon, why = parse_addr(addr)
+  if not canon then raise(fmt("pool:failures: address %s: %s", show(addr), why), 2) end
   check_live(self, 2)
-  local canon = parse_addr(addr) or addr
   return self._store:get(self._pfx .. "c/" .. self.name .. "/" .. canon .. "/" .. class) or 0
 end
 
@@ -2039,10 +2091,13 @@ local function log_record(self, rec, r)
 end
 
 -- pool:log(), in log_by_lua*: the verdicts on this request's tries in this pool's
--- upstream (nothing for a request another pool proxied last).
+-- upstream (nothing for a request another pool proxied last). The pool judged is the
+-- one take() found, which is self for a pool: pool.log() (self nil) is upstream.log(),
+-- where it raised an index error into this file once the record was taken, leaving its
+-- tickets unreported. (No check of self here: this runs on every request.)
 function Pool:log()
-  local rec, r = take(self)
-  if rec then return log_record(self, rec, r) end
+  local rec, r, pool = take(self)
+  if rec then return log_record(pool, rec, r) end
 end
 
 -- upstream.log(), in log_by_lua*: the same for whichever pool proxied this request last,
