@@ -1305,8 +1305,9 @@ describe("fuse.upstream #" .. BACKEND, function()
         'peer 1: unknown key "aa"')
     end)
 
-    -- (fails) a misspelled class ("timeout ") or an address spelled otherwise than the
-    -- pool keeps it ("10.0.0.1:080") read 0, whatever had been counted
+    -- (fails) a misspelled class ("timeout "), or an address that does not parse
+    -- ("10.9.9.9" without a port), read 0 whatever had been counted. (An address spelled
+    -- otherwise than the pool keeps it, "10.9.9.9:080", was read as its peer already.)
     it("in failures: a class that is not one, an address that does not parse", function()
       local pool = upstream.new(unique("p"), { "10.9.9.9:80" })
       upstream._failed(pool, { peer = pool._peers[1], ticket = false }, "timeout")
