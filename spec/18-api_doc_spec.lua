@@ -196,6 +196,30 @@ describe("docs/api.md #" .. BACKEND, function()
           local p = upstream.new("apidoc-msg", { "10.0.0.1:80" }, { max_concurrent = 1, max_wait = 0.2 }); return p
         end)
       end,
+      ["fuse.upstream: call pool:tries(), not pool.tries(): self is nil, not a pool"] = function()
+        local pool = upstream.new("apidoc-self", { "10.0.0.1:80" })
+        local said = raised(function() local n = pool.tries(); return n end)
+        pool:close()
+        return said
+      end,
+      ["fuse: option 'max_wait' has no effect without 'max_concurrent'"] = function()
+        return raised(function()
+          local p = upstream.new("apidoc-msg", { "10.0.0.1:80" }, { max_wait = 0 }); return p
+        end)
+      end,
+      [ [[fuse.upstream: pool:failures: class must be "connect", "timeout" or "status", got "timeout " ]]
+        .. [[(did you mean "timeout"?)]] ] = function()
+        local pool = upstream.new("apidoc-failures", { "10.0.0.1:80" })
+        local said = raised(function() local n = pool:failures("10.0.0.1:080", "timeout "); return n end)
+        pool:close()
+        return said
+      end,
+      [ [[fuse.upstream: pool:failures: address "10.0.0.1": no port: the form is "IP:port"]] ] = function()
+        local pool = upstream.new("apidoc-failures", { "10.0.0.1:80" })
+        local said = raised(function() local n = pool:failures("10.0.0.1", "timeout"); return n end)
+        pool:close()
+        return said
+      end,
     }
     provoke["fuse: call b:state(), not b.state(): ..."] =
       provoke["fuse: call b:state(), not b.state(): self is nil, not a breaker"]
