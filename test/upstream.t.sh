@@ -11,7 +11,7 @@
 #          through its /peers, then `nginx -s reload` (HUP), answers counted only once
 #          every old worker has exited
 #   pools  test/upstream-pools.conf: the other pools (max_ejected, weights, slow, statuses,
-#          refused, timeouts, probes = 2, two sick of three, a peer nginx refuses at run
+#          refused, timeouts, probes = 2, two sick of three, pool.log() for pool:log(), a peer nginx refuses at run
 #          time (set_current_peer wrapped on the test's word), failure classes, fail_on,
 #          enforce = false, slow_start, 300 pools and close, close racing a request
 #          another worker holds past its check (parked at a pause point), requests at once sharing
@@ -663,6 +663,13 @@ seq_req "$POOLS" /p/cld 2; c4=$CODES
 wait_for 10 eval '[ "$(cls cls $A status)" -ge 2 ] && [ "$(cls cls $A timeout)" -ge 2 ] && [ "$(cls cls $A connect)" -ge 2 ] && [ "$(cls cld $D connect)" -ge 2 ]'
 check "failure classes in /metrics: A status $(cls cls $A status) ($c1), timeout $(cls cls $A timeout) ($c2), connect $(cls cls $A connect) (a reset: $c3), D connect $(cls cld $D connect) (refused: $c4), 2 each" \
   eval '[ "$(cls cls $A status)" = 2 ] && [ "$(cls cls $A timeout)" = 2 ] && [ "$(cls cls $A connect)" = 2 ] && [ "$(cls cld $D connect)" = 2 ]'
+
+# pool.log() written for pool:log() (location /dot/): A's 500s are judged all the same
+mode "$A" 'mode=fail&reset=1'; seq_req "$POOLS" /dot/dot 2; c1=$CODES
+wait_for 10 eval '[ "$(pfield "dot/127.0.0.1:$A" 2)" -ge 2 ]'
+dot_err=$(grep -c "attempt to index local 'self'" "$P/logs-pools/error.log")
+check "pool.log() for pool:log(): 2 requests ($c1) counted $(pfield "dot/127.0.0.1:$A" 2) failures of A (2), $(cls dot "$A" status) of class status (2), $dot_err index errors logged (0)" \
+  eval '[ "$(pfield "dot/127.0.0.1:$A" 2)" = 2 ] && [ "$(cls dot "$A" status)" = 2 ] && [ "$dot_err" = 0 ]'
 
 # fail_on = { "connect", "timeout" }: 500s are counted as status failures but do not trip
 mode "$A" 'mode=fail&reset=1'
