@@ -262,10 +262,12 @@ end
 
 ---------------------------------------------------------------------------- max_wait
 
-local ngx_now, ngx_sleep
+local ngx_now, ngx_sleep, ngx_update_time
 do
   local ngx = rawget(_G, "ngx")
-  if type(ngx) == "table" and type(ngx.sleep) == "function" then ngx_now, ngx_sleep = ngx.now, ngx.sleep end
+  if type(ngx) == "table" and type(ngx.sleep) == "function" then
+    ngx_now, ngx_sleep, ngx_update_time = ngx.now, ngx.sleep, ngx.update_time
+  end
 end
 local min, max = math.min, math.max
 
@@ -275,7 +277,12 @@ local min, max = math.min, math.max
 -- least: ngx.sleep takes whole milliseconds, and a sleep of 0 ms (what is left of the
 -- wait, below 1 ms, or a rounding of 1 ms below it) resumes from nginx's posted events
 -- without the loop's time moving, so ngx.now() and `left` never change: a worker spun.
+-- The wait counts from now: ngx.now() is the time the event loop read when its
+-- iteration began, behind by whatever ran since (this request's own work, other
+-- requests'), so the deadline is taken after ngx.update_time() (a clock read, on this
+-- path only), and the wait lasts max_wait within nginx's millisecond.
 local function wait_permit(h, max_wait)
+  if ngx_update_time then ngx_update_time() end
   local deadline, step = ngx_now() + max_wait, 0.001
   while true do
     local left = deadline - ngx_now()
