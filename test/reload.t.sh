@@ -40,8 +40,9 @@ watchdog 300
 mkdir -p "$P/logs" "$P/temp"
 copy_fuse "$T"
 
-# conf LIST EXTRA: the config; LIST is p's peer list (Lua), EXTRA more Lua at the end of
-# init_by_lua (a reload that fails puts a bad pool there).
+# conf LIST EXTRA [CAPACITY]: the config; LIST is p's peer list (Lua), EXTRA more Lua at
+# the end of init_by_lua (a reload that fails puts a bad pool there), CAPACITY the
+# registry's (64).
 conf() {
   cat > "$P/nginx.conf" <<EOF
 $(nginx_load_modules)
@@ -57,7 +58,8 @@ $(nginx_lua_paths "$T")
     lua_shared_dict fuse_upstream 1m;
     init_by_lua_block {
         local fuse = require "fuse"
-        fuse.init{ shared = true, capacity = 64 }
+        fuse.init{ shared = true, capacity = ${3:-64} }
+        fuse.new{ name = "k", fails = 1, window = 60, open_for = 3600 }
         local A, B, C = "127.0.0.1:$((PORT + 1))", "127.0.0.1:$((PORT + 2))", "127.0.0.1:$((PORT + 3))"
         package.loaded.pool_p = require("fuse.upstream").new("p", $1, { fails = 3, window = 10, open_for = 60 })
         $2
@@ -70,6 +72,19 @@ $(nginx_lua_paths "$T")
         listen 127.0.0.1:$PORT;
         log_by_lua_block { require("fuse.upstream").log() }
         location / { proxy_pass http://p_up; }
+        location = /trip {
+            content_by_lua_block {
+                local k = require("fuse").get("k")
+                pcall(k.call, k, function() error("down") end)
+                ngx.say(ngx.worker.pid(), " ", k:state())
+            }
+        }
+        location = /k {
+            content_by_lua_block {
+                local fuse = require "fuse"
+                ngx.say(ngx.worker.pid(), " ", fuse.get("k"):state())
+            }
+        }
         location = /metrics { content_by_lua_block { require("fuse").metrics_chunks(ngx.print) } }
         location = /peers {
             content_by_lua_block {
@@ -166,6 +181,45 @@ check "B's breaker and counters are gone from /metrics ($(breaker_of $B) lines)"
 bad=$(grep -vc '^200$' "$T/load.ok")
 check "the load loop got only 200s through the reload ($(grep -c '^200$' "$T/load.ok") 200s, $bad others: $(grep -v '^200$' "$T/load.ok" | sort | uniq -c | tr '\n' ' '))" \
   [ "$bad" -eq 0 ]
+# ---------------------------------------------------------------- 3. capacity: a reload that fails, then one that succeeds
+# A reload that changes the registry's capacity maps a new registry in the master and
+# copies the breakers into it (docs/reloads.md); when nginx then fails the reload, the old
+# workers go on in the old registry. The next reload must start from that one, not from
+# the copy the failed reload made (which misses everything since).
+old=$(workers | sort | tr '\n' ' ')
+conf '{ A, C }' 'require("fuse.upstream").new("q", { "nope" })' 128
+kill -HUP "$MASTER"
+failed_twice() { [ "$(grep -c 'init_by_lua error' "$P/logs/error.log")" -ge 2 ]; }
+wait_for 60 failed_twice
+check "the reload with capacity 128 and a bad pool q fails, logged" failed_twice
+now=$(workers | sort | tr '\n' ' ')
+check "nginx kept the old workers ($old; now: $now)" [ "$old" = "$now" ]
+# k_all STATE: each of the master's 4 workers answers /k with STATE
+k_all() {
+  local want=$1 seen="" line pid st ws i
+  ws=" $(workers | tr '\n' ' ')"
+  for ((i = 0; i < 400; i++)); do
+    line=$(get /k) || continue
+    pid=${line%% *} st=${line#* } st=${st%% *}
+    case "$ws" in *" $pid "*) ;; *) continue ;; esac
+    case " $seen " in *" $pid "*) continue ;; esac
+    [ "$st" = "$want" ] || { K_SEEN="$seen $pid:$st"; return 1; }
+    seen="$seen $pid"
+    [ "$(wc -w <<< "$seen")" -ge 4 ] && { K_SEEN=$seen; return 0; }
+  done
+  K_SEEN="$seen (fewer than 4 workers answered)"
+  return 1
+}
+tripped=$(get /trip)
+check "an old worker trips k after the failed reload ($tripped)" [ "${tripped#* }" = open ]
+check "every old worker sees k open ($(k_all open; echo "$K_SEEN"))" k_all open
+old=$(workers | sort | tr '\n' ' ')
+conf '{ A, C }' '' 128
+kill -HUP "$MASTER"
+# shellcheck disable=SC2086  # the pids, one word each
+check "the old workers exited after the reload with capacity 128 ($old)" reloaded 120 $old
+check "every new worker sees k open, as the old workers left it ($(k_all open; echo "$K_SEEN"))" k_all open
+
 errs=$(grep -E '\[(error|crit|alert|emerg)\]' "$P/logs/error.log" | grep -v '"nope"')
 check "no other error in the log" [ -z "$errs" ]
 [ -z "$errs" ] || diag "$(head -5 <<< "$errs")"
