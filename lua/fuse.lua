@@ -1276,6 +1276,23 @@ function _M._page(from, limit, budget, fn)
   return list, nil
 end
 
+-- A reload that changes capacity or idle maps a new registry in nginx's master
+-- (fz_registry_init); when nginx fails that reload after fuse.init, it closes this Lua
+-- state, and the finalizer of UNDO gives the master back the registry the old workers
+-- still use (fz_registry_undo), so that the next reload copies from it, not from a copy
+-- that misses everything since. EPOCH: this state's number for it.
+local EPOCH = B.epoch()
+local UNDO = false
+local function on_close(fn)
+  local newproxy = rawget(_G, "newproxy")
+  if newproxy then
+    local p = newproxy(true)
+    getmetatable(p).__gc = fn
+    return p
+  end
+  return setmetatable({}, { __gc = fn })
+end
+
 -- fuse.init{ capacity = N [, shared = true] [, idle = seconds] }: before any named
 -- breaker exists (shared: in nginx's init_by_lua*, before the fork; a reload may change
 -- capacity and idle).
@@ -1293,6 +1310,9 @@ function _M.init(opts)
     news.reset()
   end
   if rc == 0 and o.shared then rc = B.events_init_shared() end  -- fuse.events: one ring for every worker
+  if rc == 0 and o.shared and phase == "init" and not UNDO then
+    UNDO = on_close(function() B.undo(EPOCH) end)
+  end
   if rc ~= 0 then
     local why = rc == -6 and ((o.shared and B.is_shared()) and ("it is already shared with capacity "
       .. B.capacity()) or "named breakers exist already: call fuse.init first"

@@ -13,6 +13,8 @@
 #   2. the same change in a reload that succeeds: once every old worker has exited, all 4
 #      new workers pick over A C only, B's breaker and counters are gone from /metrics and
 #      no request of the load loop failed.
+#   3. a reload with capacity 128 that fails, a breaker k tripped in the old workers, then
+#      a reload with capacity 128 that succeeds: every new worker sees k open.
 # Needs nginx with the Lua module, lua-resty-core and curl. KEEP=1 keeps the temp prefix.
 set -u
 
