@@ -447,12 +447,13 @@ const char *fz_counter_name(int i);
  *   breakers: FZ_EBUSY. FZ_EINVAL for a bad capacity or idle; FZ_ESHARED / FZ_ENOMEM when
  *   mmap fails. fz_registry_idle(): the idle in seconds (0: none).
  * fz_registry_epoch(): a number for a Lua state that loads the core, larger than any
- *   before it in this process. fz_registry_undo(epoch): undoes the reload (above) of the
- *   Lua state `epoch` when nginx fails that reload and closes the state: when the newest
- *   state of this process is `epoch`, and it replaced a mapping in this process, the
- *   replaced mapping (the one the old workers still use) is the registry again, and the
- *   next reload copies from it; returns 1, else 0 (nothing changes). The mapping it made
- *   stays mapped. Takes the init mutex.
+ *   before it in this process. fz_registry_undo(epoch): for the Lua state `epoch` that
+ *   nginx closes, 1 when it is the newest state that loaded the core in this process (and
+ *   this is the process that loaded it, not a child forked since): then the reload it ran
+ *   failed (a reload that succeeds loads a newer state first), and when its fz_registry_init
+ *   replaced a mapping, the replaced mapping (the one the old workers still use) is the
+ *   registry again, so that the next reload copies from it (the one it made stays
+ *   mapped). Else 0, and nothing changes. Takes the init mutex.
  *
  * fz_registry_full_add(), fz_registry_full_total(): the count of calls that ran
  *   unguarded because their breaker was gone and the registry full (the facade adds, and

@@ -106,6 +106,7 @@ static pthread_mutex_t g_reg_init = PTHREAD_MUTEX_INITIALIZER;
  * (fz_registry_epoch); the mapping the last reload replaced, the state (epoch) and the
  * process that replaced it, for fz_registry_undo. */
 static uint64_t g_epoch;
+static pid_t g_epoch_pid;
 static registry *g_prev;
 static uint64_t g_prev_epoch;
 static pid_t g_prev_pid;
@@ -560,6 +561,7 @@ int fz_registry_init(uint32_t capacity, int shared, double idle) {
 uint64_t fz_registry_epoch(void) {
   pthread_mutex_lock(&g_reg_init);
   uint64_t e = ++g_epoch;
+  g_epoch_pid = getpid();
   pthread_mutex_unlock(&g_reg_init);
   return e;
 }
@@ -567,11 +569,13 @@ uint64_t fz_registry_epoch(void) {
 int fz_registry_undo(uint64_t epoch) {
   int done = 0;
   pthread_mutex_lock(&g_reg_init);
-  if (g_prev && epoch == g_epoch && epoch == g_prev_epoch && g_prev_pid == getpid()) {
-    /* the replacing mapping stays mapped: a handle may still point into it */
-    __atomic_store_n(&g_reg, g_prev, __ATOMIC_RELEASE);
-    g_prev = NULL;
+  if (epoch == g_epoch && g_epoch_pid == getpid()) {
     done = 1;
+    if (g_prev && epoch == g_prev_epoch && g_prev_pid == getpid()) {
+      /* the replacing mapping stays mapped: a handle may still point into it */
+      __atomic_store_n(&g_reg, g_prev, __ATOMIC_RELEASE);
+      g_prev = NULL;
+    }
   }
   pthread_mutex_unlock(&g_reg_init);
   return done;

@@ -15,6 +15,9 @@
 #      no request of the load loop failed.
 #   3. a reload with capacity 128 that fails, a breaker k tripped in the old workers, then
 #      a reload with capacity 128 that succeeds: every new worker sees k open.
+#   4. a reload that fails after reconfiguring breaker k2 (fails 3 -> 1): the old workers
+#      keep fails = 3; then a reload with fails = 5 that succeeds: its notice is logged,
+#      k2 keeps its count and trips at 5.
 # Needs nginx with the Lua module, lua-resty-core and curl. KEEP=1 keeps the temp prefix.
 set -u
 
@@ -42,9 +45,9 @@ watchdog 300
 mkdir -p "$P/logs" "$P/temp"
 copy_fuse "$T"
 
-# conf LIST EXTRA [CAPACITY]: the config; LIST is p's peer list (Lua), EXTRA more Lua at
-# the end of init_by_lua (a reload that fails puts a bad pool there), CAPACITY the
-# registry's (64).
+# conf LIST EXTRA [CAPACITY [FAILS]]: the config; LIST is p's peer list (Lua), EXTRA more
+# Lua at the end of init_by_lua (a reload that fails puts a bad pool there), CAPACITY the
+# registry's (64), FAILS breaker k2's fails (3).
 conf() {
   cat > "$P/nginx.conf" <<EOF
 $(nginx_load_modules)
@@ -62,6 +65,7 @@ $(nginx_lua_paths "$T")
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = ${3:-64} }
         fuse.new{ name = "k", fails = 1, window = 60, open_for = 3600 }
+        fuse.new{ name = "k2", fails = ${4:-3}, window = 60, open_for = 3600 }
         local A, B, C = "127.0.0.1:$((PORT + 1))", "127.0.0.1:$((PORT + 2))", "127.0.0.1:$((PORT + 3))"
         package.loaded.pool_p = require("fuse.upstream").new("p", $1, { fails = 3, window = 10, open_for = 60 })
         $2
@@ -76,7 +80,7 @@ $(nginx_lua_paths "$T")
         location / { proxy_pass http://p_up; }
         location = /trip {
             content_by_lua_block {
-                local k = require("fuse").get("k")
+                local k = require("fuse").get(ngx.var.arg_name or "k")
                 pcall(k.call, k, function() error("down") end)
                 ngx.say(ngx.worker.pid(), " ", k:state())
             }
@@ -221,6 +225,31 @@ kill -HUP "$MASTER"
 # shellcheck disable=SC2086  # the pids, one word each
 check "the old workers exited after the reload with capacity 128 ($old)" reloaded 120 $old
 check "every new worker sees k open, as the old workers left it ($(k_all open; echo "$K_SEEN"))" k_all open
+
+# ---------------------------------------------------------------- 4. options: a reload that fails, then one that succeeds
+# fuse.new in init_by_lua of an existing name with other options reconfigures the shared
+# breaker (docs/reloads.md); a reload that fails after it must leave the old workers with
+# their options.
+old=$(workers | sort | tr '\n' ' ')
+conf '{ A, C }' 'require("fuse.upstream").new("q", { "nope" })' 128 1
+kill -HUP "$MASTER"
+failed_thrice() { [ "$(grep -c 'init_by_lua error' "$P/logs/error.log")" -ge 3 ]; }
+wait_for 60 failed_thrice
+check "the reload with k2's fails = 1 and a bad pool q fails, logged" failed_thrice
+now=$(workers | sort | tr '\n' ' ')
+check "nginx kept the old workers ($old; now: $now)" [ "$old" = "$now" ]
+tripped=$(get "/trip?name=k2")
+check "after the failed reload k2 keeps fails = 3: one failure leaves it closed ($tripped)" [ "${tripped#* }" = closed ]
+conf '{ A, C }' '' 128 5
+kill -HUP "$MASTER"
+# shellcheck disable=SC2086  # the pids, one word each
+check "the old workers exited after the reload with k2's fails = 5 ($old)" reloaded 120 $old
+check "the reload logged k2's new options: $(grep -o "fuse: breaker 'k2' reconfigured.*" "$P/logs/error.log" | tail -1)" \
+  grep -q "fuse: breaker 'k2' reconfigured (old vs new): fails (3 vs 5)" "$P/logs/error.log"
+for _ in 2 3 4; do tripped=$(get "/trip?name=k2"); done
+check "k2 kept its failure across the reload and has fails = 5: 3 more leave it closed ($tripped)" [ "${tripped#* }" = closed ]
+tripped=$(get "/trip?name=k2")
+check "and the 5th opens it ($tripped)" [ "${tripped#* }" = open ]
 
 errs=$(grep -E '\[(error|crit|alert|emerg)\]' "$P/logs/error.log" | grep -v '"nope"')
 check "no other error in the log" [ -z "$errs" ]
