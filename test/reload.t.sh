@@ -10,9 +10,11 @@
 #      the old workers, and they must keep p's list (A B) and B's breaker. The check waits
 #      for the failed reload's [emerg]/[error] line in the error log, then for each of
 #      the 4 old workers' answers.
-#   2. the same change in a reload that succeeds: once every old worker has exited, all 4
-#      new workers pick over A C only, B's breaker and counters are gone from /metrics and
-#      no request of the load loop failed.
+#   2. the same change in a reload that succeeds, with requests on B in flight in the old
+#      workers (B answers them 500 after 3 s): once every old worker has exited, all 4
+#      new workers pick over A C only, B's breaker and counters are gone from /metrics
+#      (the old workers' late log phases brought nothing back) and no request of the load
+#      loop failed.
 #   3. a reload with capacity 128 that fails, a breaker k tripped in the old workers, then
 #      a reload with capacity 128 that succeeds: every new worker sees k open.
 #   4. a reload that fails after reconfiguring breaker k2 (fails 3 -> 1): the old workers
@@ -61,6 +63,7 @@ http {
 $(nginx_temp_paths)
 $(nginx_lua_paths "$T")
     lua_shared_dict fuse_upstream 1m;
+    lua_shared_dict flags 1m;
     init_by_lua_block {
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = ${3:-64} }
@@ -78,6 +81,8 @@ $(nginx_lua_paths "$T")
         listen 127.0.0.1:$PORT;
         log_by_lua_block { require("fuse.upstream").log() }
         location / { proxy_pass http://p_up; }
+        location = /slow { proxy_pass http://p_up; proxy_read_timeout 30s; }
+        location = /inflight { content_by_lua_block { ngx.say(ngx.shared.flags:get("slow") or 0) } }
         location = /trip {
             content_by_lua_block {
                 local k = require("fuse").get(ngx.var.arg_name or "k")
@@ -105,6 +110,15 @@ $(nginx_lua_paths "$T")
         listen 127.0.0.1:$((PORT + 2));
         listen 127.0.0.1:$((PORT + 3));
         location / { return 200 "\$server_port\n"; }
+        # B answers 500 after 3 s (counted as the try's failure by the pool's log phase)
+        location = /slow {
+            content_by_lua_block {
+                if ngx.var.server_port ~= "$((PORT + 2))" then return ngx.say(ngx.var.server_port) end
+                ngx.shared.flags:incr("slow", 1, 0)
+                ngx.sleep(3)
+                ngx.exit(500)
+            }
+        }
     }
 }
 EOF
@@ -173,7 +187,18 @@ check "the load loop got only 200s through the failed reload ($(grep -c '^200$' 
   [ "$bad" -eq 0 ]
 
 # ---------------------------------------------------------------- 2. the same change, a reload that succeeds
+# With requests on B in flight in the old workers: they end (500, a failure of B) after
+# the new workers stored the list without B; what their log phase counts must not bring
+# B's breaker or counters back.
 old=$(workers | sort | tr '\n' ' ')
+: > "$T/slow"
+SLOW=()
+for _ in 1 2 3 4 5 6 7 8; do
+  curl -s -m 20 -o /dev/null -w '%{http_code}\n' "http://127.0.0.1:$PORT/slow" >> "$T/slow" &
+  SLOW+=("$!")
+done
+inflight() { [ "$(get /inflight)" -ge 1 ] 2>/dev/null; }
+check "requests on B in flight before the reload ($(get /inflight))" wait_for 20 inflight
 start_load ok
 conf '{ A, C }' ''
 kill -HUP "$MASTER"
@@ -182,6 +207,9 @@ check "the old workers exited after the reload ($old)" reloaded 120 $old
 check "after the reload every new worker picks over A C ($(peers_of_all "$A,$C"; echo "$PEERS_SEEN"))" \
   peers_of_all "$A,$C"
 stop_load
+wait "${SLOW[@]}"
+slow=$(sort "$T/slow" | uniq -c | tr -s ' \n' ' ')
+check "the requests on B ended in the old workers, B's 500s among them ($slow)" grep -q '^500$' "$T/slow"
 for _ in $(seq 20); do get / > /dev/null; done
 check "B's breaker and counters are gone from /metrics ($(breaker_of $B) lines)" [ "$(breaker_of $B)" -eq 0 ]
 bad=$(grep -vc '^200$' "$T/load.ok")
