@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FZ_ABI_VERSION 6  /* 6: a probe ticket of kind 0 (the lift of a timed forced_open) */
+#define FZ_ABI_VERSION 7  /* 7: fz_registry_epoch, fz_registry_undo (a failed reload) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -161,6 +161,8 @@ int fz_registry_live(void);
 fz_breaker *fz_registry_at(int i);
 int fz_registry_init(uint32_t capacity, int shared, double idle);
 int fz_registry_init_shared(uint32_t capacity);
+uint64_t fz_registry_epoch(void);
+int fz_registry_undo(uint64_t epoch);
 int fz_registry_is_shared(void);
 uint32_t fz_registry_capacity(void);
 double fz_registry_idle(void);
@@ -444,6 +446,14 @@ const char *fz_counter_name(int i);
  *   and processes forked afterwards use it; FZ_EFULL when they do not fit. Otherwise, with
  *   breakers: FZ_EBUSY. FZ_EINVAL for a bad capacity or idle; FZ_ESHARED / FZ_ENOMEM when
  *   mmap fails. fz_registry_idle(): the idle in seconds (0: none).
+ * fz_registry_epoch(): a number for a Lua state that loads the core, larger than any
+ *   before it in this process. fz_registry_undo(epoch): for the Lua state `epoch` that
+ *   nginx closes, 1 when it is the newest state that loaded the core in this process (and
+ *   this is the process that loaded it, not a child forked since): then the reload it ran
+ *   failed (a reload that succeeds loads a newer state first), and when its fz_registry_init
+ *   replaced a mapping, the replaced mapping (the one the old workers still use) is the
+ *   registry again, so that the next reload copies from it (the one it made stays
+ *   mapped). Else 0, and nothing changes. Takes the init mutex.
  *
  * fz_registry_full_add(), fz_registry_full_total(): the count of calls that ran
  *   unguarded because their breaker was gone and the registry full (the facade adds, and

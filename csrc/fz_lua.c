@@ -527,6 +527,16 @@ static int l_init(lua_State *L) {
   return 1;
 }
 
+static int l_epoch(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)fz_registry_epoch());
+  return 1;
+}
+
+static int l_undo(lua_State *L) {
+  lua_pushboolean(L, fz_registry_undo((uint64_t)luaL_checknumber(L, 1)));
+  return 1;
+}
+
 static int l_idle(lua_State *L) {
   push_num(L, fz_registry_idle());
   return 1;
@@ -643,7 +653,7 @@ static const luaL_Reg FUNCS[] = {
   { "stats", l_stats }, { "peek", l_peek }, { "failures", l_failures }, { "init_shared", l_init_shared },
   { "is_shared", l_is_shared }, { "capacity", l_capacity },
   { "remove", l_remove }, { "id", l_id }, { "reconfigure", l_reconfigure }, { "live", l_live },
-  { "init", l_init }, { "idle", l_idle }, { "full_add", l_full_add },
+  { "init", l_init }, { "epoch", l_epoch }, { "undo", l_undo }, { "idle", l_idle }, { "full_add", l_full_add },
   { "full_total", l_full_total }, { "evictions_total", l_evictions_total },
   { "clock_manual", l_clock_manual }, { "clock_auto", l_clock_auto },
   { "clock_now", l_clock_now }, { "bounds", l_bounds },

@@ -102,6 +102,14 @@ typedef struct registry {
 
 static registry *g_reg;  /* concurrent: set once, replaced only by fz_registry_init */
 static pthread_mutex_t g_reg_init = PTHREAD_MUTEX_INITIALIZER;
+/* Under g_reg_init: the Lua states that loaded the core in this process so far
+ * (fz_registry_epoch); the mapping the last reload replaced, the state (epoch) and the
+ * process that replaced it, for fz_registry_undo. */
+static uint64_t g_epoch;
+static pid_t g_epoch_pid;
+static registry *g_prev;
+static uint64_t g_prev_epoch;
+static pid_t g_prev_pid;
 
 /* ---------------------------------------------------------------- layout */
 
@@ -540,12 +548,37 @@ int fz_registry_init(uint32_t capacity, int shared, double idle) {
       rc = migrate(r, n);
       pthread_mutex_unlock(&r->lock);
     }
-    if (n && rc == FZ_OK) __atomic_store_n(&g_reg, n, __ATOMIC_RELEASE);
-    else if (n) munmap(n, n->size);
+    if (n && rc == FZ_OK) {
+      if (used) g_prev = r, g_prev_epoch = g_epoch, g_prev_pid = getpid();
+      __atomic_store_n(&g_reg, n, __ATOMIC_RELEASE);
+    } else if (n) munmap(n, n->size);
     /* an unused old mapping stays mapped: a handle may still point into it */
   }
   pthread_mutex_unlock(&g_reg_init);
   return rc;
+}
+
+uint64_t fz_registry_epoch(void) {
+  pthread_mutex_lock(&g_reg_init);
+  uint64_t e = ++g_epoch;
+  g_epoch_pid = getpid();
+  pthread_mutex_unlock(&g_reg_init);
+  return e;
+}
+
+int fz_registry_undo(uint64_t epoch) {
+  int done = 0;
+  pthread_mutex_lock(&g_reg_init);
+  if (epoch == g_epoch && g_epoch_pid == getpid()) {
+    done = 1;
+    if (g_prev && epoch == g_prev_epoch && g_prev_pid == getpid()) {
+      /* the replacing mapping stays mapped: a handle may still point into it */
+      __atomic_store_n(&g_reg, g_prev, __ATOMIC_RELEASE);
+      g_prev = NULL;
+    }
+  }
+  pthread_mutex_unlock(&g_reg_init);
+  return done;
 }
 
 int fz_registry_init_shared(uint32_t capacity) {

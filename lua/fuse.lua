@@ -775,6 +775,35 @@ end
 
 local check_callable = options.check_callable
 
+-- What init_by_lua* changed in the shared registry, undone when nginx fails the reload
+-- after it (and keeps the old workers): nginx then closes this Lua state, and the
+-- finalizer of UNDO asks the core whether this state is still the master's newest
+-- (fz_registry_undo: a reload that succeeds loads a newer one first; a worker's copy of
+-- the state is not the master's). If so, the core gives back the registry the old
+-- workers use when fuse.init mapped a new one (capacity, idle), and the breakers this
+-- state reconfigured (RECONF: name, identity, options before and after) get their
+-- options back, unless someone changed them since. EPOCH: this state's number.
+local EPOCH = B.epoch()
+local UNDO, RECONF = false, {}
+local function undo_reload()
+  if not B.undo(EPOCH) then return end
+  for i = #RECONF, 1, -1 do
+    local r = RECONF[i]
+    local h, id = B.find(r.name)
+    if h and id == r.id and #options.diff(B.config(h), r.new) == 0 then B.reconfigure(h, r.old) end
+  end
+end
+local function undo_on_close()
+  if UNDO then return end
+  local newproxy = rawget(_G, "newproxy")
+  if newproxy then
+    UNDO = newproxy(true)
+    getmetatable(UNDO).__gc = undo_reload
+  else
+    UNDO = setmetatable({}, { __gc = undo_reload })
+  end
+end
+
 -- In nginx's init_by_lua* (the first start or a reload): a named breaker that exists
 -- with other numeric options is reconfigured, not an error.
 local function reloading()
@@ -799,7 +828,10 @@ local function create(o, level)
   if fake then sync() end  -- creation may evict: idle is measured on fuse's clock
   h, st, id = B.open(o.name, o.cfg)
   if st == E_MISMATCH and reloading() then
-    local changed = concat(options.diff(B.config(h), o.cfg), ", ")
+    local before = B.config(h)
+    local changed = concat(options.diff(before, o.cfg), ", ")
+    RECONF[#RECONF + 1] = { name = o.name, id = id, old = before, new = o.cfg }
+    undo_on_close()
     B.reconfigure(h, o.cfg)
     ngx_notice(("fuse: breaker '%s' reconfigured (old vs new): %s"):format(o.name, changed))
   elseif st == E_MISMATCH then
@@ -1283,6 +1315,7 @@ function _M._page(from, limit, budget, fn)
   return list, nil
 end
 
+
 -- fuse.init{ capacity = N [, shared = true] [, idle = seconds] }: before any named
 -- breaker exists (shared: in nginx's init_by_lua*, before the fork; a reload may change
 -- capacity and idle).
@@ -1300,6 +1333,7 @@ function _M.init(opts)
     news.reset()
   end
   if rc == 0 and o.shared then rc = B.events_init_shared() end  -- fuse.events: one ring for every worker
+  if rc == 0 and o.shared and phase == "init" then undo_on_close() end
   if rc ~= 0 then
     local why = rc == -6 and ((o.shared and B.is_shared()) and ("it is already shared with capacity "
       .. B.capacity()) or "named breakers exist already: call fuse.init first"

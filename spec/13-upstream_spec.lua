@@ -811,6 +811,42 @@ describe("fuse.upstream #" .. BACKEND, function()
       new:peers())                                  -- Y, which stays, keeps its state
   end)
 
+  it("a reload that edits the list stores it at a new worker's first sync, not in init_by_lua", function()
+    -- (nginx may fail the reload after upstream.new, and keep the old workers)
+    local name = unique("p")
+    local X, Y, Z = "10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3"
+    local function addrs(pool)
+      local out = {}
+      for i, p in ipairs(pool:peers()) do out[i] = p.addr end
+      return table.concat(out, " ")
+    end
+    local old = upstream.new(name, { X, Y }, { fails = 1 })
+    open_peer(old, Y)
+    local phase = "init"
+    rawset(_G, "ngx", { get_phase = function() return phase end })
+    finally(function() rawset(_G, "ngx", nil) end)
+    -- a reload that fails after this upstream.new: its pool is never used
+    upstream.new(name, { X, Z }, { fails = 1 })
+    phase = "content"
+    assert.equal(X .. " " .. Y, addrs(old))   -- (on the old code: X Z, Y's breaker gone)
+    assert.equal("open", fuse.get(name .. "/" .. Y):state())
+    assert.is_nil(fuse.get(name .. "/" .. Z))  -- (the breaker tried at init went again)
+    -- the same edit in a reload that succeeds: a new worker's first use stores it
+    phase = "init"
+    local new = upstream.new(name, { X, Z }, { fails = 1 })
+    assert.equal(X .. " " .. Y, addrs(old))
+    phase = "content"
+    assert.equal(X .. " " .. Z, addrs(new))
+    assert.equal(X .. " " .. Z, addrs(old))   -- the old workers follow at their next sync
+    assert.is_nil(fuse.get(name .. "/" .. Y))
+    -- the next reload with the same config: the stored list (set since) wins
+    assert.is_true(new:set_peers({ Z }))
+    phase = "init"
+    local again = upstream.new(name, { X, Z }, { fails = 1 })
+    phase = "content"
+    assert.equal(Z, addrs(again))
+  end)
+
   it("on a full shared dict, counters and ramps evict no stored list (a reload keeps set_peers' list)", function()
     -- A model of nginx's lua_shared_dict with room for `cap` keys: set, and incr with an
     -- init value, make room by evicting the least recently used key (as nginx does);

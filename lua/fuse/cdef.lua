@@ -1,7 +1,7 @@
 -- generated from csrc/fz.h by make cdef: do not edit
 -- (edit the FZ_CDEF region of csrc/fz.h, then run `make cdef`)
 return {
-  abi = 6,
+  abi = 7,
   cdef = [=[
 enum {
   FZ_CLOSED = 0, FZ_OPEN = 1, FZ_HALF_OPEN = 2, FZ_FORCED_OPEN = 3, FZ_DISABLED = 4,
@@ -135,6 +135,8 @@ int fz_registry_live(void);
 fz_breaker *fz_registry_at(int i);
 int fz_registry_init(uint32_t capacity, int shared, double idle);
 int fz_registry_init_shared(uint32_t capacity);
+uint64_t fz_registry_epoch(void);
+int fz_registry_undo(uint64_t epoch);
 int fz_registry_is_shared(void);
 uint32_t fz_registry_capacity(void);
 double fz_registry_idle(void);

@@ -139,6 +139,8 @@ end
 
 function _M.init_shared(capacity) return (C.fz_registry_init_shared(capacity)) end
 function _M.init(capacity, shared, idle) return (C.fz_registry_init(capacity, shared and 1 or 0, idle)) end
+function _M.epoch() return tonumber(C.fz_registry_epoch()) end
+function _M.undo(epoch) return C.fz_registry_undo(epoch) == 1 end
 function _M.idle() return (C.fz_registry_idle()) end
 function _M.full_add() C.fz_registry_full_add() end
 function _M.full_total() return (C.fz_registry_full_total()) end

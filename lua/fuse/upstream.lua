@@ -725,6 +725,61 @@ local function refresh(self, v)
   read_ramps(self)
 end
 
+-- In nginx's init_by_lua* (the master, at the first start or a reload).
+local function in_init()
+  local ngx = rawget(_G, "ngx")
+  return ngx ~= nil and type(ngx.get_phase) == "function" and ngx.get_phase() == "init"
+end
+
+local function log_err(msg)
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.log then ngx.log(ngx.ERR, msg) end
+end
+
+-- The peers of `before` (the list stored until now) that are not in `list` (the config's
+-- list, which replaces it at a reload): their breakers, failure counters and ramps go,
+-- as set_peers removes them. (Workers still holding them flag them removed at their next
+-- sync.)
+local function drop_left(self, before, list)
+  local keep = {}
+  for _, p in ipairs(list) do keep[p.addr] = true end
+  for _, p in ipairs(before) do
+    if not keep[p.addr] then forget(self, p.addr) end
+  end
+end
+
+-- A reload whose config edited a pool's list: upstream.new in init_by_lua* stores
+-- nothing (nginx may still fail the reload after it, a later pool's bad peer, a port it
+-- cannot bind, and keep the old workers, which must keep the list in force); the pool
+-- starts on the stored list with the config's pending, and the first sync of a worker
+-- forked from it (a new worker) stores the config list as upstream.new did: l/P and b/P
+-- set, the version bumped, the dropped peers' breakers and counters removed. Only while
+-- b/P is the one the reload saw: another new worker stored it first (or a later reload's
+-- did), then the stored list is read as usual. A commit that fails (a full registry or
+-- dict) is logged and tried again at the next sync.
+local function commit_cfg(self)
+  local p, store = self._pending, self._store
+  if store:get(self._bkey) ~= p.base then self._pending = false; return end
+  local ok, peers, by_addr, made = pcall(build, self, p.list)
+  if not ok then
+    return log_err(fmt("fuse.upstream: pool '%s': the reload's peer list is not in force yet: %s",
+      self.name, tostring(peers)))
+  end
+  local before = store:get(self._lkey)
+  local stored, err = store:safe_set(self._lkey, p.cfg)
+  if not stored then
+    for _, n in ipairs(made) do fuse.remove(n) end
+    return log_err(fmt("fuse.upstream: pool '%s': the reload's peer list is not in force yet: "
+      .. "cannot store it in lua_shared_dict: %s", self.name, tostring(err)))
+  end
+  store:safe_set(self._bkey, p.cfg)
+  self._pending = false
+  changed(store, self._vkey)
+  if before then drop_left(self, decode(before), p.list) end
+  install(self, peers, by_addr, true, p.list)
+  self._list_s = p.cfg
+end
+
 -- ngx.now under nginx (the event loop's cached time)
 local function ngx_now()
   local ngx = rawget(_G, "ngx")
@@ -742,6 +797,10 @@ local counter_value = fuse._counter_value
 local function resync(self)
   local store = self._store
   if store:get(self._gkey) ~= self._gen then return closed_elsewhere(self) end
+  if self._pending then
+    -- (in the master, at init: each forked worker's first sync comes back here)
+    if in_init() then self._seen = -1 else commit_cfg(self) end
+  end
   local v = store:get(self._vkey)
   if v ~= self._ver then refresh(self, v) end
 end
@@ -783,18 +842,6 @@ local function token()
   return fmt("%d:%.6f:%d", pid, fuse.now(), tokens)
 end
 
--- The peers of `before` (the list stored until now) that are not in `list` (the config's
--- list, which replaces it at a reload): their breakers, failure counters and ramps go,
--- as set_peers removes them. (Workers still holding them flag them removed at their next
--- sync.)
-local function drop_left(self, before, list)
-  local keep = {}
-  for _, p in ipairs(list) do keep[p.addr] = true end
-  for _, p in ipairs(before) do
-    if not keep[p.addr] then forget(self, p.addr) end
-  end
-end
-
 -- upstream.new(pool_name, peers, opts) -> pool
 function _M.new(name, peers, opts)
   if type(name) ~= "string" or #name == 0 or name:find("/", 1, true) or #name > 100 then
@@ -814,7 +861,7 @@ function _M.new(name, peers, opts)
     _vkey = pfx .. "v/" .. name, _lkey = pfx .. "l/" .. name, _bkey = pfx .. "b/" .. name,
     _gkey = pfx .. "g/" .. name, _gen = false, _pkey = pfx .. "p/" .. name, _dkey = pfx .. "d/" .. name,
     _ex = {}, _skip = {}, _pan = {}, _open = {}, _busy = {}, _old = {}, _seen = -1, _seen_at = 0,
-    _closed = false, _ramping = false, _ramp_end = false, _n = 0, _more = 0,
+    _closed = false, _pending = false, _ramping = false, _ramp_end = false, _n = 0, _more = 0,
     _pos = false, _sched = false, _total = 0, _clean = 0, _scur1 = false, _scur2 = false }, Pool)
   -- The phase methods are the pool's own fields: nginx runs a *_by_lua chunk in the
   -- interpreter (a chunk is a vararg function, which LuaJIT does not compile), where
@@ -837,6 +884,17 @@ function _M.new(name, peers, opts)
   self._gen = gen
   local stored = store:get(self._lkey)
   local from_cfg = not (stored and store:get(self._bkey) == cfg)
+  local pending = false
+  if from_cfg and stored and in_init() and #decode(stored) > 0 then
+    -- a reload that edited the list: the config's list waits for the new workers (see
+    -- commit_cfg); its breakers are tried now, so that a full registry or a bad option
+    -- still fails the reload, and taken back (fresh ones, nothing of them is lost)
+    local ok, err, _, made = pcall(build, self, list)
+    if not ok then error(err, 2) end
+    for _, n in ipairs(made) do fuse.remove(n) end
+    pending = { list = list, cfg = cfg, base = store:get(self._bkey) }
+    from_cfg = false
+  end
   if not from_cfg then
     local from_store = decode(stored)
     if #from_store > 0 then list = from_store end
@@ -857,6 +915,7 @@ function _M.new(name, peers, opts)
   end
   store:safe_add(self._pkey, 0)  -- the panic counter shows (at 0) from the start
   set_array(self, peers_or_err, by_addr)
+  self._pending = pending
   self._list_s = encode(list)
   self._ver = store:get(self._vkey)
   read_ramps(self)
