@@ -42,6 +42,14 @@ local show = options.show  -- values in messages as fuse's own option errors sho
 
 local _M = { VERSION = fuse.VERSION }
 
+-- Tests only: _M._pause, when set, is called with a point's name where a worker killed
+-- there must wedge nothing (test/kill.t.sh parks a worker there and kills it). Not on a
+-- pick's path: only in set_peers and close.
+local function pause(where)
+  local f = _M._pause
+  if f then f(where) end
+end
+
 local Pool = {}
 Pool.__index = Pool
 
@@ -892,6 +900,7 @@ function Pool:set_peers(peers)
     for _, name in ipairs(made) do fuse.remove(name) end
     return nil, "cannot store the peer list: " .. tostring(err)
   end
+  pause("set-peers-stored")
   self._ver = changed(self._store, self._vkey)
   local store = self._store
   if store:get(self._gkey) ~= self._gen then
@@ -926,6 +935,7 @@ function Pool:close()
   local store = self._store
   store:delete(self._gkey)  -- first: a copy that syncs from here on is closed
   changed(store, self._vkey)
+  pause("close-unbound")
   for _, p in ipairs(self._peers) do
     p.removed = true
     fuse.remove(p.b.name)
