@@ -39,7 +39,7 @@ T=$(mktemp -d /tmp/fuse-kill-test.XXXXXX) || bail "mktemp failed"
 P=$T/prefix
 MASTER=
 CLIENTS=
-trap '[ -n "$CLIENTS" ] && kill $CLIENTS 2>/dev/null; cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT
+trap 'stop_clients; cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT
 watchdog 240
 
 mkdir -p "$P/logs" "$P/temp"
@@ -215,6 +215,7 @@ flag_set() { [ -n "$(flag "$1")" ]; }
 four_workers() { [ "$(workers | wc -l)" -eq 4 ]; }
 up() { [ "$(get /state/lim 2)" = 200 ]; }
 now() { date +%s.%N; }
+stop_clients() { local c; for c in $CLIENTS; do kill "$c" 2>/dev/null; done; CLIENTS=; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 # burst N PATH: N clients at once; their status codes, sorted and counted ("200:2 ")
 burst() {
@@ -225,7 +226,7 @@ burst() {
   for ((i = 0; i < $1; i++)); do cat "$dir/$i"; echo; done | sort | uniq -c | awk '{ printf "%s:%s ", $2, $1 }'
 }
 # pids of workers replaced: PIDS_BEFORE (sorted) no longer all there, 4 workers again
-respawned() { [ "$(workers | wc -l)" -eq 4 ] && [ -z "$(comm -12 <(workers | sort) <(printf '%s\n' $KILLED | sort))" ]; }
+respawned() { [ "$(workers | wc -l)" -eq 4 ] && [ -z "$(comm -12 <(workers | sort) <(tr ' ' '\n' <<< "$KILLED" | sort))" ]; }
 
 wait_for 10 up || bail "nginx does not answer"
 check "nginx started, master $MASTER with 4 workers" wait_for 10 four_workers
@@ -238,11 +239,12 @@ running2() { [ "$(body /stats/lim | cut -d' ' -f1)" = 2 ]; }
 check "two calls hang in the guard of lim, holding both permits" wait_for 10 running2
 check "a third call is rejected (503)" [ "$(get "/lim?t=0")" = 503 ]
 KILLED=$(for w in $(workers); do [ -n "$(flag "hold:$w")" ] && echo "$w"; done)
-check "the workers holding them are known ($(echo $KILLED))" [ -n "$KILLED" ]
+KILLED=$(tr '\n' ' ' <<< "$KILLED")
+check "the workers holding them are known ($KILLED)" [ -n "$KILLED" ]
 # shellcheck disable=SC2086
 kill -9 $KILLED
 t0=$(now)
-diag "killed $(echo "$KILLED" | wc -l) worker(s) with kill -9 while they held the permits"
+diag "killed $(wc -w <<< "$KILLED") worker(s) with kill -9 while they held the permits"
 whole() { [ "$(burst 2 "/lim?t=0.3")" = "200:2 " ]; }
 check "the limit is whole again: 2 calls at once get through" wait_for 10 whole
 diag "the limit admitted 2 at once $(since "$t0") s after the kill (respawn not waited for)"
@@ -250,8 +252,7 @@ check "running 0 once they ended ($(body /stats/lim))" [ "$(body /stats/lim | cu
 check "and a third beside two running is still rejected: the limit is not larger" \
   [ "$(burst 3 "/lim?t=1")" = "200:2 503:1 " ]
 check "the master replaced the killed workers" wait_for 10 respawned
-kill $CLIENTS 2>/dev/null
-CLIENTS=
+stop_clients
 
 # ---------------------------------------------------------------- the half-open probe slot
 check "one failure opens probe" [ "$(body "/probe?fail=1")" = failed ]
@@ -268,8 +269,7 @@ check "the probe's worker killed: within probe_timeout + open_for a new probe is
   wait_for 20 probe_ok
 diag "closed again $(since "$t0") s after the kill (probe_timeout 2 s + open_for 1 s)"
 check "the master replaced the killed worker" wait_for 10 respawned
-kill $CLIENTS 2>/dev/null
-CLIENTS=
+stop_clients
 
 # ---------------------------------------------------------------- an admin POST being read
 # The request's headers sent, its body not: the worker that took it (noted by its
@@ -283,7 +283,7 @@ exec 3>&-
 post() { curl -s -m 5 -o "$T/post" -w '%{http_code}' -H 'Authorization: Bearer kill-test-token-0123456789' --data "name=adm&action=$1" "$(url /admin)"; }
 check "its worker killed, a POST in another worker acts (force_open: $(post force_open))" \
   grep -q '"state":"forced_open"' "$T/post"
-check "the admin endpoint answers GET" eval '[ "$(get "/admin?name=adm")" = 200 ]'
+check "the admin endpoint answers GET" [ "$(get "/admin?name=adm")" = 200 ]
 check "the master replaced the killed worker" wait_for 10 respawned
 
 # ---------------------------------------------------------------- fuse.watch after the kills
@@ -322,14 +322,13 @@ else
   diag "$(seen_peers sp)"
 fi
 picks=$(for _ in $(seq 12); do body /p/sp; done | sort | uniq -c | awk '{ printf "%s:%s ", $2, $1 }')
-check "picks go on, over P2 and P3 only ($picks)" \
-  eval '[ "$(echo "$picks" | tr " " "\n" | cut -d: -f1 | sort -u | tr "\n" " ")" = " $P2 $P3 " ]'
+got=$(tr ' ' '\n' <<< "$picks" | cut -d: -f1 | grep . | sort -u | tr '\n' ' ')
+check "picks go on, over P2 and P3 only ($picks)" [ "$got" = "$P2 $P3 " ]
 m=$(body /metrics)
 check "P1's breaker is gone from /metrics (every worker removed what left)" \
-  eval '! grep -q "name=\"sp/127.0.0.1:$P1\"" <<< "$m"'
+  [ "$(grep -c "name=\"sp/127.0.0.1:$P1\"" <<< "$m")" = 0 ]
 check "the master replaced the killed worker" wait_for 10 respawned
-kill $CLIENTS 2>/dev/null
-CLIENTS=
+stop_clients
 
 # ---------------------------------------------------------------- fuse.upstream: close
 # A close parked after it unbound the pool (its token gone, the version moved), before it
@@ -351,8 +350,7 @@ left=$(grep -E 'cl/|pool="cl"' <<< "$m")
 check "then /metrics shows nothing of pool cl" [ -z "$left" ]
 [ -z "$left" ] || diag "$left"
 check "the master replaced the killed worker" wait_for 10 respawned
-kill $CLIENTS 2>/dev/null
-CLIENTS=
+stop_clients
 
 errs=$(grep -E '\[(alert|crit|emerg)\]|runtime error' "$P/logs/error.log" | grep -v 'exited on signal 9')
 check "no [alert], [crit], [emerg] or Lua error in the error log but the killed workers'" [ -z "$errs" ]
