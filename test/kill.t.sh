@@ -7,6 +7,8 @@
 # pid, and waits (bounded) for what it held to come back:
 #   - max_concurrent permits held by calls in flight: running drops back, the limit
 #     admits as many as before;
+#   - a fuse.upstream peer's permit (max_concurrent in the pool's options), taken in
+#     balancer_by_lua for a try hanging in the peer: the peer admits tries again;
 #   - the only half-open probe slot (probes = 1): after probe_timeout the dead probe
 #     counts as failed, the circuit re-opens, and the next probe closes it;
 #   - an admin POST whose body is being read: the admin endpoint goes on in the others;
@@ -82,6 +84,7 @@ $(nginx_lua_paths "$T")
             probe = fuse.new{ name = "probe", fails = 1, window = 10, open_for = 1, probe_timeout = 2 },
             adm = fuse.new{ name = "adm" },
             sp = upstream.new("sp", { "127.0.0.1:$P1", "127.0.0.1:$P2" }, { fails = 1000 }),
+            mc = upstream.new("mc", { "127.0.0.1:$P1" }, { fails = 1000, max_concurrent = 1, max_ejected = 1 }),
             cl = upstream.new("cl", { "127.0.0.1:$P1", "127.0.0.1:$P2", "127.0.0.1:$P3" }, { fails = 1000 }),
         }
         -- tests only: a worker parks at the point named in the dict's "park" key, once
@@ -112,7 +115,10 @@ $(nginx_lua_paths "$T")
     }
     upstream pools {
         server 0.0.0.1;
-        balancer_by_lua_block { require("kt")[ngx.var.pool]:balance() }
+        balancer_by_lua_block {
+            ngx.shared.kt:set("bal:" .. ngx.var.pool .. ":" .. ngx.worker.pid(), 1)
+            require("kt")[ngx.var.pool]:balance()
+        }
     }
 
     server {
@@ -144,6 +150,12 @@ $(nginx_lua_paths "$T")
         }
         location ~ ^/state/(\w+)$ {
             content_by_lua_block { ngx.say(require("kt")[ngx.var[1]]:state()) }
+        }
+        location = /bstats {
+            content_by_lua_block {
+                local s = require("fuse").get(ngx.var.arg_name):stats()
+                ngx.say(s.running, " ", s.full_total)
+            }
         }
         location ~ ^/stats/(\w+)$ {
             content_by_lua_block {
@@ -198,6 +210,9 @@ $(nginx_lua_paths "$T")
         listen 127.0.0.1:$P2;
         listen 127.0.0.1:$P3;
         location / { return 200 "\$server_port\n"; }
+        location = /p/mc {
+            content_by_lua_block { ngx.sleep(tonumber(ngx.var.arg_t) or 0); ngx.say(ngx.var.server_port) }
+        }
     }
 }
 EOF
@@ -252,6 +267,26 @@ check "running 0 once they ended ($(body /stats/lim))" [ "$(body /stats/lim | cu
 check "and a third beside two running is still rejected: the limit is not larger" \
   [ "$(burst 3 "/lim?t=1")" = "200:2 503:1 " ]
 check "the master replaced the killed workers" wait_for 10 respawned
+stop_clients
+
+# ---------------------------------------------------------------- a pool peer's permit
+# Pool mc: one peer (P1) whose breaker has max_concurrent = 1. A try hangs in the peer
+# (its permit taken in balancer_by_lua); the worker that admitted it is killed.
+curl -s -m 120 -o /dev/null "$(url "/p/mc?t=50")" & CLIENTS="$!"
+mc_running() { [ "$(body "/bstats?name=mc/127.0.0.1:$P1" | cut -d' ' -f1)" = "$1" ]; }
+check "a try through pool mc hangs in its only peer, holding the peer's permit" wait_for 10 mc_running 1
+KILLED=$(for w in $(workers); do [ -n "$(flag "bal:mc:$w")" ] && echo "$w"; done | tr '\n' ' ')
+check "the worker that admitted it is known ($KILLED)" [ "$(wc -w <<< "$KILLED")" = 1 ]
+mc_code=$(get "/p/mc?t=0")
+check "another request finds no peer admitted ($mc_code)" [ "$mc_code" = 502 ]
+# shellcheck disable=SC2086
+kill -9 $KILLED
+t0=$(now)
+mc_ok() { [ "$(get "/p/mc?t=0" 5)" = 200 ]; }
+check "its worker killed, the peer admits a try again" wait_for 10 mc_ok
+diag "admitted $(since "$t0") s after the kill"
+check "and running is 0 ($(body "/bstats?name=mc/127.0.0.1:$P1"))" mc_running 0
+check "the master replaced the killed worker" wait_for 10 respawned
 stop_clients
 
 # ---------------------------------------------------------------- the half-open probe slot
