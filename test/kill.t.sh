@@ -391,5 +391,194 @@ errs=$(grep -E '\[(alert|crit|emerg)\]|runtime error' "$P/logs/error.log" | grep
 check "no [alert], [crit], [emerg] or Lua error in the error log but the killed workers'" [ -z "$errs" ]
 [ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
 
+# ================================================================ killed at named fault points
+# A second nginx (4 workers) runs the core built with its fault points (make builds
+# build/faults-so/fuse/core.so, -DFZ_FAULTS): /do?point=X&... makes the worker that takes
+# the request kill itself (SIGKILL) when the core reaches point X while it serves it, so
+# the worker dies at that very instruction holding what it holds there.
+FSO=${FUSE_FAULTS_SO:-$ROOT/build/faults-so/fuse/core.so}
+if [ ! -r "$FSO" ]; then
+  skip "workers killed at the core's fault points" "$FSO missing (make build/faults-so/fuse/core.so)"
+  echo "1..$n"
+  [ "$failed" -eq 0 ]
+  exit
+fi
+stop_master "$MASTER"
+MASTER=
+FT=$T/f
+Q=$FT/prefix
+mkdir -p "$Q/logs" "$Q/temp"
+copy_fuse "$FT" "$LUA_SRC" "$FSO"
+# /do?[point=X&]op=OP&name=N: arms X, runs OP, disarms, answers what OP gave:
+#   new (fuse.new of N), remove (fuse.remove of N), call / fail (a call through N that
+#   succeeds / returns nil, err), reset (N:reset()), counter (fuse._counter of N), state,
+#   running. The breakers: "pk" (fails 1, open_for 1, probe_timeout 2), "lk"
+#   (max_concurrent 1), "ev", and names made by new (capacity 6, idle 1 s).
+write_faults_conf() {
+  cat > "$Q/nginx.conf" <<EOF
+$(nginx_load_modules)
+worker_processes 4;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+$(nginx_temp_paths)
+$(nginx_lua_paths "$FT")
+    lua_shared_dict kt 1m;
+    init_by_lua_block {
+        local fuse = require "fuse"
+        fuse.init{ shared = true, capacity = 6, idle = 1 }
+        local ffi = require "ffi"
+        ffi.cdef "void fz_test_kill_at(const char *where);"
+        package.loaded.kf = {
+            core = ffi.load(package.searchpath("fuse.core", package.cpath)),
+            pk = fuse.new{ name = "pk", fails = 1, window = 10, open_for = 1, probe_timeout = 2 },
+            lk = fuse.new{ name = "lk", fails = 1000, max_concurrent = 1 },
+            ev = fuse.new{ name = "ev", fails = 1 },
+        }
+    }
+    init_worker_by_lua_block {
+        local pid = ngx.worker.pid()
+        require("fuse").watch(function(name, from, to)
+            ngx.shared.kt:set("w:" .. name .. ":" .. to .. ":" .. pid, 1)
+        end, 0.1)
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        location = /do {
+            content_by_lua_block {
+                local fuse, kf, a = require "fuse", require "kf", ngx.req.get_uri_args()
+                if a.point then kf.core.fz_test_kill_at(a.point) end
+                local ok, r, e
+                if a.op == "new" then ok, r = pcall(fuse.new, { name = a.name }); r = ok and "made" or r
+                elseif a.op == "remove" then r = tostring(fuse.remove(a.name))
+                elseif a.op == "call" or a.op == "fail" then
+                    r, e = kf[a.name]:call(function()
+                        if a.op == "fail" then return nil, "failed" end
+                        return "ok"
+                    end)
+                    r = r or tostring(type(e) == "table" and e.reason or e)
+                elseif a.op == "reset" then kf[a.name]:reset(); r = kf[a.name]:state()
+                elseif a.op == "counter" then r = tostring(fuse._counter(a.name))
+                elseif a.op == "state" then r = kf[a.name]:state()
+                elseif a.op == "running" then r = tostring(kf[a.name]:stats().running)
+                end
+                kf.core.fz_test_kill_at(nil)
+                ngx.say(r)
+            }
+        }
+        location = /list {
+            content_by_lua_block {
+                local l = require("fuse").list()
+                table.sort(l)
+                ngx.say(table.concat(l, " "))
+            }
+        }
+        location = /watched {
+            content_by_lua_block {
+                local d, want = ngx.shared.kt, "w:" .. ngx.var.arg_name .. ":" .. ngx.var.arg_to .. ":"
+                local pids = {}
+                for _, k in ipairs(d:get_keys(0)) do
+                    if k:sub(1, #want) == want then pids[#pids + 1] = k:sub(#want + 1) end
+                end
+                ngx.say(table.concat(pids, " "))
+            }
+        }
+    }
+}
+EOF
+  chmod -R a+rX "$FT"
+}
+start_rendered 1 write_faults_conf "$Q" || bail "nginx (fault points) did not start: $NGINX_START_ERR"
+MASTER=$(cat "$Q/logs/nginx.pid" 2>/dev/null)
+fdo() { curl -s -m 10 "$(url "/do?$1")"; }
+fup() { [ "$(fdo "op=state&name=pk")" = closed ]; }
+wait_for 10 fup || bail "nginx (fault points) does not answer"
+check "nginx with the core's fault points started, master $MASTER with 4 workers" wait_for 10 four_workers
+# killed_at POINT ARGS: the request that arms POINT gets no answer, and one worker is
+# gone (KILLED), replaced by the master
+BEFORE=
+gone() { [ "$(workers | sort)" != "$BEFORE" ]; }
+killed_at() {
+  BEFORE=$(workers | sort)
+  LAST=$(fdo "point=$1&$2")
+  [ -z "$LAST" ] || return 1
+  wait_for 10 gone || return 1
+  KILLED=$(comm -23 <(echo "$BEFORE") <(workers | sort) | tr '\n' ' ')
+  [ -n "$KILLED" ]
+}
+names() { body /list; }
+
+# ---------------------------------------------------------------- a shared counter being made
+check "a worker killed at counter-claimed (fuse._counter of kc)" killed_at counter-claimed "op=counter&name=kc"
+t0=$(now)
+cnt=$(fdo "op=counter&name=kc")
+check "another worker opens kc at once (its claimer is dead: $cnt)" [ -n "$cnt" ] && [ "$cnt" != nil ]
+diag "answered $(since "$t0") s after (the stall limit is 10 s)"
+
+# ---------------------------------------------------------------- the probe slot
+check "one failure opens pk" [ "$(fdo "op=fail&name=pk")" = failed ]
+pk_half() { [ "$(fdo "op=state&name=pk")" = half_open ]; }
+check "after open_for it is half_open" wait_for 10 pk_half
+check "a worker killed at probe-claimed (the only probe slot taken)" killed_at probe-claimed "op=call&name=pk"
+check "at once, another call is rejected: the slot is held ($(fdo "op=call&name=pk"))" \
+  [ "$(fdo "op=call&name=pk")" = open ]
+t0=$(now)
+pk_ok() { [ "$(fdo "op=call&name=pk")" = ok ] && [ "$(fdo "op=state&name=pk")" = closed ]; }
+check "after probe_timeout + open_for a new probe is admitted and closes pk" wait_for 20 pk_ok
+diag "closed $(since "$t0") s after (probe_timeout 2 s + open_for 1 s)"
+
+# ---------------------------------------------------------------- a permit being taken
+check "a worker killed at permit-taken (lk, max_concurrent 1: the permit counted, the lane not yet)" \
+  killed_at permit-taken "op=call&name=lk"
+t0=$(now)
+lk_ok() { [ "$(fdo "op=call&name=lk")" = ok ]; }
+check "another worker's call through lk is admitted" wait_for 10 lk_ok
+diag "admitted $(since "$t0") s after"
+check "running 0 ($(fdo "op=running&name=lk"))" [ "$(fdo "op=running&name=lk")" = 0 ]
+
+# ---------------------------------------------------------------- an event being written
+# The worker dies after claiming the ring entry of ev's transition, before publishing
+# it; readers take the entry back at once (its claimer is dead), so the next transition
+# reaches fuse.watch in every worker alive well before the 10 s stall limit.
+check "a worker killed at event-claimed (the event of ev's force_open)" killed_at event-claimed "op=fail&name=ev"
+check "ev made by another worker goes on: reset, closed" [ "$(fdo "op=reset&name=ev")" = closed ]
+t0=$(now)
+ev_watched() {
+  local w seen
+  seen=$(body "/watched?name=ev&to=$1")
+  for w in $(workers); do case " $seen " in *" $w "*) ;; *) return 1 ;; esac; done
+}
+check "fuse.watch in every worker alive sees ev closed again" wait_for 20 ev_watched closed
+diag "seen by all $(since "$t0") s after the reset (a claim of a live writer is taken back after 10 s)"
+
+# ---------------------------------------------------------------- the registry's lock
+check "a worker killed at reg-claimed (fuse.new of k1: the registry's lock held, a slot claimed)" \
+  killed_at reg-claimed "op=new&name=k1"
+check "another worker makes k2 (the lock taken back, the registry repaired)" [ "$(fdo "op=new&name=k2")" = made ]
+check "and k1" [ "$(fdo "op=new&name=k1")" = made ]
+check "each name once in fuse.list() ($(names))" [ "$(names)" = "ev k1 k2 lk pk" ]
+check "a worker killed at reg-retired (fuse.remove of k2, retired, still indexed)" \
+  killed_at reg-retired "op=remove&name=k2"
+check "k2 is gone for the others ($(names))" [ "$(names)" = "ev k1 lk pk" ]
+check "and made again" [ "$(fdo "op=new&name=k2")" = made ]
+check "a sixth name fills the registry" [ "$(fdo "op=new&name=k3")" = made ]
+evicting_killed() { killed_at reg-evicting "op=new&name=k4"; }
+if wait_for 20 evicting_killed; then ok "a worker killed at reg-evicting (k4 made by evicting an idle breaker)"
+else
+  nok "a worker killed at reg-evicting (k4 made by evicting an idle breaker)"
+  diag "the last try answered: $LAST; names: $(names)"
+fi
+check "another worker makes k5 (repairs, evicts another)" [ "$(fdo "op=new&name=k5")" = made ]
+lst=$(names)
+uniq_n=$(tr ' ' '\n' <<< "$lst" | grep . | sort -u | wc -l)
+six_once() { [ "$(wc -w <<< "$lst")" = 6 ] && [ "$uniq_n" = 6 ] && grep -qw k5 <<< "$lst"; }
+check "six names, each once, k5 among them ($lst)" six_once
+
+errs=$(grep -E '\[(alert|crit|emerg)\]|runtime error' "$Q/logs/error.log" | grep -v 'exited on signal 9')
+check "no [alert], [crit], [emerg] or Lua error in its error log but the killed workers'" [ -z "$errs" ]
+[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+
 echo "1..$n"
 [ "$failed" -eq 0 ]
