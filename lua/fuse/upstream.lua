@@ -697,6 +697,7 @@ end
 -- killed before it removed them, test/kill.t.sh, is finished by the next copy that
 -- finds the pool closed: a pick, or a close again from another worker).
 local function closed_elsewhere(self)
+  if self._closed then return end  -- (once per copy: each later sync of it comes here too)
   local store = self._store
   for _, p in ipairs(self._peers) do
     p.removed = true
