@@ -115,6 +115,12 @@ build/obj/%.o: csrc/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
+# core.so with the fault points compiled in (-DFZ_FAULTS) and fz_test_kill_at exported:
+# test/kill.t.sh loads it into nginx and kills workers at named points.
+build/faults-so/fuse/core.so: $(CORE_SRCS) $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -DFZ_FAULTS -shared -o $@ $(CORE_SRCS) $(LDFLAGS) $(LDLIBS)
+
 # The C module for Lua 5.4: the same core objects, fz_lua.c compiled with 5.4's headers
 # (first on the include path).
 build/5.4/fuse/core.so: $(call LIB_OBJS,$(CORE_OBJS)) build/5.4/obj/fz_lua.o
@@ -227,7 +233,7 @@ check: suites
 summary:
 	@sh tools/tapsum $(LOGDIR)
 
-suites: all build/5.4/fuse/core.so $(TEST_BINS)
+suites: all build/5.4/fuse/core.so build/faults-so/fuse/core.so $(TEST_BINS)
 	@rm -rf $(LOGDIR)
 	@$(RUNTAP) test_core build/test_core
 	@$(RUNTAP) stress build/stress
@@ -249,7 +255,7 @@ suites: all build/5.4/fuse/core.so $(TEST_BINS)
 
 # The nginx suites STRESS_RUNS times (default 5) under a busy loop per core, with each
 # suite's count of passing runs (tools/stress-test). Not part of `make test`.
-stress-test: all build/5.4/fuse/core.so
+stress-test: all build/5.4/fuse/core.so build/faults-so/fuse/core.so
 	@bash tools/stress-test
 
 # ---- sanitizers --------------------------------------------------------------------

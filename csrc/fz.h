@@ -426,7 +426,8 @@ const char *fz_counter_name(int i);
  *   (its slot free; handles of it go stale), 0 when there was none, FZ_ENAME for a bad
  *   name. Takes the registry's mutex.
  * fz_registry_count(): the slots handed out so far (live or freed); fz_registry_at(i):
- *   the live breaker in slot i for 0 <= i < count, NULL for a free slot or outside. A
+ *   the live breaker in slot i for 0 <= i < count, NULL for a free slot, a removed
+ *   breaker whose slot is not freed yet (its remover killed), or outside. A
  *   breaker read through it may be removed meanwhile: compare fz_breaker_id before and
  *   after. fz_registry_live(): the breakers registered now.
  *

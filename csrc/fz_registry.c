@@ -497,7 +497,10 @@ fz_breaker *fz_registry_at(int i) {
   registry *r = reg_get();
   if (!r || i < 0 || (uint32_t)i >= at_load32_acq(&r->top)) return NULL;
   fz_breaker *b = slot_of(r, (uint32_t)i);
-  return fz_breaker_id(b) & 1 ? b : NULL;
+  /* retired (removed or evicted) but not yet freed: a writer killed between the two
+   * (reg-retired, reg-evicting) leaves it so until the next writer repairs; it is gone
+   * for fuse.list and fuse.metrics as for fz_registry_find */
+  return (fz_breaker_id(b) & 1) && !fzi_is_removed(b) ? b : NULL;
 }
 
 /* Copies the live breakers of `from` into the empty `to` (a reload): states, counts and

@@ -77,6 +77,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -86,6 +87,26 @@
 /* The fault hook of test/faults.c (FAULT, fz_internal.h). */
 #ifdef FZ_FAULTS
 void (*fz_fault_hook)(const char *where);
+
+/* Tests only (a -DFZ_FAULTS build of core.so, build/faults-so/): the calling process
+ * kills itself (SIGKILL) when it next reaches fault point `where`, once; NULL disarms.
+ * test/kill.t.sh arms an nginx worker through the FFI. Not thread-aware: one arm per
+ * process. */
+static char g_kill_at[64];
+static void kill_hook(const char *where) {
+  if (g_kill_at[0] && strcmp(where, g_kill_at) == 0) {
+    g_kill_at[0] = 0;
+    kill(getpid(), SIGKILL);
+  }
+}
+__attribute__((visibility("default"))) void fz_test_kill_at(const char *where);
+void fz_test_kill_at(const char *where) {
+  g_kill_at[0] = 0;
+  if (where && strlen(where) < sizeof g_kill_at) {
+    memcpy(g_kill_at, where, strlen(where) + 1);
+    fz_fault_hook = kill_hook;
+  }
+}
 #endif
 
 /* ---------------------------------------------------------------- breakers */

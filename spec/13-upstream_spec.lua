@@ -613,7 +613,11 @@ describe("fuse.upstream #" .. BACKEND, function()
       open_peer(c, "10.0.0.1:3")
       c:pick()                                        -- a panic pick
     end)
-    b:tries()
+    -- b's sync, during which a closes the pool and c is made: b reads the version (c's
+    -- is 1, as a's was) and then the stored list, c's, so it finds its pool closed
+    local ok, e = pcall(b.tries, b)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("is closed", 1, true), e)
     done()
     upstream._failed(b, { peer = peer, ticket = ticket }, "connect")
     assert.is_nil(fuse.get(name .. "/" .. peer.addr))
@@ -789,6 +793,51 @@ describe("fuse.upstream #" .. BACKEND, function()
     assert.equal("10.0.0.1:3 10.0.0.1:4 10.0.0.1:5", addrs(a))
     assert.equal("10.0.0.1:3 10.0.0.1:4 10.0.0.1:5", addrs(b))
     assert.is_nil(fuse.get(name .. "/10.0.0.1:6"))  -- a's own list left: its breakers too
+  end)
+
+  -- A worker killed at a pause point (test/kill.t.sh kills a real one): here the pause
+  -- raises, so nothing of that call runs past it, and another copy (worker) goes on.
+  local function killed_at(point, fn)
+    upstream._pause = function(where) if where == point then error("killed at " .. where, 0) end end
+    local ok, e = pcall(fn)
+    upstream._pause = nil
+    assert.is_false(ok)
+    assert.equal("killed at " .. point, e)
+  end
+
+  it("a set_peers killed after storing its list, before announcing it: every copy takes the list", function()
+    -- (fails) no version moved, so the other copies kept the old list for good while the
+    -- store held the new one
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local b = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    killed_at("set-peers-stored", function() return a:set_peers({ "10.0.0.1:2", "10.0.0.1:3" }) end)
+    local out = {}
+    for i, p in ipairs(b:peers()) do out[i] = p.addr end
+    assert.equal("10.0.0.1:2 10.0.0.1:3", table.concat(out, " "))
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:1"))   -- the peer that left: its breaker goes
+  end)
+
+  it("a close killed before removing the breakers: the next copy that finds it closed removes them", function()
+    -- (fails) b:close() found the pool closed and returned: the breakers and the panic
+    -- counter stayed in fuse.metrics() for good
+    local name = unique("p")
+    local a = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    local b = upstream.new(name, { "10.0.0.1:1", "10.0.0.1:2" })
+    killed_at("close-unbound", function() return a:close() end)
+    assert.truthy(fuse.get(name .. "/10.0.0.1:1"))
+    b:close()
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:1"))
+    assert.is_nil(fuse.get(name .. "/10.0.0.1:2"))
+    assert.falsy(fuse.metrics():find(name, 1, true))
+    -- a next pool of the name keeps what it holds when an old copy finds the old one closed
+    local c = upstream.new(name, { "10.0.0.1:2" })
+    local d = upstream.new(name, { "10.0.0.1:2" })
+    killed_at("close-unbound", function() return c:close() end)
+    local e = upstream.new(name, { "10.0.0.1:2" })          -- the name's next pool
+    assert.is_false(pcall(d.peers, d))                       -- d finds c's pool closed
+    assert.truthy(fuse.get(name .. "/10.0.0.1:2"))          -- e's breaker stays
+    assert.equal("10.0.0.1:2", e:peers()[1].addr)
   end)
 
   it("a config list that drops a peer (nginx -s reload): its breaker and counters go", function()

@@ -102,6 +102,16 @@ static int consistent_names(void) {
   return n == fz_registry_live() ? n : -1;
 }
 
+/* How many slots fz_registry_at lists under `name` (what fuse.list and fuse.metrics walk). */
+static int listed(const char *name) {
+  int n = 0;
+  for (int i = 0; i < fz_registry_count(); i++) {
+    fz_breaker *b = fz_registry_at(i);
+    if (b && strcmp(fz_breaker_name(b), name) == 0) n++;
+  }
+  return n;
+}
+
 static int die_opening(const char *where, const char *name) {
   g_name = name;
   return die_in_child(where, open_name, NULL);
@@ -269,6 +279,7 @@ static void registry_faults(void) {
   g_name = "ins-published";
   ok(die_in_child("reg-retired", remove_name, NULL), "registry: a process died removing a name, after retiring it");
   ok(fz_registry_find("ins-published", 13) == NULL, "a retired breaker is not found meanwhile");
+  ok(listed("ins-published") == 0, "nor listed (fz_registry_at: fuse.list, fuse.metrics)");
   is_int(fz_registry_remove("ins-published", 13), 0, "removing it again: repaired, it is gone");
   is_int(consistent_names(), before + 1, "every name found once, the count right");
 
@@ -287,6 +298,9 @@ static void registry_faults(void) {
   fz_clock_manual(1e6);
   int full = consistent_names();
   ok(die_opening("reg-evicting", "evicts"), "registry: a process died evicting an idle breaker to make room");
+  int shown = 0;
+  for (int i = 0; i < fz_registry_count(); i++) shown += fz_registry_at(i) != NULL;
+  is_int(shown, full - 1, "its victim, retired, is no longer listed meanwhile (fz_registry_at)");
   b = breaker("evicts");
   ok(b && fz_registry_find("evicts", 6) == b, "the next creation repairs, evicts and creates");
   is_int(consistent_names(), full, "still full, every name found once");
