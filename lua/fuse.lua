@@ -1315,7 +1315,6 @@ function _M._page(from, limit, budget, fn)
   return list, nil
 end
 
-
 -- fuse.init{ capacity = N [, shared = true] [, idle = seconds] }: before any named
 -- breaker exists (shared: in nginx's init_by_lua*, before the fork; a reload may change
 -- capacity and idle).
