@@ -810,6 +810,7 @@ local function reloading()
   local ngx = rawget(_G, "ngx")
   return ngx and ngx.get_phase and ngx.get_phase() == "init"
 end
+_M._in_init = reloading  -- (fuse.upstream: a pool made in init_by_lua*)
 
 local function ngx_notice(msg)
   local ngx = rawget(_G, "ngx")

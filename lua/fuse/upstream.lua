@@ -746,10 +746,7 @@ local function refresh(self, v)
 end
 
 -- In nginx's init_by_lua* (the master, at the first start or a reload).
-local function in_init()
-  local ngx = rawget(_G, "ngx")
-  return ngx ~= nil and type(ngx.get_phase) == "function" and ngx.get_phase() == "init"
-end
+local in_init = fuse._in_init
 
 local function log_err(msg)
   local ngx = rawget(_G, "ngx")
@@ -766,6 +763,23 @@ local function drop_left(self, before, list)
   for _, p in ipairs(before) do
     if not keep[p.addr] then forget(self, p.addr) end
   end
+end
+
+-- Stores the config's list `list` (encoded: `cfg`) as the pool's, in every worker: l/P
+-- and b/P set, the version bumped, the peers of the list stored before (`before`, or
+-- nil) that are not in it removed. When the dict cannot hold it, the breakers `made` for
+-- it go again and nothing changes: nil and the dict's error.
+local function store_cfg(self, cfg, list, made, before)
+  local store = self._store
+  local ok, err = store:safe_set(self._lkey, cfg)
+  if not ok then
+    for _, n in ipairs(made) do fuse.remove(n) end
+    return nil, err
+  end
+  store:safe_set(self._bkey, cfg)
+  changed(store, self._vkey)
+  if before then drop_left(self, decode(before), list) end  -- (a closed name has none)
+  return true
 end
 
 -- A reload whose config edited a pool's list: upstream.new in init_by_lua* stores
@@ -785,17 +799,12 @@ local function commit_cfg(self)
     return log_err(fmt("fuse.upstream: pool '%s': the reload's peer list is not in force yet: %s",
       self.name, tostring(peers)))
   end
-  local before = store:get(self._lkey)
-  local stored, err = store:safe_set(self._lkey, p.cfg)
+  local stored, err = store_cfg(self, p.cfg, p.list, made, store:get(self._lkey))
   if not stored then
-    for _, n in ipairs(made) do fuse.remove(n) end
     return log_err(fmt("fuse.upstream: pool '%s': the reload's peer list is not in force yet: "
       .. "cannot store it in lua_shared_dict: %s", self.name, tostring(err)))
   end
-  store:safe_set(self._bkey, p.cfg)
   self._pending = false
-  changed(store, self._vkey)
-  if before then drop_left(self, decode(before), p.list) end
   install(self, peers, by_addr, true, p.list)
   self._list_s = p.cfg
 end
@@ -929,14 +938,10 @@ function _M.new(name, peers, opts)
   local ok, peers_or_err, by_addr, made = pcall(build, self, list)
   if not ok then error(peers_or_err, 2) end
   if from_cfg then
-    local stored_ok, err = store:safe_set(self._lkey, cfg)
+    local stored_ok, err = store_cfg(self, cfg, list, made, stored)
     if not stored_ok then
-      for _, n in ipairs(made) do fuse.remove(n) end
       raise(fmt("cannot store the peer list in lua_shared_dict '%s': %s", o.dict, err), 2)
     end
-    store:safe_set(self._bkey, cfg)
-    changed(store, self._vkey)
-    if stored then drop_left(self, decode(stored), list) end  -- (a closed name has none)
   end
   store:safe_add(self._pkey, 0)  -- the panic counter shows (at 0) from the start
   set_array(self, peers_or_err, by_addr)
