@@ -64,15 +64,7 @@ copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 write_conf() {
   P1=$((PORT + 1)) P2=$((PORT + 2)) P3=$((PORT + 3))
   cat > "$P/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 4;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$T")
+$(nginx_conf_head "$T" 4 warn 1024)
     lua_shared_dict kt 1m;
     lua_shared_dict fuse_upstream 1m;
     init_by_lua_block {
@@ -416,15 +408,7 @@ copy_fuse "$FT" "$LUA_SRC" "$FSO"
 #   (max_concurrent 1), "ev", and names made by new (capacity 6, idle 1 s).
 write_faults_conf() {
   cat > "$Q/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 4;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$FT")
+$(nginx_conf_head "$FT" 4 warn 1024)
     lua_shared_dict kt 1m;
     init_by_lua_block {
         local fuse = require "fuse"

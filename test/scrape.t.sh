@@ -49,16 +49,8 @@ copy_fuse "$T" "${FUSE_LUA_DIR:-$ROOT/lua}" "$SO_SRC"
 
 render_conf() {
   {
-    nginx_load_modules
     cat <<EOF
-worker_processes 2;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 64; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$T")
+$(nginx_conf_head "$T" 2 warn 64)
     init_by_lua_block {
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 65536 }

@@ -51,16 +51,8 @@ chmod -R a+rX "$T"
 
 render_conf() {
   {
-    nginx_load_modules
     cat <<EOF
-worker_processes 4;
-pid logs/nginx.pid;
-error_log logs/error.log notice;
-events { worker_connections 64; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$T")
+$(nginx_conf_head "$T" 4 notice 64)
     init_by_lua_block {
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 64 }

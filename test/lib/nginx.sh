@@ -64,22 +64,26 @@ nginx_lua_paths() {
   printf '    lua_package_path "%s/lua/?.lua;;";\n    lua_package_cpath "%s/build/?.so;;";\n' "$1" "$1"
 }
 
-# bench_conf_head DIR: the head of a benchmark's nginx.conf, up to its http block's own
-# directives: 2 workers, no access log, temp paths in the prefix, DIR's fuse (copy_fuse)
-# on the Lua paths.
-bench_conf_head() {
+# nginx_conf_head DIR WORKERS LOG_LEVEL CONNECTIONS: the head of a test's or a
+# benchmark's nginx.conf, up to its http block's own directives: the modules, WORKERS
+# workers, the error log at LOG_LEVEL, CONNECTIONS a worker, no access log, temp paths in
+# the prefix, DIR's fuse (copy_fuse) on the Lua paths.
+nginx_conf_head() {
   cat <<EOF
 $(nginx_load_modules)
-worker_processes 2;
+worker_processes $2;
 pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
+error_log logs/error.log $3;
+events { worker_connections $4; }
 http {
     access_log off;
 $(nginx_temp_paths)
 $(nginx_lua_paths "$1")
 EOF
 }
+
+# bench_conf_head DIR: a benchmark's (2 workers, warn, 1024 connections).
+bench_conf_head() { nginx_conf_head "$1" 2 warn 1024; }
 
 copy_fuse() {
   local root
