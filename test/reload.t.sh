@@ -132,23 +132,26 @@ A=$((PORT + 1)) B=$((PORT + 2)) C=$((PORT + 3))
 get() { curl -s -m 5 "http://127.0.0.1:$PORT$1"; }
 wait_for 30 get /peers > /dev/null || bail "nginx does not answer"
 
-# peers_of_all LIST: every one of the master's current workers answered /peers with LIST
-# (polled until 4 distinct pids of the master's workers answered, each with its list).
-peers_of_all() {
-  local want=$1 seen="" line pid lst ws i
+# all_say PATH WANT: every one of the master's current workers answered PATH ("PID VALUE")
+# with WANT (polled until 4 distinct pids of the master's workers answered, each with its
+# value); SEEN: the pids seen, and the first other value with its pid.
+all_say() {
+  local path=$1 want=$2 seen="" line pid val ws i
   ws=" $(workers | tr '\n' ' ')"
   for ((i = 0; i < 400; i++)); do
-    line=$(get /peers) || continue
-    pid=${line%% *} lst=${line#* }
+    line=$(get "$path") || continue
+    pid=${line%% *} val=${line#* }
     case "$ws" in *" $pid "*) ;; *) continue ;; esac
     case " $seen " in *" $pid "*) continue ;; esac
-    [ "$lst" = "$want" ] || { PEERS_SEEN="$seen $pid:$lst"; return 1; }
+    [ "$val" = "$want" ] || { SEEN="$seen $pid:$val"; return 1; }
     seen="$seen $pid"
-    [ "$(wc -w <<< "$seen")" -ge 4 ] && { PEERS_SEEN=$seen; return 0; }
+    [ "$(wc -w <<< "$seen")" -ge 4 ] && { SEEN=$seen; return 0; }
   done
-  PEERS_SEEN="$seen (fewer than 4 workers answered)"
+  SEEN="$seen (fewer than 4 workers answered)"
   return 1
 }
+# peers_of_all LIST: every worker picks over LIST (/peers: the ports, joined by ",")
+peers_of_all() { all_say /peers "$1"; }
 breaker_of() { get /metrics | grep -c "name=\"p/127.0.0.1:$1\""; }
 
 # load: curl / in a loop until $T/stop exists, one answer (or the error code) a line
@@ -161,7 +164,7 @@ start_load() {
 }
 stop_load() { touch "$T/stop"; wait "$LOAD" 2>/dev/null; LOAD=; }
 
-check "before any reload every worker picks over A B ($(peers_of_all "$A,$B"; echo "$PEERS_SEEN"))" \
+check "before any reload every worker picks over A B ($(peers_of_all "$A,$B"; echo "$SEEN"))" \
   peers_of_all "$A,$B"
 for _ in 1 2 3 4 5 6; do get / > /dev/null; done
 check "B's breaker shows in /metrics before the reload" [ "$(breaker_of $B)" -gt 0 ]
@@ -178,7 +181,7 @@ check "the reload with a bad pool q fails, logged ($(grep -m1 -o 'init_by_lua er
 now=$(workers | sort | tr '\n' ' ')
 check "nginx kept the old workers ($old; now: $now)" [ "$old" = "$now" ]
 for _ in $(seq 20); do get / > /dev/null; done   # each worker syncs its pool
-check "after the failed reload every old worker still picks over A B ($(peers_of_all "$A,$B"; echo "$PEERS_SEEN"))" \
+check "after the failed reload every old worker still picks over A B ($(peers_of_all "$A,$B"; echo "$SEEN"))" \
   peers_of_all "$A,$B"
 check "B's breaker is still in /metrics after the failed reload ($(breaker_of $B) lines)" [ "$(breaker_of $B)" -gt 0 ]
 stop_load
@@ -204,7 +207,7 @@ conf '{ A, C }' ''
 kill -HUP "$MASTER"
 # shellcheck disable=SC2086  # the pids, one word each
 check "the old workers exited after the reload ($old)" reloaded 120 $old
-check "after the reload every new worker picks over A C ($(peers_of_all "$A,$C"; echo "$PEERS_SEEN"))" \
+check "after the reload every new worker picks over A C ($(peers_of_all "$A,$C"; echo "$SEEN"))" \
   peers_of_all "$A,$C"
 stop_load
 wait "${SLOW[@]}"
@@ -229,30 +232,16 @@ check "the reload with capacity 128 and a bad pool q fails, logged" failed_twice
 now=$(workers | sort | tr '\n' ' ')
 check "nginx kept the old workers ($old; now: $now)" [ "$old" = "$now" ]
 # k_all STATE: each of the master's 4 workers answers /k with STATE
-k_all() {
-  local want=$1 seen="" line pid st ws i
-  ws=" $(workers | tr '\n' ' ')"
-  for ((i = 0; i < 400; i++)); do
-    line=$(get /k) || continue
-    pid=${line%% *} st=${line#* } st=${st%% *}
-    case "$ws" in *" $pid "*) ;; *) continue ;; esac
-    case " $seen " in *" $pid "*) continue ;; esac
-    [ "$st" = "$want" ] || { K_SEEN="$seen $pid:$st"; return 1; }
-    seen="$seen $pid"
-    [ "$(wc -w <<< "$seen")" -ge 4 ] && { K_SEEN=$seen; return 0; }
-  done
-  K_SEEN="$seen (fewer than 4 workers answered)"
-  return 1
-}
+k_all() { all_say /k "$1"; }
 tripped=$(get /trip)
 check "an old worker trips k after the failed reload ($tripped)" [ "${tripped#* }" = open ]
-check "every old worker sees k open ($(k_all open; echo "$K_SEEN"))" k_all open
+check "every old worker sees k open ($(k_all open; echo "$SEEN"))" k_all open
 old=$(workers | sort | tr '\n' ' ')
 conf '{ A, C }' '' 128
 kill -HUP "$MASTER"
 # shellcheck disable=SC2086  # the pids, one word each
 check "the old workers exited after the reload with capacity 128 ($old)" reloaded 120 $old
-check "every new worker sees k open, as the old workers left it ($(k_all open; echo "$K_SEEN"))" k_all open
+check "every new worker sees k open, as the old workers left it ($(k_all open; echo "$SEEN"))" k_all open
 
 # ---------------------------------------------------------------- 4. options: a reload that fails, then one that succeeds
 # fuse.new in init_by_lua of an existing name with other options reconfigures the shared
