@@ -486,6 +486,58 @@ static void mark_made_again(void) {
   fz_breaker_free(g_lb);
 }
 
+/* Issue 18, a mark made again by a live taker: B, taking, marks main's spare lane and
+ * parks before its fence; C marks it again (its tag) and parks there too; B fences and
+ * its give-back fails on C's mark. B must wait for C, who gives back main's 2 spare and
+ * takes one, then take the other. Fails when a taker whose give-back failed on another
+ * taker's mark goes on to the dead-owner scan: B is refused with 1 of 2 permits free
+ * (CI, test/isolation.t.sh: 5 requests at once against a limit of 5, one answered 503). */
+static void mark_made_again_live(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  g_lb = fz_breaker_new(&c, NULL);
+  ok(fz_permit_take(g_lb, 1) && fz_permit_take(g_lb, 1), "marked by two: main takes both permits");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  int b_took = -1, c_took = -1;
+  parked kb, kc;
+  ok(run_parked(&kb, "steal-marked", take_into, &b_took), "marked by two: B marked main's lane (2 spare) and parked before its fence");
+  ok(run_parked(&kc, "steal-marked", take_into, &c_took), "marked by two: C marked it again and parked before its fence");
+  ok(repark(&kb, "steal-waiting"), "marked by two: B's give-back failed on C's mark, and B waits for C");
+  release(&kc);
+  is_int(c_took, 1, "marked by two: C gave back main's spare and took one");
+  release(&kb);
+  is_int(b_took, 1, "marked by two: B took the other");
+  is_int(fz_permit_take(g_lb, 1), 0, "marked by two: and no third");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  is_int((int)peek(g_lb).running, 0, "marked by two: running 0 at the end");
+  fz_breaker_free(g_lb);
+}
+
+/* Issue 18, spare given back after a peek: U, taking, peeks main's lane (2 spare) and
+ * parks before marking it; W takes meanwhile: marks, fences, gives back main's 2 spare
+ * and takes one. U's mark then fails (the word moved) and no lane is spare, yet one of
+ * the 2 permits is free: U must take it. Fails when a taker that marked nothing goes on
+ * to the dead-owner scan (U refused, 1 of 2 free). */
+static void spare_gone_after_peek(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  g_lb = fz_breaker_new(&c, NULL);
+  ok(fz_permit_take(g_lb, 1) && fz_permit_take(g_lb, 1), "after a peek: main takes both permits");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  int u_took = -1, w_took = -1;
+  parked ku, kw;
+  ok(run_parked(&ku, "steal-peeked", take_into, &u_took), "after a peek: U peeked main's lane (2 spare) and parked");
+  ok(run_parked(&kw, "nowhere", take_into, &w_took) == 0, "after a peek: W took meanwhile");
+  release(&kw);
+  is_int(w_took, 1, "after a peek: W gave back main's spare and took one");
+  release(&ku);
+  is_int(u_took, 1, "after a peek: U's mark failed, and U took the permit left free");
+  is_int(fz_permit_take(g_lb, 1), 0, "after a peek: and no third");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  is_int((int)peek(g_lb).running, 0, "after a peek: running 0 at the end");
+  fz_breaker_free(g_lb);
+}
+
 /* Issue 18, a barrier that fails (a seccomp filter may allow membarrier's registration
  * and not the barrier): a taker cannot give back anything, and leaves its marks for the
  * owners. Main holds 2 spare in a limit of 2; X's take fails its barrier and is refused;
@@ -626,6 +678,58 @@ static void random_pauses(int calls) {
   diag("random pauses (%s): at most %d inside at once", what, g_c->max);
   is_int((int)peek(g_cb).running, 0, "random pauses (%s): every permit given back, running 0", what);
   if (calls) is_int(state(g_cb), FZ_CLOSED, "random pauses (guarded calls): successes and ignored calls leave it closed");
+  fz_breaker_free(g_cb);
+}
+
+/* Never refused below the limit: the threads hold a test-level budget of CHAOS_LIMIT
+ * tokens, one per permit taken (a token first, then the permit; the permit given back,
+ * then the token), so fewer than the limit are ever taken at once and every take must
+ * succeed. A thread takes 1 or 2 at once (nested calls), so lanes gather spare permits
+ * that other threads must take from them (steal), two or more takers at once, while the
+ * pause points widen every window. Caught: a taker whose mark another taker made again
+ * was refused while that one gave the spare back (issue 18, "made again by a taker"). */
+static int g_nf_tokens;
+static long g_nf_refused, g_nf_taken;
+
+static int token_take(void) {
+  int t = __atomic_load_n(&g_nf_tokens, __ATOMIC_ACQUIRE);
+  while (t > 0)
+    if (__atomic_compare_exchange_n(&g_nf_tokens, &t, t - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 1;
+  return 0;
+}
+
+static void *unrefused_worker(void *arg) {
+  chaos_seed((intptr_t)arg);
+  for (long i = 0; i < g_c_iters; i++) {
+    int want = 1 + (int)(chaos_next() % 2), got = 0;
+    while (got < want && token_take()) {
+      if (!fz_permit_take(g_cb, 1)) {
+        __atomic_add_fetch(&g_nf_refused, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&g_nf_tokens, 1, __ATOMIC_RELEASE);
+        break;
+      }
+      got++;
+    }
+    __atomic_add_fetch(&g_nf_taken, got, __ATOMIC_RELAXED);
+    if (i % 3 == 0) sched_yield();
+    for (; got > 0; got--) {
+      fz_permit_give(g_cb);
+      __atomic_add_fetch(&g_nf_tokens, 1, __ATOMIC_RELEASE);
+    }
+  }
+  return NULL;
+}
+
+static void random_pauses_unrefused(void) {
+  fz_config c = defaults();
+  c.max_concurrent = CHAOS_LIMIT;
+  g_cb = fz_breaker_new(&c, NULL);
+  g_c_iters = (long)env_or("CHAOS_ITERS", 10000);
+  g_nf_tokens = CHAOS_LIMIT, g_nf_refused = g_nf_taken = 0;
+  run_paused(chaos_hook, unrefused_worker);
+  ok(g_nf_refused == 0 && g_nf_taken > 0, "random pauses, never %d at once: %d threads, %ld permits taken, none refused (%ld refused)",
+     CHAOS_LIMIT + 1, CHAOS_THREADS, g_nf_taken, g_nf_refused);
+  is_int((int)peek(g_cb).running, 0, "random pauses, never %d at once: running 0 at the end", CHAOS_LIMIT + 1);
   fz_breaker_free(g_cb);
 }
 
@@ -837,10 +941,13 @@ int main(void) {
   run_before_mark();
   mark_settled_by_owner();
   mark_made_again();
+  mark_made_again_live();
+  spare_gone_after_peek();
   failed_barrier();
   random_pauses(0);
   random_pauses(1);
   random_pauses_reload();
+  random_pauses_unrefused();
   random_pauses_probes();
   random_pauses_processes();
   random_pauses_registry();
