@@ -43,14 +43,7 @@ copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 write_conf() {
   PORT2=$((PORT + 1))
   cat > "$P/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 4;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 256; }
-http {
-    access_log off;
-$(nginx_lua_paths "$T")
+$(nginx_conf_head "$T" 4 warn 256)
     init_by_lua_block {
         local fuse = require "fuse"
         fuse.init{ shared = true, capacity = 64 }

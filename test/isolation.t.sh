@@ -47,14 +47,7 @@ copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 write_conf() {
   PORT2=$((PORT + 1))
   cat > "$P/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 4;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_lua_paths "$T")
+$(nginx_conf_head "$T" 4 warn 1024)
     lua_shared_dict up 1m;
     init_by_lua_block {
         local fuse = require "fuse"
@@ -395,17 +388,10 @@ check "no [alert], [crit] or [emerg] in the error log but the killed workers'" [
 stop_master "$MASTER"
 MASTER=
 E=$T/equal
-mkdir -p "$E/logs"
+mkdir -p "$E/logs" "$E/temp"
 write_equal_conf() {
   cat > "$E/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 1;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 256; }
-http {
-    access_log off;
-$(nginx_lua_paths "$T")
+$(nginx_conf_head "$T" 1 warn 256)
     lua_shared_dict eq 1m;
     init_by_lua_block {
         local fuse = require "fuse"
@@ -540,20 +526,13 @@ check "no [error], [alert], [crit] or [emerg] in its error log" [ -z "$errs" ]
 stop_master "$MASTER"
 MASTER=
 R=$T/readme
-mkdir -p "$R/logs"
+mkdir -p "$R/logs" "$R/temp"
 "$ROOT/tools/readme-block" isolation-init > "$T/init.block" || bail "README has no isolation-init block"
 "$ROOT/tools/readme-block" isolation-location > "$T/location.block" || bail "README has no isolation-location block"
 write_readme_conf() {
   UP=$((PORT + 1))
   cat > "$R/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 4;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_lua_paths "$T")
+$(nginx_conf_head "$T" 4 warn 1024)
     lua_shared_dict up 1m;
 $(cat "$T/init.block")
     server {

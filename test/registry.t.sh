@@ -56,15 +56,7 @@ conf() {
     for i = 1, 10 do fuse.new{ name = \"trip-\" .. i, fails = $2, window = 60, open_for = 3600 } end
 }"
   cat > "$P/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 4;
-pid logs/nginx.pid;
-error_log logs/error.log notice;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$T")
+$(nginx_conf_head "$T" 4 notice 1024)
 $init
     server {
         listen 127.0.0.1:$PORT reuseport;

@@ -52,16 +52,8 @@ copy_fuse "$T"
 # registry's (64), FAILS breaker k2's fails (3).
 conf() {
   cat > "$P/nginx.conf" <<EOF
-$(nginx_load_modules)
-worker_processes 4;
 user nobody nogroup;
-pid logs/nginx.pid;
-error_log logs/error.log notice;
-events { worker_connections 1024; }
-http {
-    access_log off;
-$(nginx_temp_paths)
-$(nginx_lua_paths "$T")
+$(nginx_conf_head "$T" 4 notice 1024)
     lua_shared_dict fuse_upstream 1m;
     lua_shared_dict flags 1m;
     init_by_lua_block {
