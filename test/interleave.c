@@ -783,9 +783,17 @@ static void random_pauses_reload(void) {
  * probe is timed out meanwhile). Probes of an earlier period may still run beside them
  * (it re-opened; their outcomes are stale): a first version of this check, counting
  * every probe running, saw 3 at once that way.
+ * The count is a snapshot: a thread marks its probe, scans the marks and unmarks it
+ * under one mutex, so the probes it counts all ran at one instant (each is marked after
+ * its ticket came back and unmarked before its report). Marks read one by one while
+ * they change are no snapshot: with atomic loads and no mutex, a probe read early in
+ * the scan could end, its success free its slot and a probe read later take it, all
+ * within one scan, and 3 were counted where never more than 2 ran (seen once in CI
+ * under TSan, whose loads are slow; with a yield between the loads, every few runs).
  * CHAOS_SECONDS: how long (default 0.5). */
 static int g_p_over, g_p_max;
-static uint64_t g_p_cur[CHAOS_THREADS + 1];  /* a thread's running probe: its ticket >> 8 (generation), or 0 */
+static pthread_mutex_t g_p_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_p_cur[CHAOS_THREADS + 1];  /* under g_p_mu: a thread's running probe: its ticket >> 8 (generation), or 0 */
 static long g_p_probes, g_p_closed;
 static double g_p_until;
 static void *probe_worker(void *arg) {
@@ -800,13 +808,17 @@ static void *probe_worker(void *arg) {
        * an earlier period (re-opened since, their outcome stale) may still run too */
       uint64_t gen = (uint64_t)t >> 8;
       __atomic_add_fetch(&g_p_probes, 1, __ATOMIC_RELAXED);
-      __atomic_store_n(&g_p_cur[me], gen, __ATOMIC_SEQ_CST);
+      pthread_mutex_lock(&g_p_mu);
+      g_p_cur[me] = gen;
       int in = 0;
-      for (int k = 1; k <= CHAOS_THREADS; k++) in += __atomic_load_n(&g_p_cur[k], __ATOMIC_SEQ_CST) == gen;
+      for (int k = 1; k <= CHAOS_THREADS; k++) in += g_p_cur[k] == gen;
+      pthread_mutex_unlock(&g_p_mu);
       if (in > 2) __atomic_add_fetch(&g_p_over, 1, __ATOMIC_SEQ_CST);
       raise_max(&g_p_max, in);
       sched_yield();
-      __atomic_store_n(&g_p_cur[me], 0, __ATOMIC_SEQ_CST);
+      pthread_mutex_lock(&g_p_mu);
+      g_p_cur[me] = 0;
+      pthread_mutex_unlock(&g_p_mu);
     } else {
       __atomic_add_fetch(&g_p_closed, 1, __ATOMIC_RELAXED);
     }
