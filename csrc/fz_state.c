@@ -42,7 +42,10 @@
  * bitmask of busy probe slots; a probe is taken back (its busy bit cleared) by exactly
  * one caller, its report or a caller that finds it past probe_timeout, and only that
  * one counts it; a failed one marks the half-open failed in that same swap, so that it
- * admits nothing more before the re-open (HO_FAILED). Nothing here is a pointer, so a breaker can live in memory shared by
+ * admits nothing more before the re-open (HO_FAILED). The success that completes
+ * `probes` closes; so does any later success of that half-open, should its caller have
+ * died between the two swaps (a close already made is seen before the fresh window, so
+ * a late closer wipes nothing of the closed period). Nothing here is a pointer, so a breaker can live in memory shared by
  * processes; nothing takes a lock except registry creation.
  *
  * Tickets. An admitted call's ticket (an exact double below 2^53) is
@@ -274,6 +277,9 @@ static int reopen(fz_breaker *b, uint64_t sw, uint64_t t, uint32_t id) {
  * rule reads the window, so a swap that loses leaves nothing wrong behind. The backoff
  * is left alone: the next trip starts a new run of open periods. */
 static int close_circuit(fz_breaker *b, uint64_t sw, uint32_t id) {
+  /* closed already (by a later probe's success, see probe_record): its window is fresh,
+   * and calls may count in it */
+  if (at_load_acq(&b->sw) != sw) return 0;
   fresh_window(b, id);
   FAULT("closing");
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_CLOSED))) return 0;
@@ -346,7 +352,7 @@ static int probe_take(fz_breaker *b, uint32_t g32, unsigned slot, int succ, uint
     else want |= HO_FAILED;
     if (at_cas_acqrel(&b->ho, &ho, want)) {
       *out = want;
-      if (!succ) FAULT("probe-failed");
+      FAULT(succ ? "probe-succeeded" : "probe-failed");
       return 1;
     }
   }
@@ -796,9 +802,11 @@ static int probe_record(fz_breaker *b, uint64_t sw, unsigned slot, int fail, int
   if (fail) bump(b, b->fails, &b->folded_fail, e, id);
   else bump(b, my_stripe(b)->succ, &b->folded_succ, e, id);
   if (bad) return reopen(b, sw, t, id);
-  /* only the success that completes `probes` closes; later ones of this generation
-   * (probes still running when it closed) are stale */
-  return !(ho & HO_FAILED) && ho_succ(ho) == OPT(b, cfg.probes) ? close_circuit(b, sw, id) : 0;
+  /* the success that completes `probes` closes; so does any later one of this
+   * generation that finds it still half-open: the completing success's caller was
+   * killed between its swap of ho and the close (before, the circuit stayed half-open,
+   * each success past `probes` closing nothing). Once closed, later ones are stale. */
+  return !(ho & HO_FAILED) && ho_succ(ho) >= OPT(b, cfg.probes) ? close_circuit(b, sw, id) : 0;
 }
 
 /* An ignored probe gives its slot back. */

@@ -61,6 +61,7 @@ static int die_in_child(const char *where, void (*action)(fz_breaker *), fz_brea
 
 static void fail_once(fz_breaker *b) { fz_done(b, fz_enter(b), FZ_FAILURE, -1); }
 static void take_probe(fz_breaker *b) { fz_enter(b); }
+static void succeed_once(fz_breaker *b) { fz_done(b, fz_enter(b), FZ_SUCCESS, -1); }
 static void ignore_probe(fz_breaker *b) {
   double t = fz_enter(b);
   fz_done(b, t, FZ_IGNORE, -1);
@@ -380,6 +381,17 @@ int main(void) {
   sleep_s(0.15);
   is_int(state(b), FZ_OPEN, "after probe_timeout the slot is free again: open");
   ok(recovers(b, 0.15), "and after open_for a new probe closes it");
+  /* the success that completes `probes` dies before its close: after its swap of ho,
+   * and after the fresh window it lays before the close */
+  static const char *const closes[] = { "probe-succeeded", "closing" };
+  for (int i = 0; i < 2; i++) {
+    b = breaker(closes[i]);
+    fail_once(b);
+    sleep_s(0.15);
+    ok(die_in_child(closes[i], succeed_once, b), "a process died at %s, between taking its successful probe back and closing",
+       closes[i]);
+    ok(recovers(b, 0), "the next call is a probe whose success closes the circuit (before: half_open for good)");
+  }
   /* the lift of a timed forced_open: one swap to half_open, then the lifter's claim */
   b = breaker("lifted");
   fz_force_open_for(b, 0.05);

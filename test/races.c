@@ -15,6 +15,10 @@
  *   a failed probe                   the half-open it ends admits no other call
  *                                    between the take-back and the re-open (pause
  *                                    "probe-failed"), and no success closes it
+ *   a completed half-open            a success past `probes` closes it when the one
+ *                                    that completed them has not yet (pause
+ *                                    "probe-succeeded"), and a late close starts no
+ *                                    fresh window over the closed period
  *   idle eviction of a running call  its outcome is not lost: fz_done answers FZ_ESTALE
  *                                    and fz_late_id counts it into the name's breaker
  *   reconfigure while calls run      options are atomic (this part is for TSan)
@@ -227,6 +231,44 @@ static void timed_out_probe(void) {
   is_dbl(j.ticket, -(1 + FZ_OPEN * 4), 0, "timed-out probe: the parked caller is rejected, its swap lost");
   is_int(fz_done(b, probe, FZ_SUCCESS, -1), 0, "timed-out probe: its late success counts nothing");
   is_int(state(b), FZ_OPEN, "timed-out probe: open");
+  fz_breaker_free(b);
+}
+
+/* The success that completes `probes` takes its slot back, then closes. Parked between
+ * the two (the pause "probe-succeeded", where a process may be killed: test/faults.c,
+ * "closing"), the half-open admits another probe, and that probe's success must close
+ * it (before, it counted a success past `probes` and closed nothing: half_open for good,
+ * one call at a time). A closed call then fails; the parked report, released, finds the
+ * circuit closed and must not start a fresh window over that failure: two more trip it
+ * (fails = 3). */
+static void do_succeed(void *p) {
+  done_job *j = p;
+  j->rc = fz_done(j->b, j->ticket, FZ_SUCCESS, -1);
+}
+
+static void completed_probe(void) {
+  at(8000);
+  fz_config c = defaults();
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  for (int i = 0; i < 3; i++) fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  is_int(state(b), FZ_OPEN, "completed probe: 3 failures trip it");
+  later(10);
+  done_job j = { b, fz_enter(b), -1 };
+  ok(kind_of(j.ticket) == 2, "completed probe: a probe admitted");
+  parked k;
+  ok(run_parked(&k, "probe-succeeded", do_succeed, &j), "completed probe: its success parked after the take-back");
+  double t = fz_enter(b);
+  ok(kind_of(t) == 2, "completed probe: meanwhile another probe is admitted");
+  is_int(fz_done(b, t, FZ_SUCCESS, -1), 64 + FZ_HALF_OPEN * 8 + FZ_CLOSED,
+         "completed probe: its success closes the circuit (and says so)");
+  is_int(state(b), FZ_CLOSED, "completed probe: closed");
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  release(&k);
+  is_int(j.rc, 0, "completed probe: the parked report, released, made no transition");
+  is_int((int)peek(b).failures, 1, "completed probe: the closed call's failure is still in the window");
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  is_int(state(b), FZ_OPEN, "completed probe: two more failures trip it (fails = 3)");
   fz_breaker_free(b);
 }
 
@@ -466,6 +508,7 @@ int main(void) {
   failed_probe(1);
   failed_probe(2);
   timed_out_probe();
+  completed_probe();
   forced_vs_trip();
   lift_races();
   evicted_mid_call();
