@@ -538,6 +538,78 @@ static void spare_gone_after_peek(void) {
   fz_breaker_free(g_lb);
 }
 
+/* A refusal decided on a view read twice alike: the two reads of the lanes' words are
+ * not one instant when a lane's run goes down and back up between them (a call ended and
+ * the next began on the permit the lane kept), so a view can show calls running together
+ * that never ran together. Limit 2; main's lane and H's each hold 1 permit; at every
+ * instant exactly one of them runs a call (main's calls, H's parked in its own), and T,
+ * taking, is parked before each read of the two lanes (its steal's peeks, then both
+ * collects of exactly_full) while the running call moves to the lane it reads next: T
+ * sees both running at every read, though 1 of 2 permits was spare all along. T must be
+ * admitted. Fails when run's word repeats (a call's start and end only move its count):
+ * the two collects are alike, and T is refused with a permit spare. */
+static uint32_t g_ab_h_pref;
+static void h_alternates(void *p) {
+  (void)p;
+  for (int i = 0; i < 32; i++) {
+    if (!fz_permit_take(g_lb, 1)) continue;
+    if (!i) g_ab_h_pref = fzp_self.lane;  /* known once a take asked */
+    fz_permit_give(g_lb);
+  }
+}
+
+static int g_ab_main_runs;
+static parked g_ab_h;
+static int ab_start(int lane_is_main) {
+  if (lane_is_main) return g_ab_main_runs = fz_permit_take(g_lb, 1);
+  return repark(&g_ab_h, "permit-running");  /* H stored its run and parks before its check */
+}
+static int ab_end(int lane_is_main) {
+  if (lane_is_main) {
+    fz_permit_give(g_lb);
+    g_ab_main_runs = 0;
+    return 1;
+  }
+  return repark(&g_ab_h, "permit-given");  /* H admitted, its call ended: run stored */
+}
+/* The call running moves from the lane `from` (1: main's) to the other. */
+static int ab_switch(int from) { return ab_end(from) && ab_start(!from); }
+
+static void view_read_twice(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  g_lb = fz_breaker_new(&c, NULL);
+  ok(fz_permit_take(g_lb, 1), "a view read twice: main takes a permit");
+  fz_permit_give(g_lb);
+  uint32_t main_lane = fzp_self.lane;
+  ok(run_parked(&g_ab_h, "permit-given", h_alternates, NULL), "a view read twice: H took the other and ended its call (both lanes keep 1)");
+  /* H's lane: its preferred one, or, when main has that, the lowest free one (a new
+   * breaker: only main's is taken) */
+  uint32_t h_lane = g_ab_h_pref != main_lane ? g_ab_h_pref : main_lane == 0 ? 1 : 0;
+  int first_main = main_lane < h_lane;  /* the lower lane is read first */
+  int f = first_main, t_took = -1;
+  parked kt;
+  ok(ab_start(f), "a view read twice: the lane read first runs a call, the other keeps its permit spare");
+  ok(run_parked(&kt, "steal-peeking", take_into, &t_took), "a view read twice: T found the limit reached and parks before its peek of the first lane");
+  ok(repark(&kt, "steal-peeking"), "a view read twice: T peeked the first lane (running) and parks before the second");
+  ok(ab_switch(f), "a view read twice: the call moves to the second lane");
+  ok(repark(&kt, "permit-collecting"), "a view read twice: T peeked the second (running), marked nothing, and parks before its first collect");
+  ok(ab_switch(!f), "a view read twice: the call moves to the first lane");
+  ok(repark(&kt, "permit-collecting"), "a view read twice: T read the first lane (running) and parks before the second");
+  ok(ab_switch(f), "a view read twice: the call moves to the second lane");
+  ok(repark(&kt, "permit-viewing"), "a view read twice: T read the second (running) and parks between its two collects");
+  ok(ab_switch(!f), "a view read twice: the call moves to the first lane");
+  ok(repark(&kt, "permit-collecting") && repark(&kt, "permit-collecting"), "a view read twice: T read the first lane again (running) and parks before the second");
+  ok(ab_switch(f), "a view read twice: the call moves to the second lane");
+  release(&kt);
+  is_int(t_took, 1, "a view read twice: T is admitted (one call ran at every instant: a permit was spare all along)");
+  if (g_ab_main_runs) fz_permit_give(g_lb);
+  release(&g_ab_h);
+  if (t_took == 1) fz_permit_give(g_lb);  /* T's, its thread gone (a process's lanes add up) */
+  is_int((int)peek(g_lb).running, 0, "a view read twice: running 0 at the end");
+  fz_breaker_free(g_lb);
+}
+
 /* Issue 18, a barrier that fails (a seccomp filter may allow membarrier's registration
  * and not the barrier): a taker cannot give back anything, and leaves its marks for the
  * owners. Main holds 2 spare in a limit of 2; X's take fails its barrier and is refused;
@@ -943,6 +1015,7 @@ int main(void) {
   mark_made_again();
   mark_made_again_live();
   spare_gone_after_peek();
+  view_read_twice();
   failed_barrier();
   random_pauses(0);
   random_pauses(1);
