@@ -235,8 +235,8 @@ static inline int fzp_take_on(fzp *p, fzp_lane *l, uint64_t bit, uint32_t limit)
 }
 
 /* One call admitted on a permit lane l (the caller's) holds: 1; 0 with nothing changed
- * when the lane holds none spare, is marked, cannot be fenced, or the limit fell below
- * what is out (a reload lowered it). No read-modify-write: run is stored, then the lane
+ * but run's count of starts when the lane holds none spare, is marked, cannot be fenced,
+ * or the limit fell below what is out (a reload lowered it). No read-modify-write: run is stored, then the lane
  * word loaded, in this order (the compiler's; the processor's is a taker's membarrier,
  * see docs/isolation.md): a taker that marked the lane either is seen here, or sees this
  * run. */
