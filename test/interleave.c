@@ -995,6 +995,46 @@ static void random_pauses_registry(void) {
      "always bore the name it was found for (%d did not)", CHAOS_THREADS, REG_NAMES, g_r_opened, g_r_removed, g_r_calls, g_r_bad);
 }
 
+/* A taker killed while it waits for another taker's mark (steal-waiting) leaves
+ * nothing out: in a child, B marks the parent's lane (2 spare) and parks before its
+ * fence, C marks it again and parks there too, B's give-back fails on C's mark and B
+ * waits; the child is killed there. C's mark stays on the parent's lane: the parent's
+ * next call settles it, and the parent takes exactly the 2 of the limit. (No defect
+ * found here: a guard that the wait holds no permit and no mark of its own.) */
+static void killed_waiting(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  int st, fd[2];
+  uint32_t id;
+  g_lb = fz_registry_open_id("kill-waiting", 12, &c, &st, &id);
+  if (!ok(g_lb != NULL && pipe(fd) == 0, "killed waiting: a shared breaker")) return;
+  ok(fz_permit_take(g_lb, 1) && fz_permit_take(g_lb, 1), "killed waiting: the parent takes both permits");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  fflush(stdout);
+  pid_t kid = fork();
+  if (kid == 0) {
+    int b_took = -1, c_took = -1;
+    parked kb, kc;
+    char r = run_parked(&kb, "steal-marked", take_into, &b_took) && run_parked(&kc, "steal-marked", take_into, &c_took) &&
+             repark(&kb, "steal-waiting") ? 'w' : 'x';
+    if (write(fd[1], &r, 1) != 1) _exit(1);
+    pause();  /* killed here, B waiting, C's mark on the parent's lane */
+    _exit(1);
+  }
+  char r = 0;
+  ok(read(fd[0], &r, 1) == 1 && r == 'w', "killed waiting: in the child, B waits for C's mark (C parked before its fence)");
+  kill(kid, SIGKILL);
+  int status = 0;
+  waitpid(kid, &status, 0);
+  ok(WIFSIGNALED(status), "killed waiting: the child killed there");
+  close(fd[0]), close(fd[1]);
+  ok(fz_permit_take(g_lb, 1), "killed waiting: the parent's call is admitted (it settles C's mark)");
+  ok(fz_permit_take(g_lb, 1), "killed waiting: and a second");
+  is_int(fz_permit_take(g_lb, 1), 0, "killed waiting: not a third");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  is_int((int)peek(g_lb).running, 0, "killed waiting: running 0 at the end");
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_fault_hook = pause_hook;
@@ -1023,6 +1063,7 @@ int main(void) {
   random_pauses_unrefused();
   random_pauses_probes();
   random_pauses_processes();
+  killed_waiting();
   random_pauses_registry();
   return done_testing();
 }
