@@ -407,12 +407,15 @@ static int collect(fzp *p, int mine, uint64_t *v) {
 }
 
 /* Whether the limit is reached with nothing to take, exactly: the words collected twice
- * alike (a view true at one instant between the two reads), the permits held in that
- * view (pw's count less the lanes' gives) at least `limit`, and no lane but `mine` (whose
- * spare its owner uses) and an unfenced one holding more than it runs (a take in flight,
- * its pw swap made and its lane word not yet, counted as the lane's: settled). Then the
- * calls running at that instant are the permits held: a refusal is right. 0 when the
- * view moved while it was read, or shows a permit free or spare. */
+ * alike (a view true at one instant between the two reads: see run), the permits held in
+ * that view (pw's count less the lanes' gives) at least `limit`, and no lane but `mine`
+ * (whose spare its owner uses) holding more than it runs (a take in flight, its pw swap
+ * made and its lane word not yet, counted as the lane's: settled). An unfenced lane
+ * (FZP_NS) holds more than it runs only while a call starts (its permit taken, its run
+ * not stored yet) or ends (its run stored, its permit not given back yet): the permits
+ * are moving, read again. Then the calls running at that instant are the permits held:
+ * a refusal is right. 0 when the view moved while it was read, or shows a permit free,
+ * spare or moving. */
 static int exactly_full(fzp *p, int mine, uint32_t limit) {
   uint64_t a[2 + 2 * FZP_LANES], b[2 + 2 * FZP_LANES];
   int n = collect(p, mine, a);
@@ -424,7 +427,7 @@ static int exactly_full(fzp *p, int mine, uint32_t limit) {
     int i = __builtin_ctzll(m);
     uint64_t st = settled(i, a[k], pw);
     given += fzp_given(st);
-    if (i != mine && !(st & FZP_NS) && (int64_t)fzp_held(st) - fzp_calls(a[k + 1]) > 0) return 0;
+    if (i != mine && (int64_t)fzp_held(st) - fzp_calls(a[k + 1]) > 0) return 0;
   }
   return ((pw - given) & FZP_COUNT) >= limit;
 }

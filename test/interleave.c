@@ -1035,6 +1035,57 @@ static void killed_waiting(void) {
   is_int((int)peek(g_lb).running, 0, "killed waiting: running 0 at the end");
 }
 
+/* A refusal while a call of a process that cannot be fenced ends: its lane (FZP_NS)
+ * gives the permit itself after its run is stored, so for a moment it holds one more
+ * than it runs, as a fenced lane whose call ended holds one spare. Limit 2: the parent
+ * runs 1 call; in a child with FUSE_PERMITS_NOFENCE=1, N's call ended and N parks before
+ * giving its permit back. T, taking in the parent, must not be refused on that view: it
+ * goes round again (parks at steal-again), N gives, and T takes the permit. Fails when
+ * exactly_full leaves FZP_NS lanes out of its check (T refused, 1 call running of 2). */
+static void ns_take_give(void *p) {
+  (void)p;
+  if (fz_permit_take(g_lb, 1)) fz_permit_give(g_lb);  /* parks at permit-given */
+}
+
+static void nofence_call_ending(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  int st, up[2], down[2];
+  uint32_t id;
+  g_lb = fz_registry_open_id("ns-ending", 9, &c, &st, &id);
+  if (!ok(g_lb != NULL && pipe(up) == 0 && pipe(down) == 0, "no fence, a call ending: a shared breaker")) return;
+  ok(fz_permit_take(g_lb, 1), "no fence, a call ending: the parent runs a call");
+  fflush(stdout);
+  pid_t kid = fork();
+  if (kid == 0) {
+    setenv("FUSE_PERMITS_NOFENCE", "1", 1);
+    parked kn;
+    char r = run_parked(&kn, "permit-given", ns_take_give, NULL) ? 'p' : 'x';
+    if (write(up[1], &r, 1) != 1 || read(down[0], &r, 1) != 1) _exit(1);
+    release(&kn);
+    r = 'd';
+    _exit(write(up[1], &r, 1) == 1 ? 0 : 1);
+  }
+  char r = 0;
+  ok(read(up[0], &r, 1) == 1 && r == 'p', "no fence, a call ending: in the child, N's call ended, N parks before giving back its permit");
+  int t_took = -1;
+  parked kt;
+  int round = run_parked(&kt, "steal-again", take_into, &t_took);
+  ok(round, "no fence, a call ending: T, taking, is not refused on that view: it goes round again");
+  r = 'g';
+  ok(write(down[1], &r, 1) == 1 && read(up[0], &r, 1) == 1 && r == 'd', "no fence, a call ending: N gave its permit back");
+  if (round) release(&kt);
+  else pthread_join(kt.th, NULL);
+  is_int(t_took, 1, "no fence, a call ending: T took it");
+  int status = 0;
+  waitpid(kid, &status, 0);
+  ok(WIFEXITED(status) && WEXITSTATUS(status) == 0, "no fence, a call ending: the child ran to its end");
+  close(up[0]), close(up[1]), close(down[0]), close(down[1]);
+  fz_permit_give(g_lb);
+  if (t_took == 1) fz_permit_give(g_lb);  /* T's, its thread gone */
+  is_int((int)peek(g_lb).running, 0, "no fence, a call ending: running 0 at the end");
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_fault_hook = pause_hook;
@@ -1064,6 +1115,7 @@ int main(void) {
   random_pauses_probes();
   random_pauses_processes();
   killed_waiting();
+  nofence_call_ending();
   random_pauses_registry();
   return done_testing();
 }
