@@ -228,7 +228,7 @@ static int64_t scan(fzp *p) {
       if ((pass == 0) != (held <= 0)) continue;
       if (pid == mypid) {
         uint64_t want = o;
-        if (held >= 0 && at_load_acq(&p->lane[i].run) == 0 && thread_dead(pid, tid) &&
+        if (held >= 0 && fzp_calls(at_load_acq(&p->lane[i].run)) == 0 && thread_dead(pid, tid) &&
             at_cas_acqrel(&p->lane[i].owner, &want, owner(gen_of(o), me())))
           back += take_back(p, i, owner(gen_of(o), me()));
         continue;
@@ -288,7 +288,7 @@ int fzp_lane_slow(fzp *p) {
 static int settle(fzp_lane *l) {
   uint64_t st = at_load_acq(&l->st);
   if (!(st & FZP_RV)) return 0;
-  int64_t keep = (int64_t)at_load_rlx(&l->run) + 1;
+  int64_t keep = fzp_calls(at_load_rlx(&l->run)) + 1;
   while (st & FZP_RV) {
     int64_t spare = (int64_t)fzp_held(st) - keep;
     /* acq_rel: as a give (the calls that ended on those permits happened before) */
@@ -302,7 +302,7 @@ static int settle(fzp_lane *l) {
 static void trim(fzp_lane *l) {
   uint64_t st = at_load_acq(&l->st);
   for (;;) {
-    int64_t spare = (int64_t)fzp_held(st) - (int64_t)at_load_rlx(&l->run);
+    int64_t spare = (int64_t)fzp_held(st) - fzp_calls(at_load_rlx(&l->run));
     if (spare <= 0 || at_cas_acqrel(&l->st, &st, fzp_gave(st, (uint32_t)spare))) return;
   }
 }
@@ -327,8 +327,9 @@ static int steal(fzp *p, int mine, uint64_t *busy) {
     int i = __builtin_ctzll(m);
     fzp_lane *l = &p->lane[i];
     if (i == mine) continue;
+    FZP_FAULT("steal-peeking");
     uint64_t st = at_load_acq(&l->st);
-    if ((st & FZP_NS) || (int64_t)fzp_held(st) - (int64_t)at_load_rlx(&l->run) <= 0) continue;
+    if ((st & FZP_NS) || (int64_t)fzp_held(st) - fzp_calls(at_load_rlx(&l->run)) <= 0) continue;
     FZP_FAULT("steal-peeked");
     /* this taker's own mark, over another's (a taker still at it, or killed at it): the
      * other's give-back, a swap from the word it marked, then fails. A mark is never
@@ -351,7 +352,7 @@ static int steal(fzp *p, int mine, uint64_t *busy) {
     int i = __builtin_ctzll(m);
     fzp_lane *l = &p->lane[i];
     uint64_t st = was[i];
-    int64_t spare = (int64_t)fzp_held(st) - (int64_t)at_load_acq(&l->run);
+    int64_t spare = (int64_t)fzp_held(st) - fzp_calls(at_load_acq(&l->run));
     FZP_FAULT("steal-read");
     /* acq_rel: as a give; the mark cleared whether anything is given or not */
     if (at_cas_acqrel(&l->st, &st, fzp_gave(st & ~FZP_MARK, spare > 0 ? (uint32_t)spare : 0))) continue;
@@ -390,14 +391,15 @@ static int take_again(fzp *p, uint32_t limit) {
 }
 
 /* The words a refusal is decided on: `used`, pw, and each used lane's word and run, into
- * v; returns how many. */
-static int collect(fzp *p, uint64_t *v) {
+ * v; returns how many. (`mine`: the caller's lane, only for the pause point.) */
+static int collect(fzp *p, int mine, uint64_t *v) {
   int n = 0;
   uint64_t used = at_load_acq(&p->used) & ((UINT64_C(1) << FZP_LANES) - 1);
   v[n++] = used;
   v[n++] = at_load_acq(&p->pw);
   for (uint64_t m = used; m; m &= m - 1) {
     int i = __builtin_ctzll(m);
+    if (i != mine) FZP_FAULT("permit-collecting");
     v[n++] = at_load_acq(&p->lane[i].st);
     v[n++] = at_load_acq(&p->lane[i].run);
   }
@@ -405,24 +407,27 @@ static int collect(fzp *p, uint64_t *v) {
 }
 
 /* Whether the limit is reached with nothing to take, exactly: the words collected twice
- * alike (a view true at one instant between the two reads), the permits held in that
- * view (pw's count less the lanes' gives) at least `limit`, and no lane but `mine` (whose
- * spare its owner uses) and an unfenced one holding more than it runs (a take in flight,
- * its pw swap made and its lane word not yet, counted as the lane's: settled). Then the
- * calls running at that instant are the permits held: a refusal is right. 0 when the
- * view moved while it was read, or shows a permit free or spare. */
+ * alike (a view true at one instant between the two reads: see run), the permits held in
+ * that view (pw's count less the lanes' gives) at least `limit`, and no lane but `mine`
+ * (whose spare its owner uses) holding more than it runs (a take in flight, its pw swap
+ * made and its lane word not yet, counted as the lane's: settled). An unfenced lane
+ * (FZP_NS) holds more than it runs only while a call starts (its permit taken, its run
+ * not stored yet) or ends (its run stored, its permit not given back yet): the permits
+ * are moving, read again. Then the calls running at that instant are the permits held:
+ * a refusal is right. 0 when the view moved while it was read, or shows a permit free,
+ * spare or moving. */
 static int exactly_full(fzp *p, int mine, uint32_t limit) {
   uint64_t a[2 + 2 * FZP_LANES], b[2 + 2 * FZP_LANES];
-  int n = collect(p, a);
+  int n = collect(p, mine, a);
   FZP_FAULT("permit-viewing");
-  if (collect(p, b) != n || memcmp(a, b, (size_t)n * sizeof a[0])) return 0;
+  if (collect(p, mine, b) != n || memcmp(a, b, (size_t)n * sizeof a[0])) return 0;
   uint64_t pw = a[1], given = 0;
   int k = 2;
   for (uint64_t m = a[0]; m; m &= m - 1, k += 2) {
     int i = __builtin_ctzll(m);
     uint64_t st = settled(i, a[k], pw);
     given += fzp_given(st);
-    if (i != mine && !(st & FZP_NS) && (int64_t)fzp_held(st) - (int64_t)a[k + 1] > 0) return 0;
+    if (i != mine && (int64_t)fzp_held(st) - fzp_calls(a[k + 1]) > 0) return 0;
   }
   return ((pw - given) & FZP_COUNT) >= limit;
 }
@@ -472,7 +477,7 @@ int fzp_take_any(fzp *p, uint32_t limit) {
   fzp_lane *l = &p->lane[lane];
   if (fzp_self.nofence) {
     if (!take_onto(p, lane, limit)) return 0;
-    at_store_rlx(&l->run, at_load_rlx(&l->run) + 1);
+    at_store_rlx(&l->run, at_load_rlx(&l->run) + FZP_START);
     return 1;
   }
   /* bounded: each round that does not admit took a permit that a taker of spare ones
@@ -481,7 +486,7 @@ int fzp_take_any(fzp *p, uint32_t limit) {
     if (fzp_run_on(p, l, limit)) return 1;
     if (settle(l)) continue;
     uint64_t st = at_load_acq(&l->st);
-    if ((int64_t)fzp_held(st) > (int64_t)at_load_rlx(&l->run)) trim(l);  /* spare, yet over the limit */
+    if ((int64_t)fzp_held(st) > fzp_calls(at_load_rlx(&l->run))) trim(l);  /* spare, yet over the limit */
     if (!take_onto(p, lane, limit)) return 0;
   }
   return 0;
@@ -555,7 +560,7 @@ uint32_t fzp_running(const fzp *p) {
   uint64_t used = at_load_acq(&p->used) & ((UINT64_C(1) << FZP_LANES) - 1);
   for (uint64_t m = used; m; m &= m - 1) {
     int i = __builtin_ctzll(m);
-    int64_t r = (int64_t)at_load_acq(&p->lane[i].run);
+    int64_t r = fzp_calls(at_load_acq(&p->lane[i].run));
     if (!r) continue;
     /* relaxed: a lane's owner changes only when it is claimed or taken back, and either
      * way the run read is the last owner's or 0 */

@@ -50,6 +50,7 @@
 #define FZP_NS (UINT64_C(1) << 33)                 /* st: its owner cannot be fenced: no spare kept, none taken */
 #define FZP_TAG_SHIFT 34                           /* st: with FZP_RV, the marking taker's lane + 1 (bits 34-39) */
 #define FZP_MARK (FZP_RV | UINT64_C(0x3f) << FZP_TAG_SHIFT)  /* st: a mark and its taker */
+#define FZP_START ((UINT64_C(1) << 32) + 1)       /* run: a call started: its count and the starts + 1 */
 
 /* The lane word: taken (bits 0-23) | FZP_RV (32) | FZP_NS (33) | the marking taker's
  * lane + 1 (34-39, while FZP_RV is set) | given (bits 40-63),
@@ -57,13 +58,18 @@
  * carry falls off the word). The lane holds taken - given (less than 0 when permits taken
  * on other threads of its process were given back on it, see run). The parity of the
  * lane is the low bit of taken: each take flips it and the lane's bit in pw alike.
- * run: the calls running on the lane, as a signed number (a call admitted on one thread
- * and ended on another makes one lane +1 and the other -1: the process's lanes add up).
- * A lane alone on its cache line: run is written at every call. */
+ * run: the calls running on the lane, as a signed number in its low 32 bits (a call
+ * admitted on one thread and ended on another makes one lane +1 and the other -1: the
+ * process's lanes add up), and above them the calls the lane ever started (mod 2^32):
+ * a call's start adds FZP_START, its end (or a start not admitted) takes 1 away, so the
+ * word never comes back to a value it had (a call ended and the next begun on the same
+ * permit show as another word: a taker's view read twice, see exactly_full, cannot pair
+ * two instants). fzp_calls reads the count. A lane alone on its cache line: run is
+ * written at every call. */
 typedef struct fzp_lane {
   _Alignas(64) uint64_t owner;  /* concurrent: gen20 << 44 | pid22 << 22 | tid22; pid 0: free */
   uint64_t st;     /* concurrent: compare-and-swap by the owner, a taker of spare permits, a survivor */
-  uint64_t run;    /* concurrent: stored by the owner only (or reset by a survivor), read by takers */
+  uint64_t run;    /* concurrent: starts << 32 + calls; stored by the owner only (or reset by a survivor), read by takers */
   uint64_t pad[5];
 } fzp_lane;
 
@@ -172,6 +178,13 @@ static inline int fzp_lane_of(fzp *p) {
   return l ? (int)(l - p->lane) : fzp_lane_slow(p);
 }
 
+/* The calls a lane's run word counts as running (its low 32 bits, signed). */
+static inline int64_t fzp_calls(uint64_t run) {
+  /* (GCC and Clang convert to a signed type modulo 2^32: one sign extension, no branch
+   * on the fast path) */
+  return (int64_t)(int32_t)(uint32_t)run;
+}
+
 /* A lane word's given count (mod 2^24). */
 static inline uint64_t fzp_given(uint64_t st) { return st >> FZP_GIVEN_SHIFT; }
 
@@ -223,15 +236,15 @@ static inline int fzp_take_on(fzp *p, fzp_lane *l, uint64_t bit, uint32_t limit)
 }
 
 /* One call admitted on a permit lane l (the caller's) holds: 1; 0 with nothing changed
- * when the lane holds none spare, is marked, cannot be fenced, or the limit fell below
- * what is out (a reload lowered it). No read-modify-write: run is stored, then the lane
+ * but run's count of starts when the lane holds none spare, is marked, cannot be fenced,
+ * or the limit fell below what is out (a reload lowered it). No read-modify-write: run is stored, then the lane
  * word loaded, in this order (the compiler's; the processor's is a taker's membarrier,
  * see docs/isolation.md): a taker that marked the lane either is seen here, or sees this
  * run. */
 static inline int fzp_run_on(fzp *p, fzp_lane *l, uint32_t limit) {
-  int64_t r = (int64_t)at_load_rlx(&l->run) + 1;
+  uint64_t w = at_load_rlx(&l->run) + FZP_START;
   /* relaxed: only this thread writes it; what orders it is the barrier */
-  at_store_rlx(&l->run, (uint64_t)r);
+  at_store_rlx(&l->run, w);
   FZP_FAULT("permit-running");
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   /* relaxed: the permits this lane holds were taken by this thread (or given to it by its
@@ -240,8 +253,8 @@ static inline int fzp_run_on(fzp *p, fzp_lane *l, uint32_t limit) {
   /* pw with acquire, then seen: a seen at least as new as the one pw's last take compared
    * with (a seen older than that would make the limit look exceeded) */
   uint64_t out = (at_load_acq(&p->pw) - at_load_rlx(&p->seen)) & FZP_COUNT;
-  if (__builtin_expect(!(st & (FZP_RV | FZP_NS)) && r <= fzp_held(st) && out <= limit, 1)) return 1;
-  at_store_rlx(&l->run, (uint64_t)(r - 1));
+  if (__builtin_expect(!(st & (FZP_RV | FZP_NS)) && fzp_calls(w) <= fzp_held(st) && out <= limit, 1)) return 1;
+  at_store_rlx(&l->run, w - 1);  /* the count back, the start kept: the word stays new */
   return 0;
 }
 
@@ -256,11 +269,11 @@ static inline int fzp_take_fast(fzp *p, uint32_t limit) {
 /* One call ended on lane l (the caller's): one store of its run. The lane keeps the
  * permit. */
 static inline void fzp_give_on(fzp_lane *l) {
-  int64_t r = (int64_t)at_load_rlx(&l->run);
+  uint64_t w = at_load_rlx(&l->run);
   FZP_FAULT("permit-giving");
   /* release: the call's own work happens before its permit shows as spare (pairs with
    * the acquire load of run by a taker of spare permits) */
-  at_store_rel(&l->run, (uint64_t)(r - 1));
+  at_store_rel(&l->run, w - 1);
   FZP_FAULT("permit-given");
 }
 

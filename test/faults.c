@@ -240,14 +240,23 @@ static void permit_faults(void) {
   /* the parent's lane holds all K spare; a child taking marks it and dies at each point
    * of taking spare permits: the parent's next calls settle the mark (or find the permits
    * given back) */
-  static const char *const steals[] = { "steal-peeked", "steal-marked", "steal-fenced", "steal-read",
-                                        "steal-given" };
-  for (int i = 0; i < 5; i++) {
+  static const char *const steals[] = { "steal-peeking", "steal-peeked", "steal-marked", "steal-fenced",
+                                        "steal-read", "steal-given" };
+  for (int i = 0; i < 6; i++) {
     g_pb = limited(steals[i]);
     ok(take_up_to(g_pb, PK) == PK, "permits: the parent takes all %d", PK);
     for (int j = 0; j < PK; j++) fz_permit_give(g_pb);
     ok(die_in_child(steals[i], take_when_full, g_pb), "permits: a process died at %s, taking the parent's spare", steals[i]);
     limit_whole(g_pb, 0, steals[i]);
+  }
+  /* the parent runs all K calls; a child taking reads the lanes to decide its refusal
+   * (exactly_full) and dies there: it held nothing, the limit is the parent's K */
+  static const char *const views[] = { "permit-collecting", "permit-viewing" };
+  for (int i = 0; i < 2; i++) {
+    g_pb = limited(views[i]);
+    ok(take_up_to(g_pb, PK) == PK, "permits: the parent runs all %d", PK);
+    ok(die_in_child(views[i], take_when_full, g_pb), "permits: a process died at %s, deciding its refusal", views[i]);
+    limit_whole(g_pb, PK, views[i]);
   }
   /* a lane at -1 beside one at +2, of a dead process: taken back at "reclaim-taken" by
    * a second one that dies there; the parent, holding 2, can take exactly 1 */

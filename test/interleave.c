@@ -538,6 +538,78 @@ static void spare_gone_after_peek(void) {
   fz_breaker_free(g_lb);
 }
 
+/* A refusal decided on a view read twice alike: the two reads of the lanes' words are
+ * not one instant when a lane's run goes down and back up between them (a call ended and
+ * the next began on the permit the lane kept), so a view can show calls running together
+ * that never ran together. Limit 2; main's lane and H's each hold 1 permit; at every
+ * instant exactly one of them runs a call (main's calls, H's parked in its own), and T,
+ * taking, is parked before each read of the two lanes (its steal's peeks, then both
+ * collects of exactly_full) while the running call moves to the lane it reads next: T
+ * sees both running at every read, though 1 of 2 permits was spare all along. T must be
+ * admitted. Fails when run's word repeats (a call's start and end only move its count):
+ * the two collects are alike, and T is refused with a permit spare. */
+static uint32_t g_ab_h_pref;
+static void h_alternates(void *p) {
+  (void)p;
+  for (int i = 0; i < 32; i++) {
+    if (!fz_permit_take(g_lb, 1)) continue;
+    if (!i) g_ab_h_pref = fzp_self.lane;  /* known once a take asked */
+    fz_permit_give(g_lb);
+  }
+}
+
+static int g_ab_main_runs;
+static parked g_ab_h;
+static int ab_start(int lane_is_main) {
+  if (lane_is_main) return g_ab_main_runs = fz_permit_take(g_lb, 1);
+  return repark(&g_ab_h, "permit-running");  /* H stored its run and parks before its check */
+}
+static int ab_end(int lane_is_main) {
+  if (lane_is_main) {
+    fz_permit_give(g_lb);
+    g_ab_main_runs = 0;
+    return 1;
+  }
+  return repark(&g_ab_h, "permit-given");  /* H admitted, its call ended: run stored */
+}
+/* The call running moves from the lane `from` (1: main's) to the other. */
+static int ab_switch(int from) { return ab_end(from) && ab_start(!from); }
+
+static void view_read_twice(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  g_lb = fz_breaker_new(&c, NULL);
+  ok(fz_permit_take(g_lb, 1), "a view read twice: main takes a permit");
+  fz_permit_give(g_lb);
+  uint32_t main_lane = fzp_self.lane;
+  ok(run_parked(&g_ab_h, "permit-given", h_alternates, NULL), "a view read twice: H took the other and ended its call (both lanes keep 1)");
+  /* H's lane: its preferred one, or, when main has that, the lowest free one (a new
+   * breaker: only main's is taken) */
+  uint32_t h_lane = g_ab_h_pref != main_lane ? g_ab_h_pref : main_lane == 0 ? 1 : 0;
+  int first_main = main_lane < h_lane;  /* the lower lane is read first */
+  int f = first_main, t_took = -1;
+  parked kt;
+  ok(ab_start(f), "a view read twice: the lane read first runs a call, the other keeps its permit spare");
+  ok(run_parked(&kt, "steal-peeking", take_into, &t_took), "a view read twice: T found the limit reached and parks before its peek of the first lane");
+  ok(repark(&kt, "steal-peeking"), "a view read twice: T peeked the first lane (running) and parks before the second");
+  ok(ab_switch(f), "a view read twice: the call moves to the second lane");
+  ok(repark(&kt, "permit-collecting"), "a view read twice: T peeked the second (running), marked nothing, and parks before its first collect");
+  ok(ab_switch(!f), "a view read twice: the call moves to the first lane");
+  ok(repark(&kt, "permit-collecting"), "a view read twice: T read the first lane (running) and parks before the second");
+  ok(ab_switch(f), "a view read twice: the call moves to the second lane");
+  ok(repark(&kt, "permit-viewing"), "a view read twice: T read the second (running) and parks between its two collects");
+  ok(ab_switch(!f), "a view read twice: the call moves to the first lane");
+  ok(repark(&kt, "permit-collecting") && repark(&kt, "permit-collecting"), "a view read twice: T read the first lane again (running) and parks before the second");
+  ok(ab_switch(f), "a view read twice: the call moves to the second lane");
+  release(&kt);
+  is_int(t_took, 1, "a view read twice: T is admitted (one call ran at every instant: a permit was spare all along)");
+  if (g_ab_main_runs) fz_permit_give(g_lb);
+  release(&g_ab_h);
+  if (t_took == 1) fz_permit_give(g_lb);  /* T's, its thread gone (a process's lanes add up) */
+  is_int((int)peek(g_lb).running, 0, "a view read twice: running 0 at the end");
+  fz_breaker_free(g_lb);
+}
+
 /* Issue 18, a barrier that fails (a seccomp filter may allow membarrier's registration
  * and not the barrier): a taker cannot give back anything, and leaves its marks for the
  * owners. Main holds 2 spare in a limit of 2; X's take fails its barrier and is refused;
@@ -935,6 +1007,97 @@ static void random_pauses_registry(void) {
      "always bore the name it was found for (%d did not)", CHAOS_THREADS, REG_NAMES, g_r_opened, g_r_removed, g_r_calls, g_r_bad);
 }
 
+/* A taker killed while it waits for another taker's mark (steal-waiting) leaves
+ * nothing out: in a child, B marks the parent's lane (2 spare) and parks before its
+ * fence, C marks it again and parks there too, B's give-back fails on C's mark and B
+ * waits; the child is killed there. C's mark stays on the parent's lane: the parent's
+ * next call settles it, and the parent takes exactly the 2 of the limit. (No defect
+ * found here: a guard that the wait holds no permit and no mark of its own.) */
+static void killed_waiting(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  int st, fd[2];
+  uint32_t id;
+  g_lb = fz_registry_open_id("kill-waiting", 12, &c, &st, &id);
+  if (!ok(g_lb != NULL && pipe(fd) == 0, "killed waiting: a shared breaker")) return;
+  ok(fz_permit_take(g_lb, 1) && fz_permit_take(g_lb, 1), "killed waiting: the parent takes both permits");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  fflush(stdout);
+  pid_t kid = fork();
+  if (kid == 0) {
+    int b_took = -1, c_took = -1;
+    parked kb, kc;
+    char r = run_parked(&kb, "steal-marked", take_into, &b_took) && run_parked(&kc, "steal-marked", take_into, &c_took) &&
+             repark(&kb, "steal-waiting") ? 'w' : 'x';
+    if (write(fd[1], &r, 1) != 1) _exit(1);
+    pause();  /* killed here, B waiting, C's mark on the parent's lane */
+    _exit(1);
+  }
+  char r = 0;
+  ok(read(fd[0], &r, 1) == 1 && r == 'w', "killed waiting: in the child, B waits for C's mark (C parked before its fence)");
+  kill(kid, SIGKILL);
+  int status = 0;
+  waitpid(kid, &status, 0);
+  ok(WIFSIGNALED(status), "killed waiting: the child killed there");
+  close(fd[0]), close(fd[1]);
+  ok(fz_permit_take(g_lb, 1), "killed waiting: the parent's call is admitted (it settles C's mark)");
+  ok(fz_permit_take(g_lb, 1), "killed waiting: and a second");
+  is_int(fz_permit_take(g_lb, 1), 0, "killed waiting: not a third");
+  fz_permit_give(g_lb), fz_permit_give(g_lb);
+  is_int((int)peek(g_lb).running, 0, "killed waiting: running 0 at the end");
+}
+
+/* A refusal while a call of a process that cannot be fenced ends: its lane (FZP_NS)
+ * gives the permit itself after its run is stored, so for a moment it holds one more
+ * than it runs, as a fenced lane whose call ended holds one spare. Limit 2: the parent
+ * runs 1 call; in a child with FUSE_PERMITS_NOFENCE=1, N's call ended and N parks before
+ * giving its permit back. T, taking in the parent, must not be refused on that view: it
+ * goes round again (parks at steal-again), N gives, and T takes the permit. Fails when
+ * exactly_full leaves FZP_NS lanes out of its check (T refused, 1 call running of 2). */
+static void ns_take_give(void *p) {
+  (void)p;
+  if (fz_permit_take(g_lb, 1)) fz_permit_give(g_lb);  /* parks at permit-given */
+}
+
+static void nofence_call_ending(void) {
+  fz_config c = defaults();
+  c.max_concurrent = 2;
+  int st, up[2], down[2];
+  uint32_t id;
+  g_lb = fz_registry_open_id("ns-ending", 9, &c, &st, &id);
+  if (!ok(g_lb != NULL && pipe(up) == 0 && pipe(down) == 0, "no fence, a call ending: a shared breaker")) return;
+  ok(fz_permit_take(g_lb, 1), "no fence, a call ending: the parent runs a call");
+  fflush(stdout);
+  pid_t kid = fork();
+  if (kid == 0) {
+    setenv("FUSE_PERMITS_NOFENCE", "1", 1);
+    parked kn;
+    char r = run_parked(&kn, "permit-given", ns_take_give, NULL) ? 'p' : 'x';
+    if (write(up[1], &r, 1) != 1 || read(down[0], &r, 1) != 1) _exit(1);
+    release(&kn);
+    r = 'd';
+    _exit(write(up[1], &r, 1) == 1 ? 0 : 1);
+  }
+  char r = 0;
+  ok(read(up[0], &r, 1) == 1 && r == 'p', "no fence, a call ending: in the child, N's call ended, N parks before giving back its permit");
+  int t_took = -1;
+  parked kt;
+  int round = run_parked(&kt, "steal-again", take_into, &t_took);
+  ok(round, "no fence, a call ending: T, taking, is not refused on that view: it goes round again");
+  r = 'g';
+  ok(write(down[1], &r, 1) == 1 && read(up[0], &r, 1) == 1 && r == 'd', "no fence, a call ending: N gave its permit back");
+  if (round) release(&kt);
+  else pthread_join(kt.th, NULL);
+  is_int(t_took, 1, "no fence, a call ending: T took it");
+  int status = 0;
+  waitpid(kid, &status, 0);
+  ok(WIFEXITED(status) && WEXITSTATUS(status) == 0, "no fence, a call ending: the child ran to its end");
+  close(up[0]), close(up[1]), close(down[0]), close(down[1]);
+  fz_permit_give(g_lb);
+  if (t_took == 1) fz_permit_give(g_lb);  /* T's, its thread gone */
+  is_int((int)peek(g_lb).running, 0, "no fence, a call ending: running 0 at the end");
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   fz_fault_hook = pause_hook;
@@ -955,6 +1118,7 @@ int main(void) {
   mark_made_again();
   mark_made_again_live();
   spare_gone_after_peek();
+  view_read_twice();
   failed_barrier();
   random_pauses(0);
   random_pauses(1);
@@ -962,6 +1126,8 @@ int main(void) {
   random_pauses_unrefused();
   random_pauses_probes();
   random_pauses_processes();
+  killed_waiting();
+  nofence_call_ending();
   random_pauses_registry();
   return done_testing();
 }
