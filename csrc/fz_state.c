@@ -44,8 +44,13 @@
  * one counts it; a failed one marks the half-open failed in that same swap, so that it
  * admits nothing more before the re-open (HO_FAILED). The success that completes
  * `probes` closes; so does any later success of that half-open, should its caller have
- * died between the two swaps (a close already made is seen before the fresh window, so
- * a late closer wipes nothing of the closed period). Nothing here is a pointer, so a breaker can live in memory shared by
+ * died between the two swaps. Two closers of one half-open lay one fresh window: its
+ * shift and era are targets stamped with the generation (lay_fresh), so one that found
+ * the circuit half-open and lays after the other closed it moves nothing (the closed
+ * period's counts stay). A manual reset still lays its own (fresh_window): a probe's
+ * closer that read the shift after the reset's bump and found the circuit half-open
+ * before the reset's swap, raising after it, wipes what closed calls counted between
+ * the two (from the window; totals keep them). Nothing here is a pointer, so a breaker can live in memory shared by
  * processes; nothing takes a lock except registry creation.
  *
  * Tickets. An admitted call's ticket (an exact double below 2^53) is
@@ -273,14 +278,48 @@ static int reopen(fz_breaker *b, uint64_t sw, uint64_t t, uint32_t id) {
   return trans_code(FZ_HALF_OPEN, FZ_OPEN);
 }
 
+/* Raises *w to v, while the breaker is still the one of identity id. */
+static void raise_to(fz_breaker *b, uint32_t id, uint64_t *w, uint64_t v) {
+  uint64_t cur = at_load_acq(w);
+  while (cur < v && alive(b, id) && !at_cas_acqrel(w, &cur, v)) {}
+}
+
+/*
+ * The fresh window of the close of half-open generation g, laid before its swap (see
+ * close_circuit). Several callers may close one half-open (probe_record), and one may
+ * be descheduled anywhere: one that found the circuit half-open, then lays its window
+ * after another closed it, would wipe what the closed calls counted. So the window is
+ * not a bump but a target, stamped with g (stamp, as `until`): the shift and the era
+ * read BEFORE the check of the state word, plus one window; the first stamp of g is
+ * every closer's, and each raises the shift and the era to it, which after the first
+ * raise moves nothing. A target read after a raise of g cannot be stamped: that raise
+ * came after g's stamp was complete. Returns 0 when a newer half-open stamped (this
+ * caller is stale).
+ */
+static int lay_fresh(fz_breaker *b, uint64_t g, uint64_t shift, uint64_t era, uint32_t id) {
+  stamp(&b->fresh_gen, &b->fresh_shift, g, shift + NBUCKETS + 1, "fresh-stamping");
+  stamp(&b->era_gen, &b->fresh_era, g, era + 1, "era-stamping");
+  /* acquire: pairs with the release that completes each stamp */
+  if (at_load_acq(&b->fresh_gen) != g || at_load_acq(&b->era_gen) != g) return 0;
+  raise_to(b, id, &b->shift, at_load_rlx(&b->fresh_shift));
+  epoch_at(b, now_ns(), id);
+  uint64_t to = at_load_rlx(&b->fresh_era), agg = at_load_acq(&b->cw_agg);
+  while (agg >> 33 < to && alive(b, id) && !at_cas_acqrel(&b->cw_agg, &agg, to << 33)) {}
+  return 1;
+}
+
 /* half_open -> closed. The fresh window is laid before the swap: while half-open no
- * rule reads the window, so a swap that loses leaves nothing wrong behind. The backoff
- * is left alone: the next trip starts a new run of open periods. */
+ * rule reads the window, so a swap that loses leaves nothing wrong behind, and a late
+ * closer lays nothing over the closed period (lay_fresh). The backoff is left alone:
+ * the next trip starts a new run of open periods. */
 static int close_circuit(fz_breaker *b, uint64_t sw, uint32_t id) {
-  /* closed already (by a later probe's success, see probe_record): its window is fresh,
-   * and calls may count in it */
+  /* the window's targets before the check (acquire: a raise of this half-open's seen
+   * here came after its stamp was complete, see lay_fresh) */
+  uint64_t shift = at_load_acq(&b->shift), era = at_load_acq(&b->cw_agg) >> 33;
+  /* closed already (by a later probe's success, see probe_record): calls count in it */
   if (at_load_acq(&b->sw) != sw) return 0;
-  fresh_window(b, id);
+  FAULT("close-checked");
+  if (!lay_fresh(b, sw_gen(sw), shift, era, id)) return 0;
   FAULT("closing");
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_CLOSED))) return 0;
   return trans_code(FZ_HALF_OPEN, FZ_CLOSED);
@@ -1208,7 +1247,8 @@ static void carry_on(fz_breaker *b, fz_breaker *tmp) {
  *     process killed anywhere in here leaves an identity that the next reuse continues;
  *   - the generation goes on from the state word's, and the words stamped with a
  *     generation (the open and forced ends, the half-open word, probe starts, the last
- *     eviction) are kept: their generations are all older than the new breaker's;
+ *     eviction, a close's fresh window) are kept: their generations are all older than
+ *     the new breaker's;
  *   - the key goes on (a ticket of an earlier breaker here is stale by generation).
  * The state word is stored last. */
 void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name_at, uint32_t *ring) {
@@ -1224,6 +1264,8 @@ void fzi_slot_init(fz_breaker *b, const fz_config *c, const char *name_at, uint3
   tmp.forced_until = at_load_rlx(&b->forced_until);
   tmp.forced_gen = at_load_rlx(&b->forced_gen) & ~STAMPING;
   tmp.ho = at_load_rlx(&b->ho);
+  tmp.fresh_gen = at_load_rlx(&b->fresh_gen) & ~STAMPING, tmp.fresh_shift = at_load_rlx(&b->fresh_shift);
+  tmp.era_gen = at_load_rlx(&b->era_gen) & ~STAMPING, tmp.fresh_era = at_load_rlx(&b->fresh_era);
   for (int i = 0; i < FZ_MAX_PROBES; i++) tmp.probe_start[i] = at_load_rlx(&b->probe_start[i]);
   carry_on(b, &tmp);
   tmp.in_registry = 1;
@@ -1355,7 +1397,8 @@ static void reepoch(fz_breaker *b) {
 }
 
 /* Fewer probes than a half-open under way counted: the successes it counted stop one
- * short of the new number, so that the next success closes (with `==`, as always). */
+ * short of the new number, so that the next success closes (as it would without this:
+ * probe_record closes on `>=`; this keeps the count within the new number). */
 static void fewer_probes(fz_breaker *b, uint32_t probes) {
   uint64_t sw = at_load_acq(&b->sw), ho = at_load_acq(&b->ho);
   if (sw_state(sw) != FZ_HALF_OPEN) return;

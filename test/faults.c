@@ -391,9 +391,10 @@ int main(void) {
   is_int(state(b), FZ_OPEN, "after probe_timeout the slot is free again: open");
   ok(recovers(b, 0.15), "and after open_for a new probe closes it");
   /* the success that completes `probes` dies before its close: after its swap of ho,
-   * and after the fresh window it lays before the close */
-  static const char *const closes[] = { "probe-succeeded", "closing" };
-  for (int i = 0; i < 2; i++) {
+   * after its check of the state word, halfway through stamping the fresh window's
+   * shift or era (the next closer finishes the stamp), and after the fresh window */
+  static const char *const closes[] = { "probe-succeeded", "close-checked", "fresh-stamping", "era-stamping", "closing" };
+  for (int i = 0; i < 5; i++) {
     b = breaker(closes[i]);
     fail_once(b);
     sleep_s(0.15);

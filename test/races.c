@@ -18,7 +18,9 @@
  *   a completed half-open            a success past `probes` closes it when the one
  *                                    that completed them has not yet (pause
  *                                    "probe-succeeded"), and a late close starts no
- *                                    fresh window over the closed period
+ *                                    fresh window over the closed period, nor does
+ *                                    one past its check (pause "close-checked"),
+ *                                    time or count window
  *   idle eviction of a running call  its outcome is not lost: fz_done answers FZ_ESTALE
  *                                    and fz_late_id counts it into the name's breaker
  *   reconfigure while calls run      options are atomic (this part is for TSan)
@@ -272,6 +274,37 @@ static void completed_probe(void) {
   fz_breaker_free(b);
 }
 
+/* Two closers of one half-open (the one that completed `probes`, parked, and a later
+ * probe's success, see completed_probe): the completing one parks right after it found
+ * the circuit still half-open (the pause "close-checked"), before its fresh window; the
+ * later one closes; a closed call fails; the parked one, released, must not lay its
+ * fresh window over that failure (it would wipe it from the window: two more failures
+ * would then not trip it). */
+static void late_closer(uint32_t count_window) {
+  at(9000);
+  fz_config c = defaults();
+  c.count_window = count_window;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  for (int i = 0; i < 3; i++) fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  later(10);
+  done_job j = { b, fz_enter(b), -1 };
+  ok(kind_of(j.ticket) == 2, "late closer: a probe admitted");
+  parked k;
+  ok(run_parked(&k, "close-checked", do_succeed, &j), "late closer: its success parked after the half-open check");
+  double t = fz_enter(b);
+  ok(kind_of(t) == 2, "late closer: another probe admitted");
+  is_int(fz_done(b, t, FZ_SUCCESS, -1), 64 + FZ_HALF_OPEN * 8 + FZ_CLOSED, "late closer: the other probe's success closes");
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  release(&k);
+  is_int(j.rc, 0, "late closer (count window %u): the parked report, released, made no transition", count_window);
+  is_int((int)peek(b).failures, 1, "late closer (count window %u): the closed call's failure is still in the window",
+         count_window);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  is_int(state(b), FZ_OPEN, "late closer (count window %u): two more failures trip it (fails = 3)", count_window);
+  fz_breaker_free(b);
+}
+
 /* ---------------------------------------------------------------- the lift */
 
 /* The lift of a timed forced_open (forced_open -> open -> half_open, one swap) by the
@@ -509,6 +542,8 @@ int main(void) {
   failed_probe(2);
   timed_out_probe();
   completed_probe();
+  late_closer(0);
+  late_closer(10);
   forced_vs_trip();
   lift_races();
   evicted_mid_call();
