@@ -257,9 +257,10 @@ lvl=$(level waiting)
 check "and the upstream never held more than 5 ($lvl)" [ "$lvl" -le 5 ]
 check "none counted as full ($(stats waiting))" [ "$(stats waiting)" = "0 0" ]
 late=$(curl -s -m 10 "http://127.0.0.1:$PORT/late/wait")
-# (nginx's time has millisecond resolution: the wait ends within its millisecond)
+# (timed on the core's clock: at least max_wait; with nginx's millisecond clock CI saw
+# 0.1987 and 0.1989 s)
 check "max_wait = 0.2 after 100 ms of work in the request: the allow waits 0.2 s, then is refused full ($late)" \
-  awk -v w="$late" 'BEGIN { split(w, a, " "); exit !(a[1] == "full" && a[2] >= 0.199) }'
+  awk -v w="$late" 'BEGIN { split(w, a, " "); exit !(a[1] == "full" && a[2] >= 0.2) }'
 
 # ---------------------------------------------------------------- ngx.exit inside the guard
 # (a request's permit comes back in its log phase, which may run after curl has the
@@ -587,7 +588,7 @@ check "a call answers the service's body ($body)" [ "$body" = "user" ]
 # max_wait = 0.2 as printed: with 20 calls held (until /release), the 21st waits for one
 # to end before its 503. (Through fuse.get("users"), which has no max_wait, it did not:
 # 503 at once.) A lower bound: a busy machine only makes the wait longer (the wait counts
-# from the call, within nginx's millisecond: see /late/wait).
+# from the call, at least max_wait: see /late/wait).
 holders=()
 for ((i = 0; i < 20; i++)); do get "/users/hold$i" 90 > "$T/hold$i" & holders+=($!); done
 held20() { [ "$(curl -s -m 5 "http://127.0.0.1:$PORT2/held")" = 20 ]; }
@@ -599,7 +600,7 @@ fi
 curl -s -m 5 -o /dev/null "http://127.0.0.1:$PORT2/release"
 wait "${holders[@]}"
 check "a call past the 20 held waits max_wait (0.2 s) and is answered 503 ($waited)" \
-  awk -v w="$waited" 'BEGIN { split(w, a, " "); exit !(a[1] == 503 && a[2] >= 0.199) }'
+  awk -v w="$waited" 'BEGIN { split(w, a, " "); exit !(a[1] == 503 && a[2] >= 0.2) }'
 held=$(cat "$T"/hold*)
 check "and the 20 held calls end in 200 once released" [ "$held" = "$(printf '200%.0s' $(seq 20))" ]
 errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$R/logs/error.log")
