@@ -215,14 +215,20 @@ check "the load loop got only 200s through the reload ($(grep -c '^200$' "$T/loa
 # copies the breakers into it (docs/reloads.md); when nginx then fails the reload, the old
 # workers go on in the old registry. The next reload must start from that one, not from
 # the copy the failed reload made (which misses everything since).
-old=$(workers | sort | tr '\n' ' ')
+# errors_logged N: nginx logged its Nth "init_by_lua error" (a reload that failed)
+errors_logged() { [ "$(grep -c 'init_by_lua error' "$P/logs/error.log")" -ge "$1" ]; }
+# reload_fails N WHAT: sends the reload of the conf written last, which must fail: waits
+# for the Nth "init_by_lua error", checks it and that nginx kept the workers ($old)
+reload_fails() {
+  old=$(workers | sort | tr '\n' ' ')
+  kill -HUP "$MASTER"
+  wait_for 60 errors_logged "$1"
+  check "the reload with $2 fails, logged" errors_logged "$1"
+  now=$(workers | sort | tr '\n' ' ')
+  check "nginx kept the old workers ($old; now: $now)" [ "$old" = "$now" ]
+}
 conf '{ A, C }' 'require("fuse.upstream").new("q", { "nope" })' 128
-kill -HUP "$MASTER"
-failed_twice() { [ "$(grep -c 'init_by_lua error' "$P/logs/error.log")" -ge 2 ]; }
-wait_for 60 failed_twice
-check "the reload with capacity 128 and a bad pool q fails, logged" failed_twice
-now=$(workers | sort | tr '\n' ' ')
-check "nginx kept the old workers ($old; now: $now)" [ "$old" = "$now" ]
+reload_fails 2 "capacity 128 and a bad pool q"
 # k_all STATE: each of the master's 4 workers answers /k with STATE
 k_all() { all_say /k "$1"; }
 tripped=$(get /trip)
@@ -239,14 +245,8 @@ check "every new worker sees k open, as the old workers left it ($(k_all open; e
 # fuse.new in init_by_lua of an existing name with other options reconfigures the shared
 # breaker (docs/reloads.md); a reload that fails after it must leave the old workers with
 # their options.
-old=$(workers | sort | tr '\n' ' ')
 conf '{ A, C }' 'require("fuse.upstream").new("q", { "nope" })' 128 1
-kill -HUP "$MASTER"
-failed_thrice() { [ "$(grep -c 'init_by_lua error' "$P/logs/error.log")" -ge 3 ]; }
-wait_for 60 failed_thrice
-check "the reload with k2's fails = 1 and a bad pool q fails, logged" failed_thrice
-now=$(workers | sort | tr '\n' ' ')
-check "nginx kept the old workers ($old; now: $now)" [ "$old" = "$now" ]
+reload_fails 3 "k2's fails = 1 and a bad pool q"
 tripped=$(get "/trip?name=k2")
 check "after the failed reload k2 keeps fails = 3: one failure leaves it closed ($tripped)" [ "${tripped#* }" = closed ]
 conf '{ A, C }' '' 128 5
