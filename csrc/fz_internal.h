@@ -120,12 +120,12 @@ struct fz_breaker {
   /* Half-open admission. */
   _Alignas(LINE) uint64_t ho;   /* concurrent: gen32 << 32 | HO_FAILED | successes << 16 | busy slots */
   uint64_t probe_start[FZ_MAX_PROBES]; /* concurrent: gen22 << 42 | start in ms (mod 2^42) */
-  /* The fresh window a close of half-open generation g lays (close_circuit): the shift
-   * and count-window era it raises to, each stamped with g as `until` is (stamp), so that
-   * every closer of g lays the same one and a late one lays nothing new. (In the spare
-   * words of this line: no offset moves.) */
-  uint64_t fresh_gen, fresh_shift;  /* concurrent: g (| STAMPING), the shift to raise to */
-  uint64_t era_gen, fresh_era;      /* concurrent: g (| STAMPING), the era to raise to */
+  /* The fresh window a move from generation g to closed lays (a half-open's close or a
+   * manual reset: lay_fresh): the shift and count-window era it raises to, each stamped
+   * with g + 1 as `until` is (stamp), so that every closer of g lays the same one and a
+   * late one lays nothing new. (In the spare words of this line: no offset moves.) */
+  uint64_t fresh_gen, fresh_shift;  /* concurrent: g + 1 (| STAMPING), the shift to raise to */
+  uint64_t era_gen, fresh_era;      /* concurrent: g + 1 (| STAMPING), the era to raise to */
 
   /* Failures and slow calls: not striped, they decide trips and are rare. */
   _Alignas(LINE) uint64_t fails[NBUCKETS]; /* concurrent, tagged */

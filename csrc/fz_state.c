@@ -47,11 +47,11 @@
  * died between the two swaps. Two closers of one half-open lay one fresh window: its
  * shift and era are targets stamped with the generation (lay_fresh), so one that found
  * the circuit half-open and lays after the other closed it moves nothing (the closed
- * period's counts stay). A manual reset still lays its own (fresh_window): a probe's
- * closer that read the shift after the reset's bump and found the circuit half-open
- * before the reset's swap, raising after it, wipes what closed calls counted between
- * the two (from the window; totals keep them). Nothing here is a pointer, so a breaker can live in memory shared by
- * processes; nothing takes a lock except registry creation.
+ * period's counts stay). A manual reset to closed lays the fresh window of the
+ * generation it moves from the same way (move_to), so a closer of that half-open that
+ * lays after the reset's swap moves nothing either. Nothing here is a pointer, so a
+ * breaker can live in memory shared by processes; nothing takes a lock except registry
+ * creation.
  *
  * Tickets. An admitted call's ticket (an exact double below 2^53) is
  *   key13 << 40 | generation32 << 8 | 0 << 7 | slot4 << 3 | kind2 << 1 | made1
@@ -285,22 +285,24 @@ static void raise_to(fz_breaker *b, uint32_t id, uint64_t *w, uint64_t v) {
 }
 
 /*
- * The fresh window of the close of half-open generation g, laid before its swap (see
- * close_circuit). Several callers may close one half-open (probe_record), and one may
- * be descheduled anywhere: one that found the circuit half-open, then lays its window
+ * The fresh window of the move from generation g to closed (g + 1), laid before its
+ * swap: a half-open's close (close_circuit) or a manual reset (move_to). Several callers
+ * may close one half-open (probe_record), a reset may race them, and one may be
+ * descheduled anywhere: one that found the circuit half-open, then lays its window
  * after another closed it, would wipe what the closed calls counted. So the window is
- * not a bump but a target, stamped with g (stamp, as `until`): the shift and the era
- * read BEFORE the check of the state word, plus one window; the first stamp of g is
- * every closer's, and each raises the shift and the era to it, which after the first
- * raise moves nothing. A target read after a raise of g cannot be stamped: that raise
- * came after g's stamp was complete. Returns 0 when a newer half-open stamped (this
- * caller is stale).
+ * not a bump but a target, stamped with g + 1 (stamp, as `until`; never 0, which an
+ * unstamped breaker holds): the shift and the era read BEFORE the check of the state
+ * word, plus one window; the first stamp of g + 1 is every closer's, and each raises
+ * the shift and the era to it, which after the first raise moves nothing. A target read
+ * after a raise of g + 1 cannot be stamped: that raise came after its stamp was
+ * complete. Returns 0 when a newer generation stamped (this caller is stale).
  */
 static int lay_fresh(fz_breaker *b, uint64_t g, uint64_t shift, uint64_t era, uint32_t id) {
-  stamp(&b->fresh_gen, &b->fresh_shift, g, shift + NBUCKETS + 1, "fresh-stamping");
-  stamp(&b->era_gen, &b->fresh_era, g, era + 1, "era-stamping");
+  uint64_t c = g + 1;
+  stamp(&b->fresh_gen, &b->fresh_shift, c, shift + NBUCKETS + 1, "fresh-stamping");
+  stamp(&b->era_gen, &b->fresh_era, c, era + 1, "era-stamping");
   /* acquire: pairs with the release that completes each stamp */
-  if (at_load_acq(&b->fresh_gen) != g || at_load_acq(&b->era_gen) != g) return 0;
+  if (at_load_acq(&b->fresh_gen) != c || at_load_acq(&b->era_gen) != c) return 0;
   raise_to(b, id, &b->shift, at_load_rlx(&b->fresh_shift));
   epoch_at(b, now_ns(), id);
   uint64_t to = at_load_rlx(&b->fresh_era), agg = at_load_acq(&b->cw_agg);
@@ -1085,10 +1087,19 @@ void fz_stats_peek(fz_breaker *b, fz_stats *out) { stats_fill(b, out, 0); }
 static int move_to(fz_breaker *b, int to) {
   uint32_t id = (uint32_t)at_load_acq(&b->id);
   uint64_t sw = at_load_acq(&b->sw);
-  if (sw_state(sw) == FZ_REMOVED) return 0;
-  if (to == FZ_CLOSED) fresh_window(b, id);
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED) return 0;
+    /* a reset lays the fresh window of the generation it moves from as a probe's closer
+     * does (lay_fresh: targets read before the check, stamped with that generation), so
+     * that a closer of the same half-open that lays after the reset moves nothing */
+    if (to == FZ_CLOSED) {
+      uint64_t shift = at_load_acq(&b->shift), era = at_load_acq(&b->cw_agg) >> 33, now = at_load_acq(&b->sw);
+      if (now != sw || !lay_fresh(b, sw_gen(sw), shift, era, id)) {
+        sw = now != sw ? now : at_load_acq(&b->sw);
+        continue;
+      }
+      FAULT("reset-laid");
+    }
     if (at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, to))) break;
   }
   return trans_code(sw_state(sw), to);

@@ -202,12 +202,4 @@ static uint32_t bump(fz_breaker *b, uint64_t *w, uint64_t *folded, uint64_t e, u
   return tw_add(b, &w[e % NBUCKETS], folded, e, id);
 }
 
-/* Starts a fresh window: every bucket written so far falls out of it. */
-static void fresh_window(fz_breaker *b, uint32_t id) {
-  add_if(b, id, &b->shift, NBUCKETS + 1);
-  epoch_at(b, now_ns(), id);
-  uint64_t agg = at_load_acq(&b->cw_agg);
-  while (alive(b, id) && !at_cas_acqrel(&b->cw_agg, &agg, ((agg >> 33) + 1) << 33)) {}
-}
-
 #endif /* FZ_WINDOW_H */

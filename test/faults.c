@@ -62,6 +62,7 @@ static int die_in_child(const char *where, void (*action)(fz_breaker *), fz_brea
 static void fail_once(fz_breaker *b) { fz_done(b, fz_enter(b), FZ_FAILURE, -1); }
 static void take_probe(fz_breaker *b) { fz_enter(b); }
 static void succeed_once(fz_breaker *b) { fz_done(b, fz_enter(b), FZ_SUCCESS, -1); }
+static void reset_once(fz_breaker *b) { fz_reset(b); }
 static void ignore_probe(fz_breaker *b) {
   double t = fz_enter(b);
   fz_done(b, t, FZ_IGNORE, -1);
@@ -402,6 +403,19 @@ int main(void) {
        closes[i]);
     ok(recovers(b, 0), "the next call is a probe whose success closes the circuit (before: half_open for good)");
   }
+  /* a reset that dies after its fresh window, before its swap: the circuit is as it
+   * was, and the probe's success closes it (the closer finishes the window the reset
+   * stamped); a reset then still closes a tripped circuit */
+  b = breaker("reset-laid");
+  fail_once(b);
+  sleep_s(0.15);
+  ok(die_in_child("reset-laid", reset_once, b), "a process died at reset-laid, between its fresh window and its swap");
+  is_int(state(b), FZ_HALF_OPEN, "it left the circuit as it was: half_open once open_for is over");
+  ok(recovers(b, 0), "the next call is a probe whose success closes the circuit");
+  fail_once(b);
+  is_int(fz_reset(b), 64 + FZ_OPEN * 8 + FZ_CLOSED, "a reset of the tripped circuit closes it");
+  fail_once(b);
+  is_int(state(b), FZ_OPEN, "and one failure trips it again (fails = 1): its window counts");
   /* the lift of a timed forced_open: one swap to half_open, then the lifter's claim */
   b = breaker("lifted");
   fz_force_open_for(b, 0.05);

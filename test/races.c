@@ -20,7 +20,8 @@
  *                                    "probe-succeeded"), and a late close starts no
  *                                    fresh window over the closed period, nor does
  *                                    one past its check (pause "close-checked"),
- *                                    time or count window
+ *                                    time or count window, nor one racing a reset
+ *                                    (pause "reset-laid")
  *   idle eviction of a running call  its outcome is not lost: fz_done answers FZ_ESTALE
  *                                    and fz_late_id counts it into the name's breaker
  *   reconfigure while calls run      options are atomic (this part is for TSan)
@@ -305,6 +306,40 @@ static void late_closer(uint32_t count_window) {
   fz_breaker_free(b);
 }
 
+static void do_reset(void *p) { fz_reset(p); }
+
+/* A manual reset and a probe's closer of the same half-open: the reset parks after its
+ * fresh window, before its swap ("reset-laid"); the probe's success then finds the
+ * circuit still half-open and parks past its check ("close-checked"); the reset swaps
+ * (closed), a closed call fails, and the closer, released, must not lay a second fresh
+ * window over that failure. Before, a reset bumped the window itself, and the closer
+ * laid its own from the shift it read after that bump: the failure was wiped from the
+ * window and two more did not trip it. */
+static void reset_vs_closer(uint32_t count_window) {
+  at(9500 + count_window);
+  fz_config c = defaults();
+  c.count_window = count_window;
+  fz_breaker *b = fz_breaker_new(&c, NULL);
+  for (int i = 0; i < 3; i++) fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  later(10);
+  done_job j = { b, fz_enter(b), -1 };
+  ok(kind_of(j.ticket) == 2, "reset vs closer: a probe admitted");
+  parked r, k;
+  ok(run_parked(&r, "reset-laid", do_reset, b), "reset vs closer: a reset parked after its fresh window, before its swap");
+  ok(run_parked(&k, "close-checked", do_succeed, &j), "reset vs closer: the probe's success parked past its half-open check");
+  release(&r);
+  is_int(state(b), FZ_CLOSED, "reset vs closer: the reset, released, closed the circuit");
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  release(&k);
+  is_int(j.rc, 0, "reset vs closer (count window %u): the parked success, released, made no transition", count_window);
+  is_int((int)peek(b).failures, 1, "reset vs closer (count window %u): the closed call's failure is still in the window",
+         count_window);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
+  is_int(state(b), FZ_OPEN, "reset vs closer (count window %u): two more failures trip it (fails = 3)", count_window);
+  fz_breaker_free(b);
+}
+
 /* ---------------------------------------------------------------- the lift */
 
 /* The lift of a timed forced_open (forced_open -> open -> half_open, one swap) by the
@@ -544,6 +579,8 @@ int main(void) {
   completed_probe();
   late_closer(0);
   late_closer(10);
+  reset_vs_closer(0);
+  reset_vs_closer(10);
   forced_vs_trip();
   lift_races();
   evicted_mid_call();
