@@ -275,68 +275,46 @@ static void completed_probe(void) {
   fz_breaker_free(b);
 }
 
+static void do_reset(void *p) { fz_reset(p); }
+
 /* Two closers of one half-open (the one that completed `probes`, parked, and a later
  * probe's success, see completed_probe): the completing one parks right after it found
  * the circuit still half-open (the pause "close-checked"), before its fresh window; the
  * later one closes; a closed call fails; the parked one, released, must not lay its
  * fresh window over that failure (it would wipe it from the window: two more failures
- * would then not trip it). */
-static void late_closer(uint32_t count_window) {
-  at(9000);
+ * would then not trip it). by_reset: the other closer is a manual reset, parked after
+ * its fresh window and before its swap ("reset-laid") while the probe's success makes
+ * its check. Before, a reset bumped the window itself, and the closer laid its own from
+ * the shift it read after that bump: the failure was wiped. */
+static void late_closer(uint32_t count_window, int by_reset) {
+  const char *what = by_reset ? "reset vs closer" : "late closer";
+  at(9000 + by_reset * 500 + count_window);
   fz_config c = defaults();
   c.count_window = count_window;
   fz_breaker *b = fz_breaker_new(&c, NULL);
   for (int i = 0; i < 3; i++) fz_done(b, fz_enter(b), FZ_FAILURE, -1);
   later(10);
   done_job j = { b, fz_enter(b), -1 };
-  ok(kind_of(j.ticket) == 2, "late closer: a probe admitted");
-  parked k;
-  ok(run_parked(&k, "close-checked", do_succeed, &j), "late closer: its success parked after the half-open check");
-  double t = fz_enter(b);
-  ok(kind_of(t) == 2, "late closer: another probe admitted");
-  is_int(fz_done(b, t, FZ_SUCCESS, -1), 64 + FZ_HALF_OPEN * 8 + FZ_CLOSED, "late closer: the other probe's success closes");
+  ok(kind_of(j.ticket) == 2, "%s: a probe admitted", what);
+  parked k, r;
+  if (by_reset) ok(run_parked(&r, "reset-laid", do_reset, b), "%s: a reset parked after its fresh window, before its swap", what);
+  ok(run_parked(&k, "close-checked", do_succeed, &j), "%s: its success parked after the half-open check", what);
+  if (by_reset) {
+    release(&r);
+    is_int(state(b), FZ_CLOSED, "%s: the reset, released, closed the circuit", what);
+  } else {
+    double t = fz_enter(b);
+    ok(kind_of(t) == 2, "%s: another probe admitted", what);
+    is_int(fz_done(b, t, FZ_SUCCESS, -1), 64 + FZ_HALF_OPEN * 8 + FZ_CLOSED, "%s: the other probe's success closes", what);
+  }
   fz_done(b, fz_enter(b), FZ_FAILURE, -1);
   release(&k);
-  is_int(j.rc, 0, "late closer (count window %u): the parked report, released, made no transition", count_window);
-  is_int((int)peek(b).failures, 1, "late closer (count window %u): the closed call's failure is still in the window",
+  is_int(j.rc, 0, "%s (count window %u): the parked report, released, made no transition", what, count_window);
+  is_int((int)peek(b).failures, 1, "%s (count window %u): the closed call's failure is still in the window", what,
          count_window);
   fz_done(b, fz_enter(b), FZ_FAILURE, -1);
   fz_done(b, fz_enter(b), FZ_FAILURE, -1);
-  is_int(state(b), FZ_OPEN, "late closer (count window %u): two more failures trip it (fails = 3)", count_window);
-  fz_breaker_free(b);
-}
-
-static void do_reset(void *p) { fz_reset(p); }
-
-/* A manual reset and a probe's closer of the same half-open: the reset parks after its
- * fresh window, before its swap ("reset-laid"); the probe's success then finds the
- * circuit still half-open and parks past its check ("close-checked"); the reset swaps
- * (closed), a closed call fails, and the closer, released, must not lay a second fresh
- * window over that failure. Before, a reset bumped the window itself, and the closer
- * laid its own from the shift it read after that bump: the failure was wiped from the
- * window and two more did not trip it. */
-static void reset_vs_closer(uint32_t count_window) {
-  at(9500 + count_window);
-  fz_config c = defaults();
-  c.count_window = count_window;
-  fz_breaker *b = fz_breaker_new(&c, NULL);
-  for (int i = 0; i < 3; i++) fz_done(b, fz_enter(b), FZ_FAILURE, -1);
-  later(10);
-  done_job j = { b, fz_enter(b), -1 };
-  ok(kind_of(j.ticket) == 2, "reset vs closer: a probe admitted");
-  parked r, k;
-  ok(run_parked(&r, "reset-laid", do_reset, b), "reset vs closer: a reset parked after its fresh window, before its swap");
-  ok(run_parked(&k, "close-checked", do_succeed, &j), "reset vs closer: the probe's success parked past its half-open check");
-  release(&r);
-  is_int(state(b), FZ_CLOSED, "reset vs closer: the reset, released, closed the circuit");
-  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
-  release(&k);
-  is_int(j.rc, 0, "reset vs closer (count window %u): the parked success, released, made no transition", count_window);
-  is_int((int)peek(b).failures, 1, "reset vs closer (count window %u): the closed call's failure is still in the window",
-         count_window);
-  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
-  fz_done(b, fz_enter(b), FZ_FAILURE, -1);
-  is_int(state(b), FZ_OPEN, "reset vs closer (count window %u): two more failures trip it (fails = 3)", count_window);
+  is_int(state(b), FZ_OPEN, "%s (count window %u): two more failures trip it (fails = 3)", what, count_window);
   fz_breaker_free(b);
 }
 
@@ -577,10 +555,10 @@ int main(void) {
   failed_probe(2);
   timed_out_probe();
   completed_probe();
-  late_closer(0);
-  late_closer(10);
-  reset_vs_closer(0);
-  reset_vs_closer(10);
+  for (int by_reset = 0; by_reset < 2; by_reset++) {
+    late_closer(0, by_reset);
+    late_closer(10, by_reset);
+  }
   forced_vs_trip();
   lift_races();
   evicted_mid_call();
