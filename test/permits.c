@@ -6,7 +6,9 @@
  * more threads than lanes; a thread's first take on a breaker; the counts' wrap at 2^24.
  */
 #include "../csrc/fz.h"
-#include "../csrc/fz_permits.h"  /* fzp_took, fzp_move, fzp_self */
+#define FZ_BREAKER_WORDS
+#include "../csrc/fz_internal.h"  /* permits_of: the words shown when the limit is passed */
+#include "../csrc/fz_permits.h"   /* fzp_took, fzp_move, fzp_self */
 #include "tap.h"
 #include "harness.h"
 
@@ -44,6 +46,31 @@ static int g_inside, g_max_inside, g_over;  /* atomics */
 static long g_iters;
 static long g_taken[NTHREADS], g_full[NTHREADS];
 
+/* The permit words of b as one diag line, the first time the test's count passes the
+ * limit (read while the threads run: a view of that moment, not an instant): the count
+ * taken and the gives summed, and each used lane's owner tid, what it holds (h), the
+ * calls it runs (c), M when marked, N when unfenced, P when a take is pending (its pw
+ * swap made, its lane word not yet). The evidence should a run ever fail. */
+static int g_shown;
+static void show_lanes(fz_breaker *b) {
+  if (__atomic_exchange_n(&g_shown, 1, __ATOMIC_SEQ_CST)) return;
+  fzp *p = permits_of(b);
+  uint64_t pw = at_load_acq(&p->pw), seen = at_load_acq(&p->seen), used = at_load_acq(&p->used);
+  char line[2048];
+  int n = snprintf(line, sizeof line, "past the limit: taken %llu, seen given %llu, out %llu; lanes:",
+                   (unsigned long long)(pw & FZP_COUNT), (unsigned long long)seen,
+                   (unsigned long long)((pw - seen) & FZP_COUNT));
+  for (int i = 0; i < FZP_LANES && n > 0 && (size_t)n < sizeof line; i++) {
+    if (!(used >> i & 1)) continue;
+    uint64_t st = at_load_acq(&p->lane[i].st), run = at_load_acq(&p->lane[i].run);
+    n += snprintf(line + n, sizeof line - (size_t)n, " %d[tid %llu] h%d c%lld%s%s%s", i,
+                  (unsigned long long)(at_load_acq(&p->lane[i].owner) & ((UINT64_C(1) << 22) - 1)), fzp_held(st),
+                  (long long)fzp_calls(run), (st & FZP_RV) ? " M" : "", (st & FZP_NS) ? " N" : "",
+                  (pw >> (24 + i) & 1) != (st & 1) ? " P" : "");
+  }
+  diag("%s", line);
+}
+
 static void *hammer(void *arg) {
   intptr_t me = (intptr_t)arg;
   for (long i = 0; i < g_iters; i++) {
@@ -53,7 +80,10 @@ static void *hammer(void *arg) {
     }
     g_taken[me]++;
     int in = __atomic_add_fetch(&g_inside, 1, __ATOMIC_SEQ_CST);
-    if (in > K) __atomic_add_fetch(&g_over, 1, __ATOMIC_SEQ_CST);
+    if (in > K) {
+      __atomic_add_fetch(&g_over, 1, __ATOMIC_SEQ_CST);
+      show_lanes(g_b);
+    }
     int m = __atomic_load_n(&g_max_inside, __ATOMIC_RELAXED);
     while (in > m && !__atomic_compare_exchange_n(&g_max_inside, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     for (volatile int spin = 0; spin < (int)(i % 7) * 10; spin++) {}
