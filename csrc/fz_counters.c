@@ -22,6 +22,7 @@
  */
 #include "fz.h"
 #include "fz_atomic.h"
+#include "fz_fault.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -31,12 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef FZ_FAULTS
-extern void (*fz_fault_hook)(const char *where);
-#define FAULT(where) do { if (fz_fault_hook) fz_fault_hook(where); } while (0)
-#else
-#define FAULT(where) ((void)0)
-#endif
 
 #define LINE 64
 #define SPIN_LIMIT 100000

@@ -41,6 +41,7 @@
  */
 #include "fz.h"
 #include "fz_atomic.h"
+#include "fz_fault.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -51,12 +52,6 @@
 #include <unistd.h>
 
 #define LINE 64
-#ifdef FZ_FAULTS
-extern void (*fz_fault_hook)(const char *where);
-#define FAULT(where) do { if (fz_fault_hook) fz_fault_hook(where); } while (0)
-#else
-#define FAULT(where) ((void)0)
-#endif
 
 #define BUSY (UINT64_C(1) << 63)
 #define LOST (UINT64_C(1) << 62)  /* taken back from a writer that died holding it */

@@ -37,21 +37,10 @@ void fzi_permits_copy(fz_breaker *to, fz_breaker *from);  /* a copy made by a re
 #ifdef FZ_BREAKER_WORDS
 
 #include "fz_atomic.h"
+#include "fz_fault.h"
 #include "fz_permits.h"
 
 #include <time.h>
-
-/*
- * Fault points for test/faults.c, which builds the core with -DFZ_FAULTS and kills a
- * forked process at one of them, to show that no instruction is a bad place to die.
- * In every other build they are nothing.
- */
-#ifdef FZ_FAULTS
-extern void (*fz_fault_hook)(const char *where);  /* defined in fz_state.c */
-#define FAULT(where) do { if (fz_fault_hook) fz_fault_hook(where); } while (0)
-#else
-#define FAULT(where) ((void)0)
-#endif
 
 #define LINE 64
 #define MS42 ((UINT64_C(1) << 42) - 1)  /* probe starts: ms mod 2^42 (139 years) */

@@ -149,7 +149,7 @@ static uint64_t resolve(fzp *p, int lane, uint64_t pw_seen, int use_seen) {
  * never moves back, so it never says more was given than was). Returns seen after. */
 static uint64_t refresh(fzp *p) {
   uint64_t g = 0, used = at_load_acq(&p->used);  /* acquire: pairs with the release in claim */
-  FZP_FAULT("permit-summing");
+  FAULT("permit-summing");
   /* a lane not in `used` that a claim takes meanwhile is missed: its gives come after the
    * claim, so the sum only stays lower than the truth (a sum read later counts them) */
   for (uint64_t m = used & ((UINT64_C(1) << FZP_LANES) - 1); m; m &= m - 1)
@@ -170,7 +170,7 @@ static int64_t take_back(fzp *p, int lane, uint64_t o) {
   /* the survivor's name in the owner word, generation kept: a survivor that dies here
    * is dead in turn, and the next one finishes (resolve settles its takes too) */
   if (!at_cas_acqrel(&l->owner, &o, owner(gen_of(o), me()))) return 0;
-  FZP_FAULT("reclaim-claimed");
+  FAULT("reclaim-claimed");
   /* its calls died with it (relaxed: the owner word's release below publishes it; a
    * survivor killed after this leaves it for the next, who stores it again) */
   at_store_rlx(&l->run, 0);
@@ -186,7 +186,7 @@ static int64_t take_back(fzp *p, int lane, uint64_t o) {
        * leaves the lane as it was, after it a lane holding nothing (release: as a give) */
       if (!at_cas_acqrel(&l->st, &raw, fzp_gave(st & ~FZP_MARK, (uint32_t)held))) continue;
       back += held;
-      FZP_FAULT("reclaim-given");
+      FAULT("reclaim-given");
       break;
     }
     if (held == 0) {
@@ -202,7 +202,7 @@ static int64_t take_back(fzp *p, int lane, uint64_t o) {
     if (st != raw && !at_cas_acqrel(&l->st, &raw, st)) continue;  /* its owner's take, written */
     uint64_t pw = at_load_rlx(&p->pw);
     while (!at_cas_acqrel(&p->pw, &pw, fzp_move(pw, fzp_bit(lane)))) {}
-    FZP_FAULT("reclaim-taken");
+    FAULT("reclaim-taken");
     back--;
     raw = st;
     while (!at_cas_acqrel(&l->st, &raw, fzp_took(raw))) {}
@@ -327,10 +327,10 @@ static int steal(fzp *p, int mine, uint64_t *busy) {
     int i = __builtin_ctzll(m);
     fzp_lane *l = &p->lane[i];
     if (i == mine) continue;
-    FZP_FAULT("steal-peeking");
+    FAULT("steal-peeking");
     uint64_t st = at_load_acq(&l->st);
     if ((st & FZP_NS) || (int64_t)fzp_held(st) - fzp_calls(at_load_rlx(&l->run)) <= 0) continue;
-    FZP_FAULT("steal-peeked");
+    FAULT("steal-peeked");
     /* this taker's own mark, over another's (a taker still at it, or killed at it): the
      * other's give-back, a swap from the word it marked, then fails. A mark is never
      * made again with the same tag while its taker waits to swap (the tag is the
@@ -342,9 +342,9 @@ static int steal(fzp *p, int mine, uint64_t *busy) {
     was[i] = mark, marked |= UINT64_C(1) << i;
   }
   if (!marked) return 0;
-  FZP_FAULT("steal-marked");
+  FAULT("steal-marked");
   int fenced = fence_all();
-  FZP_FAULT("steal-fenced");
+  FAULT("steal-fenced");
   /* no barrier: nothing can be given back from here, and the marks stay, so that each
    * owner gives back its spare itself at its next call (settle) */
   if (!fenced) return 0;
@@ -353,14 +353,14 @@ static int steal(fzp *p, int mine, uint64_t *busy) {
     fzp_lane *l = &p->lane[i];
     uint64_t st = was[i];
     int64_t spare = (int64_t)fzp_held(st) - fzp_calls(at_load_acq(&l->run));
-    FZP_FAULT("steal-read");
+    FAULT("steal-read");
     /* acq_rel: as a give; the mark cleared whether anything is given or not */
     if (at_cas_acqrel(&l->st, &st, fzp_gave(st & ~FZP_MARK, spare > 0 ? (uint32_t)spare : 0))) continue;
     /* the word moved: its owner settled (its spare is given back), or another taker
      * marked it again and gives the spare back after its own barrier: busy */
     if ((st & FZP_RV) && (st >> FZP_TAG_SHIFT & 0x3f) != (uint64_t)(mine + 1)) *busy |= UINT64_C(1) << i;
   }
-  FZP_FAULT("steal-given");
+  FAULT("steal-given");
   return __builtin_popcountll(marked);
 }
 
@@ -371,7 +371,7 @@ static int steal(fzp *p, int mine, uint64_t *busy) {
 static int marks_cleared(fzp *p, uint64_t busy) {
   uint64_t until = coarse_ns() + MARK_WAIT_NS;
   for (;;) {
-    FZP_FAULT("steal-waiting");
+    FAULT("steal-waiting");
     for (uint64_t m = busy; m; m &= m - 1) {
       int i = __builtin_ctzll(m);
       if (!(at_load_acq(&p->lane[i].st) & FZP_RV)) busy &= ~(UINT64_C(1) << i);
@@ -399,7 +399,7 @@ static int collect(fzp *p, int mine, uint64_t *v) {
   v[n++] = at_load_acq(&p->pw);
   for (uint64_t m = used; m; m &= m - 1) {
     int i = __builtin_ctzll(m);
-    if (i != mine) FZP_FAULT("permit-collecting");
+    if (i != mine) FAULT("permit-collecting");
     v[n++] = at_load_acq(&p->lane[i].st);
     v[n++] = at_load_acq(&p->lane[i].run);
   }
@@ -419,7 +419,7 @@ static int collect(fzp *p, int mine, uint64_t *v) {
 static int exactly_full(fzp *p, int mine, uint32_t limit) {
   uint64_t a[2 + 2 * FZP_LANES], b[2 + 2 * FZP_LANES];
   int n = collect(p, mine, a);
-  FZP_FAULT("permit-viewing");
+  FAULT("permit-viewing");
   if (collect(p, mine, b) != n || memcmp(a, b, (size_t)n * sizeof a[0])) return 0;
   uint64_t pw = a[1], given = 0;
   int k = 2;
@@ -454,7 +454,7 @@ static int take_onto(fzp *p, int lane, uint32_t limit) {
     uint64_t seen = at_load_acq(&p->seen);
     for (int i = 0; i < 64; i++) {
       uint64_t now = refresh(p);
-      FZP_FAULT("permit-refreshed");
+      FAULT("permit-refreshed");
       if (fzp_take_on(p, l, fzp_bit(lane), limit)) return 1;
       if (now == seen) break;
       seen = now;
@@ -463,7 +463,7 @@ static int take_onto(fzp *p, int lane, uint32_t limit) {
     if (steal(p, lane, &busy) > 0 && take_again(p, limit)) return 1;
     if (busy && marks_cleared(p, busy) && take_again(p, limit)) return 1;
     if (exactly_full(p, lane, limit)) break;
-    FZP_FAULT("steal-again");
+    FAULT("steal-again");
   }
   return fzp_full(p, limit);
 }

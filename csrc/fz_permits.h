@@ -39,6 +39,7 @@
 #define FZ_PERMITS_H
 
 #include "fz_atomic.h"
+#include "fz_fault.h"
 
 #include <stdint.h>
 
@@ -118,14 +119,6 @@ void fzp_give_laneless(fzp *p);
 void fzp_rebuild(fzp *p);
 uint32_t fzp_running(const fzp *p);
 int fzp_in_use(const fzp *p);
-
-/* Fault points for test/faults.c (-DFZ_FAULTS; the hook is fz_state.c's), nothing otherwise. */
-#ifdef FZ_FAULTS
-extern void (*fz_fault_hook)(const char *where);
-#define FZP_FAULT(where) do { if (fz_fault_hook) fz_fault_hook(where); } while (0)
-#else
-#define FZP_FAULT(where) ((void)0)
-#endif
 
 /* The cache slot of p (breakers sit a slot size apart: a multiplicative hash). */
 static inline uint32_t fzp_slot(const fzp *p) {
@@ -221,13 +214,13 @@ static inline int fzp_take_on(fzp *p, fzp_lane *l, uint64_t bit, uint32_t limit)
    * summed were read with acquire): a give counted there happened before this take */
   uint64_t seen = at_load_acq(&p->seen);
   uint64_t pw = at_load_rlx(&p->pw);
-  FZP_FAULT("permit-taking");
+  FAULT("permit-taking");
   for (;;) {
     if (((pw - seen) & FZP_COUNT) >= limit) return 0;
     /* acq_rel: as every swap of pw; the lane word's swap below comes after it */
     if (at_cas_acqrel(&p->pw, &pw, fzp_move(pw, bit))) break;
   }
-  FZP_FAULT("permit-taken");
+  FAULT("permit-taken");
   /* acq_rel (its release: after the swap, see resolve()); a compare-and-swap, not a store:
    * a taker of spare permits may mark the word or give from it meanwhile */
   uint64_t st = at_load_rlx(&l->st);
@@ -245,7 +238,7 @@ static inline int fzp_run_on(fzp *p, fzp_lane *l, uint32_t limit) {
   uint64_t w = at_load_rlx(&l->run) + FZP_START;
   /* relaxed: only this thread writes it; what orders it is the barrier */
   at_store_rlx(&l->run, w);
-  FZP_FAULT("permit-running");
+  FAULT("permit-running");
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   /* relaxed: the permits this lane holds were taken by this thread (or given to it by its
    * process's adoption), and a taker's marks only make it fail */
@@ -270,11 +263,11 @@ static inline int fzp_take_fast(fzp *p, uint32_t limit) {
  * permit. */
 static inline void fzp_give_on(fzp_lane *l) {
   uint64_t w = at_load_rlx(&l->run);
-  FZP_FAULT("permit-giving");
+  FAULT("permit-giving");
   /* release: the call's own work happens before its permit shows as spare (pairs with
    * the acquire load of run by a taker of spare permits) */
   at_store_rel(&l->run, w - 1);
-  FZP_FAULT("permit-given");
+  FAULT("permit-given");
 }
 
 /* A give's fast path, on the preferred or a remembered lane of a thread that can be
