@@ -1,0 +1,90 @@
+/*
+ * permits_hunt.c -- a reproducer for the open over-admission of max_concurrent (not part
+ * of `make test`: it fails now and then). Rounds of NTHREADS threads, each making ITERS
+ * takes on one fresh anonymous breaker of max_concurrent LIMIT, every thread the same
+ * number (as test/permits.c test 2); the test counts who is inside (after the take,
+ * before the give, so it can only undercount) and prints the permit words the first
+ * time a round passes the limit. Seen (2026-12-05): 74 rounds of 2,241 over the limit
+ * (6 inside a limit of 5) with the ASan build at nice 10 while a fresh-clone `.ci/run`
+ * loaded the machine; none in about 2,700 rounds at other times (ASan alone, ASan at
+ * nice 19 under a busy loop per core, plain -O2). Run: make permits-hunt
+ * [HUNT_ROUNDS=N] [HUNT_ITERS=N]; exits 1 when a round passed the limit.
+ */
+#include "../csrc/fz.h"
+#define FZ_BREAKER_WORDS
+#include "../csrc/fz_internal.h"  /* permits_of: the words shown when the limit is passed */
+#include "../csrc/fz_permits.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { NTHREADS = 8, LIMIT = 5 };
+
+static fz_breaker *g_b;
+static long g_iters;
+static int g_in, g_over, g_max, g_shown;  /* atomics */
+
+/* The permit words, once a round: count taken, gives seen, and each used lane's owner
+ * tid, held (h), calls (c), M marked, N unfenced, P a take pending. */
+static void show(const char *why) {
+  if (__atomic_exchange_n(&g_shown, 1, __ATOMIC_SEQ_CST)) return;
+  fzp *p = permits_of(g_b);
+  uint64_t pw = at_load_acq(&p->pw), seen = at_load_acq(&p->seen), used = at_load_acq(&p->used);
+  fprintf(stderr, "%s: taken %llu, seen given %llu, out %llu; lanes:", why, (unsigned long long)(pw & FZP_COUNT),
+          (unsigned long long)seen, (unsigned long long)((pw - seen) & FZP_COUNT));
+  for (int i = 0; i < FZP_LANES; i++) {
+    if (!(used >> i & 1)) continue;
+    uint64_t st = at_load_acq(&p->lane[i].st), run = at_load_acq(&p->lane[i].run);
+    fprintf(stderr, " %d[tid %llu] h%d c%lld%s%s%s", i,
+            (unsigned long long)(at_load_acq(&p->lane[i].owner) & ((UINT64_C(1) << 22) - 1)), fzp_held(st),
+            (long long)fzp_calls(run), (st & FZP_RV) ? " M" : "", (st & FZP_NS) ? " N" : "",
+            (pw >> (24 + i) & 1) != (st & 1) ? " P" : "");
+  }
+  fprintf(stderr, "\n");
+}
+
+static void *hammer(void *arg) {
+  (void)arg;
+  for (long i = 0; i < g_iters; i++) {
+    if (!fz_permit_take(g_b, 1)) continue;
+    int in = __atomic_add_fetch(&g_in, 1, __ATOMIC_SEQ_CST);
+    if (in > LIMIT) {
+      __atomic_add_fetch(&g_over, 1, __ATOMIC_SEQ_CST);
+      show("past the limit");
+    }
+    int m = __atomic_load_n(&g_max, __ATOMIC_RELAXED);
+    while (in > m && !__atomic_compare_exchange_n(&g_max, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    for (volatile int spin = 0; spin < (int)(i % 7) * 10; spin++) {}
+    __atomic_sub_fetch(&g_in, 1, __ATOMIC_SEQ_CST);
+    fz_permit_give(g_b);
+  }
+  return NULL;
+}
+
+int main(void) {
+  const char *r = getenv("HUNT_ROUNDS"), *it = getenv("HUNT_ITERS");
+  long rounds = r ? atol(r) : 100, bad = 0;
+  g_iters = it ? atol(it) : 200000;
+  for (long k = 0; k < rounds; k++) {
+    fz_config c;
+    memset(&c, 0, sizeof c);
+    c.window = 10, c.open_for = 10, c.max_open_for = 10, c.probe_timeout = 10;
+    c.backoff = 1, c.fails = 5, c.min_calls = 10, c.probes = 1, c.max_concurrent = LIMIT;
+    g_b = fz_breaker_new(&c, NULL);
+    if (!g_b) return 2;
+    g_in = g_over = g_max = g_shown = 0;
+    pthread_t th[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++)
+      if (pthread_create(&th[i], NULL, hammer, NULL)) return 2;
+    for (int i = 0; i < NTHREADS; i++) pthread_join(th[i], NULL);
+    if (g_over) {
+      bad++;
+      fprintf(stderr, "round %ld: %d entries past the limit, %d inside at most\n", k, g_over, g_max);
+    }
+    fz_breaker_free(g_b);
+  }
+  printf("%ld rounds, %ld past the limit of %d (%d threads, %ld takes each)\n", rounds, bad, LIMIT, NTHREADS, g_iters);
+  return bad ? 1 : 0;
+}
