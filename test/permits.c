@@ -11,6 +11,7 @@
 #include "../csrc/fz_permits.h"   /* fzp_took, fzp_move, fzp_self */
 #include "tap.h"
 #include "harness.h"
+#include "permit_words.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -46,28 +47,13 @@ static int g_inside, g_max_inside, g_over;  /* atomics */
 static long g_iters;
 static long g_taken[NTHREADS], g_full[NTHREADS];
 
-/* The permit words of b as one diag line, the first time the test's count passes the
- * limit (read while the threads run: a view of that moment, not an instant): the count
- * taken and the gives summed, and each used lane's owner tid, what it holds (h), the
- * calls it runs (c), M when marked, N when unfenced, P when a take is pending (its pw
- * swap made, its lane word not yet). The evidence should a run ever fail. */
+/* The permit words as one diag line, the first time the test's own count passes the
+ * limit: the evidence should a run ever fail. */
 static int g_shown;
 static void show_lanes(fz_breaker *b) {
   if (__atomic_exchange_n(&g_shown, 1, __ATOMIC_SEQ_CST)) return;
-  fzp *p = permits_of(b);
-  uint64_t pw = at_load_acq(&p->pw), seen = at_load_acq(&p->seen), used = at_load_acq(&p->used);
   char line[2048];
-  int n = snprintf(line, sizeof line, "past the limit: taken %llu, seen given %llu, out %llu; lanes:",
-                   (unsigned long long)(pw & FZP_COUNT), (unsigned long long)seen,
-                   (unsigned long long)((pw - seen) & FZP_COUNT));
-  for (int i = 0; i < FZP_LANES && n > 0 && (size_t)n < sizeof line; i++) {
-    if (!(used >> i & 1)) continue;
-    uint64_t st = at_load_acq(&p->lane[i].st), run = at_load_acq(&p->lane[i].run);
-    n += snprintf(line + n, sizeof line - (size_t)n, " %d[tid %llu] h%d c%lld%s%s%s", i,
-                  (unsigned long long)(at_load_acq(&p->lane[i].owner) & ((UINT64_C(1) << 22) - 1)), fzp_held(st),
-                  (long long)fzp_calls(run), (st & FZP_RV) ? " M" : "", (st & FZP_NS) ? " N" : "",
-                  (pw >> (24 + i) & 1) != (st & 1) ? " P" : "");
-  }
+  permit_words(b, line, sizeof line);
   diag("%s", line);
 }
 

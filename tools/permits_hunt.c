@@ -16,6 +16,7 @@
 #define FZ_BREAKER_WORDS
 #include "../csrc/fz_internal.h"  /* permits_of: the words shown when the limit is passed */
 #include "../csrc/fz_permits.h"
+#include "permit_words.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -29,23 +30,12 @@ static fz_breaker *g_b;
 static long g_iters;
 static int g_in, g_over, g_max, g_shown;  /* atomics */
 
-/* The permit words, once a round: count taken, gives seen, and each used lane's owner
- * tid, held (h), calls (c), M marked, N unfenced, P a take pending. */
-static void show(const char *why) {
+/* The permit words (test/permit_words.h), once a round. */
+static void show(void) {
   if (__atomic_exchange_n(&g_shown, 1, __ATOMIC_SEQ_CST)) return;
-  fzp *p = permits_of(g_b);
-  uint64_t pw = at_load_acq(&p->pw), seen = at_load_acq(&p->seen), used = at_load_acq(&p->used);
-  fprintf(stderr, "%s: taken %llu, seen given %llu, out %llu; lanes:", why, (unsigned long long)(pw & FZP_COUNT),
-          (unsigned long long)seen, (unsigned long long)((pw - seen) & FZP_COUNT));
-  for (int i = 0; i < FZP_LANES; i++) {
-    if (!(used >> i & 1)) continue;
-    uint64_t st = at_load_acq(&p->lane[i].st), run = at_load_acq(&p->lane[i].run);
-    fprintf(stderr, " %d[tid %llu] h%d c%lld%s%s%s", i,
-            (unsigned long long)(at_load_acq(&p->lane[i].owner) & ((UINT64_C(1) << 22) - 1)), fzp_held(st),
-            (long long)fzp_calls(run), (st & FZP_RV) ? " M" : "", (st & FZP_NS) ? " N" : "",
-            (pw >> (24 + i) & 1) != (st & 1) ? " P" : "");
-  }
-  fprintf(stderr, "\n");
+  char line[2048];
+  permit_words(g_b, line, sizeof line);
+  fprintf(stderr, "%s\n", line);
 }
 
 static void *hammer(void *arg) {
@@ -55,7 +45,7 @@ static void *hammer(void *arg) {
     int in = __atomic_add_fetch(&g_in, 1, __ATOMIC_SEQ_CST);
     if (in > LIMIT) {
       __atomic_add_fetch(&g_over, 1, __ATOMIC_SEQ_CST);
-      show("past the limit");
+      show();
     }
     int m = __atomic_load_n(&g_max, __ATOMIC_RELAXED);
     while (in > m && !__atomic_compare_exchange_n(&g_max, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
