@@ -25,6 +25,9 @@ void fzi_finish_marks(fz_breaker *b);
 int fzi_is_removed(const fz_breaker *b);
 void fzi_reconfigure(fz_breaker *b, const fz_config *c);
 void fzi_permits_copy(fz_breaker *to, fz_breaker *from);  /* a copy made by a reload */
+/* Registers this process for the permits' barriers (once; 1 if it could), for the
+ * processes it forks: a shared registry's maker calls it, before nginx forks the workers. */
+int fzp_register(void);
 
 /* A registry slot's ring area: the count-window ring (room for FZ_MAX_COUNT_WINDOW),
  * then the breaker's permits (max_concurrent, csrc/fz_permits.h: 2,624 bytes, touched only

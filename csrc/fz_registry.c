@@ -149,6 +149,7 @@ static registry *reg_map(uint32_t capacity, int shared, uint64_t idle_ns) {
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (p == MAP_FAILED) return NULL;
   registry *r = p;
+  if (shared) fzp_register();  /* before the fork: the workers inherit it (fz_permits.c) */
   pthread_mutexattr_t a;
   pthread_mutexattr_init(&a);
   pthread_mutexattr_setpshared(&a, shared ? PTHREAD_PROCESS_SHARED : PTHREAD_PROCESS_PRIVATE);
