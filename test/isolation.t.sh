@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test/isolation.t.sh -- max_concurrent in a real nginx, 4 workers, a shared registry
-# (prints TAP): one limit for every worker, held against a fake upstream that counts the
+# (prints TAP): every worker registered for the permits' barriers (membarrier) by the
+# master, before its first call; one limit for every worker, held against a fake upstream that counts the
 # requests it holds at once; max_wait; calls that end their request (ngx.exit); a worker
 # killed with kill -9 while its calls hang; nginx -s reload under load; b:allow()'s
 # equal tickets reported from other requests and timers (one worker).
@@ -60,6 +61,15 @@ $(nginx_conf_head "$T" 4 warn 1024)
         app.stale = fuse.new{ name = "stale", fails = 1000, max_concurrent = 1, max_wait = 5 }
         app.late = fuse.new{ name = "late", fails = 1000, max_concurrent = 1, max_wait = 0.2 }
         package.loaded.iso_app = app
+    }
+    # Before its first call, is this worker registered for the permits' barriers (by the
+    # master, when fuse.init made the shared registry)? The private barrier answers 0 to
+    # a registered process, -1 (EPERM) to another.
+    init_worker_by_lua_block {
+        local ffi, nr = require "ffi", ({ x64 = 324, arm64 = 283 })[jit.arch]
+        pcall(ffi.cdef, "long syscall(long number, ...);")
+        local rc = nr and tonumber(ffi.C.syscall(nr, ffi.new("int", 8), ffi.new("int", 0), ffi.new("int", 0))) or "unknown"
+        ngx.shared.up:set("fenced:" .. ngx.worker.pid(), rc)
     }
     log_by_lua_block { require("fuse").settle() }
 
@@ -183,6 +193,9 @@ $(nginx_conf_head "$T" 4 warn 1024)
             proxy_read_timeout 60s;
             proxy_pass http://127.0.0.1:$PORT2/up/\$1?\$args;
         }
+        location ~ ^/fenced/(\d+)$ {
+            content_by_lua_block { ngx.print(ngx.shared.up:get("fenced:" .. ngx.var[1]) or "none") }
+        }
         location ~ ^/stats/(\w+)$ {
             set \$b \$1;
             content_by_lua_block {
@@ -237,6 +250,16 @@ burst() {
 
 wait_for 10 up || bail "nginx does not answer"
 check "nginx started, master $MASTER with 4 workers" wait_for 10 four_workers
+
+# fenced: each worker's answer to the private barrier before its first call (one line each)
+fenced() {
+  local w
+  for w in $(workers); do curl -s -m 5 "http://127.0.0.1:$PORT/fenced/$w"; echo; done
+}
+all_fenced() { [ "$(fenced | grep -c '^0$')" -eq 4 ]; }
+wait_for 10 all_fenced
+check "every worker was registered for the barriers before its first call, by the master ($(fenced | tr '\n' ' '))" \
+  all_fenced
 
 # ---------------------------------------------------------------- 40 clients, limit 5
 codes=$(burst 40 "/g/limited?t=3")
