@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # test/isolation.t.sh -- max_concurrent in a real nginx, 4 workers, a shared registry
 # (prints TAP): every worker registered for the permits' barriers (membarrier) by the
-# master, before its first call; one limit for every worker, held against a fake upstream that counts the
-# requests it holds at once; max_wait; calls that end their request (ngx.exit); a worker
-# killed with kill -9 while its calls hang; nginx -s reload under load; b:allow()'s
-# equal tickets reported from other requests and timers (one worker).
+# master, before its first call; one limit for every worker, held against a fake
+# upstream that counts the requests it holds at once; max_wait; calls that end their
+# request (ngx.exit); a worker killed with kill -9 while its calls hang; nginx -s reload
+# under load; b:allow()'s equal tickets reported from other requests and timers (one
+# worker).
 #
 # The fake upstream is a second server of the same nginx: each request adds one to a
 # shared counter, notes the level it reached (a key per level, so no race between
