@@ -34,6 +34,7 @@
 
 #include "../csrc/fz.h"
 #include "tap.h"
+#include "harness.h"
 
 #include <errno.h>
 #include <linux/membarrier.h>
@@ -70,14 +71,6 @@ typedef struct {
   win_t win[2];
   found_t found[2];
 } ctl_t;
-
-static fz_config config(uint32_t limit) {
-  fz_config c;
-  memset(&c, 0, sizeof c);
-  c.window = 10, c.open_for = 10, c.max_open_for = 10, c.probe_timeout = 10;
-  c.backoff = 1, c.fails = 5, c.min_calls = 10, c.probes = 1, c.max_concurrent = limit;
-  return c;
-}
 
 static long membarrier(int cmd) { return syscall(SYS_membarrier, cmd, 0, 0); }
 
@@ -247,7 +240,7 @@ static void steal(win_t *v, void *arg) {
 static void threads_part(ctl_t *c, int col, int cpu_a, int cpu_b) {
   found_t *f = &c->found[0];
   win_t *v = &c->win[0];
-  fz_config cf = config(1);
+  fz_config cf = limit_config(1);
   int err;
   owner_t o = { fz_breaker_new(&cf, &err), v, cpu_b, 0, 0 };
   f->pinned = o.b && history(o.b, cpu_a, cpu_b);
@@ -344,7 +337,7 @@ int main(void) {
   /* Part 2. This process makes the shared registry (nginx's master in init_by_lua) and
    * takes no permit: whatever registers it, the registry's making does. */
   is_int(fz_registry_init_shared(64), FZ_OK, "workers: a shared registry");
-  fz_config cf = config(5);
+  fz_config cf = limit_config(5);
   int st;
   fz_breaker *b = fz_registry_open("fence-cpus", strlen("fence-cpus"), &cf, &st);
   if (!ok(b != NULL, "workers: a shared breaker with max_concurrent 5")) return done_testing();

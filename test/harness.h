@@ -9,6 +9,8 @@
  *   code(FZ_CLOSED, FZ_OPEN)      a transition as fz_state and fz_done report it
  *   in_thread(fn, arg)            fn(arg) in a thread of its own, waited for
  *   threads_start(th, n, fn, 1)   n threads fn((void *)1) .. fn((void *)n); threads_join(th, n)
+ *   limit_config(5)               a breaker's options with max_concurrent = 5, nothing tripping
+ *                                 within a test (fails 5 of min_calls 10, periods of 10 s)
  *
  * Everything is static inline: a test uses what it needs.
  */
@@ -45,6 +47,15 @@ static inline fz_stats peek(fz_breaker *b)
 }
 
 static inline int code(int from, int to) { return 64 + from * 8 + to; }
+
+static inline fz_config limit_config(uint32_t limit)
+{
+  fz_config c;
+  memset(&c, 0, sizeof c);
+  c.window = 10, c.open_for = 10, c.max_open_for = 10, c.probe_timeout = 10;
+  c.backoff = 1, c.fails = 5, c.min_calls = 10, c.probes = 1, c.max_concurrent = limit;
+  return c;
+}
 
 /* A named breaker of the registry, and its identity in *id (races.c, regcore.c). */
 static inline fz_breaker *open_named(const char *name, const fz_config *c, uint32_t *id) {

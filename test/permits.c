@@ -26,14 +26,6 @@
 
 enum { K = 5, NTHREADS = 8 };
 
-static fz_config config(uint32_t limit) {
-  fz_config c;
-  memset(&c, 0, sizeof c);
-  c.window = 10, c.open_for = 10, c.max_open_for = 10, c.probe_timeout = 10;
-  c.backoff = 1, c.fails = 5, c.min_calls = 10, c.probes = 1, c.max_concurrent = limit;
-  return c;
-}
-
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -80,7 +72,7 @@ static void *hammer(void *arg) {
 }
 
 static void threads_test(void) {
-  fz_config c = config(K);
+  fz_config c = limit_config(K);
   int err;
   g_b = fz_breaker_new(&c, &err);
   ok(g_b != NULL, "an anonymous breaker with max_concurrent %d", K);
@@ -124,7 +116,7 @@ static void *take_one(void *arg) {
 }
 
 static void cross_thread_test(void) {
-  fz_config c = config(2);
+  fz_config c = limit_config(2);
   fz_breaker *b = fz_breaker_new(&c, NULL);
   ok(fz_permit_take(b, 1) && fz_permit_take(b, 1), "two taken on this thread");
   is_int(fz_permit_take(b, 1), 0, "a third is refused");
@@ -143,7 +135,7 @@ static void cross_thread_test(void) {
   ok(fz_permit_take(b, 1) && fz_permit_take(b, 1) && !fz_permit_take(b, 1), "and the limit is whole");
   fz_permit_give(b), fz_permit_give(b);
   fz_breaker_free(b);
-  fz_config none = config(0);
+  fz_config none = limit_config(0);
   fz_breaker *u = fz_breaker_new(&none, NULL);
   ok(fz_permit_take(u, 1) == 1, "a breaker made without max_concurrent: take always succeeds");
   fz_permit_give(u);
@@ -154,7 +146,7 @@ static void cross_thread_test(void) {
 /* ---- processes: one dies holding permits, a survivor takes them back */
 
 static fz_breaker *shared_breaker(const char *name, uint32_t limit) {
-  fz_config c = config(limit);
+  fz_config c = limit_config(limit);
   int st;
   return fz_registry_open(name, strlen(name), &c, &st);
 }
@@ -271,7 +263,7 @@ static void *take_and_park(void *arg) {
 }
 
 static void lanes_test(void) {
-  fz_config c = config(1000);
+  fz_config c = limit_config(1000);
   g_b = fz_breaker_new(&c, NULL);
   pthread_t th[50];
   for (intptr_t i = 0; i < 50; i++) thread_start(&th[i], take_and_park, (void *)i);
@@ -304,7 +296,7 @@ static void *take_give(void *arg) {
  * no owner word matches): its first take claims a lane (whose gives a sum reads), and
  * never takes on a free lane it does not own. */
 static void first_take_test(void) {
-  fz_config c = config(1);
+  fz_config c = limit_config(1);
   fz_breaker *b = fz_breaker_new(&c, NULL);
   in_thread(take_give, b);
   is_int((int)peek(b).running, 0, "a new thread's first take and give: running 0");
@@ -349,7 +341,7 @@ static long rss_shmem_kb(void) {
 static void cold_test(void) {
   enum { COLD = 2000 };
   if (!ok(fz_registry_init(4096, 1, 0) == FZ_OK, "a reload into a registry of 4096")) return;
-  fz_config c = config(0);
+  fz_config c = limit_config(0);
   static fz_breaker *bs[COLD];
   for (int i = 0; i < COLD; i++) {
     char name[32];

@@ -17,6 +17,8 @@
 #include "../csrc/fz_internal.h"  /* permits_of: the words shown when the limit is passed */
 #include "../csrc/fz_permits.h"
 #include "permit_words.h"
+#include "tap.h"
+#include "harness.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -62,10 +64,7 @@ int main(void) {
   long rounds = r ? atol(r) : 100, bad = 0;
   g_iters = it ? atol(it) : 100000;
   for (long k = 0; k < rounds; k++) {
-    fz_config c;
-    memset(&c, 0, sizeof c);
-    c.window = 10, c.open_for = 10, c.max_open_for = 10, c.probe_timeout = 10;
-    c.backoff = 1, c.fails = 5, c.min_calls = 10, c.probes = 1, c.max_concurrent = LIMIT;
+    fz_config c = limit_config(LIMIT);
     g_b = fz_breaker_new(&c, NULL);
     if (!g_b) return 2;
     g_in = g_over = g_max = g_shown = 0;
