@@ -13,22 +13,11 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
-NGINX=$(nginx_bin)
-LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}
-SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
-
 # shellcheck source=test/lib/tap.sh
 . "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
-
-echo "TAP version 13"
-command -v "$NGINX" >/dev/null || skip_all "nginx not installed"
-nginx_has_lua || skip_all "the nginx Lua module is not installed"
-command -v curl >/dev/null || skip_all "curl not installed"
-[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
-[ -r "$LUA_SRC/fuse.lua" ] || bail "$LUA_SRC/fuse.lua missing"
+nginx_suite exits curl
 
 # ---------------------------------------------------------------- setup
-T=$(mktemp -d /tmp/fuse-exits-test.XXXXXX) || bail "mktemp failed"
 P=$T/prefix
 MASTER=
 trap 'cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT

@@ -20,26 +20,16 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
-NGINX=$(nginx_bin)
-LUA_SRC=${FUSE_LUA_DIR:-$ROOT/lua}              # override to try another tree
-SO_SRC=${FUSE_CORE_SO:-$ROOT/build/fuse/core.so}
-
 # shellcheck source=test/lib/tap.sh
 . "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
-
-echo "TAP version 13"
-command -v "$NGINX" >/dev/null || skip_all "nginx not installed"
-nginx_has_lua || skip_all "the nginx Lua module is not installed"
+nginx_suite nginx
 CLIENT=${NGINX_T_CLIENT:-curl}
 if [ "$CLIENT" = curl ]; then
   v=$(curl --version 2>/dev/null | head -n 1 | cut -d' ' -f2)
   [ -n "$v" ] && [ "$(printf '%s\n' 7.84.0 "$v" | sort -V | head -n 1)" = 7.84.0 ] || CLIENT=bash
 fi
-[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
-[ -r "$LUA_SRC/fuse.lua" ] || bail "$LUA_SRC/fuse.lua missing"
 
 # ---------------------------------------------------------------- setup
-T=$(mktemp -d /tmp/fuse-nginx-test.XXXXXX) || bail "mktemp failed"
 P=$T/examples/nginx
 MASTER=
 # stops nginx (the pid file's master when MASTER is not known yet), the watchdog

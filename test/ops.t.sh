@@ -17,25 +17,13 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
-NGINX=$(nginx_bin)
-PROMETHEUS=${PROMETHEUS:-prometheus}
-LUAJIT=${LUAJIT:-luajit}
-SO_SRC=$ROOT/build/fuse/core.so
-
 # shellcheck source=test/lib/tap.sh
 . "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
-
-echo "TAP version 13"
-PATH=$PATH:/usr/sbin:/sbin
-command -v "$NGINX" >/dev/null || skip_all "nginx is not installed"
-nginx_has_lua || skip_all "the nginx Lua module is not installed"
-command -v curl >/dev/null || skip_all "curl is not installed"
-command -v "$PROMETHEUS" >/dev/null || skip_all "prometheus is not installed"
-"$LUAJIT" -e 'require "cjson"' 2>/dev/null || skip_all "luajit with lua-cjson is not installed"
-[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
+PROMETHEUS=${PROMETHEUS:-prometheus}
+LUAJIT=${LUAJIT:-luajit}
+nginx_suite ops curl prometheus cjson
 
 # ---------------------------------------------------------------- setup
-T=$(mktemp -d /tmp/fuse-ops-test.XXXXXX) || bail "mktemp failed"
 P=$T/examples/nginx
 MASTER= PROM=
 trap 'stop_pid "$PROM" TERM; cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 2>/dev/null)}"' EXIT

@@ -41,12 +41,12 @@ case $out in *"nginx"*"skipped under CI: nginx not installed"*) ok "tapsum under
 # the suites' own skip: nginx.t.sh without nginx, under CI, fails
 out=$(CI=true NGINX=/nonexistent/nginx bash "$ROOT/test/nginx.t.sh" 2>&1); rc=$?
 case $rc/$out in
-  1/*"not ok 1 - cannot run under CI: nginx not installed"*) ok "nginx.t.sh without nginx under CI=true: not ok, exit 1" ;;
+  1/*"not ok 1 - cannot run under CI: nginx is not installed"*) ok "nginx.t.sh without nginx under CI=true: not ok, exit 1" ;;
   *) nok "nginx.t.sh without nginx under CI=true: not ok, exit 1"; diag "exit $rc" "$out" ;;
 esac
 out=$(env -u CI NGINX=/nonexistent/nginx bash "$ROOT/test/nginx.t.sh" 2>&1); rc=$?
 case $rc/$out in
-  0/*"1..0 # SKIP nginx not installed"*) ok "nginx.t.sh without nginx outside CI: a skip plan, 1..0" ;;
+  0/*"1..0 # SKIP nginx is not installed"*) ok "nginx.t.sh without nginx outside CI: a skip plan, 1..0" ;;
   *) nok "nginx.t.sh without nginx outside CI: a skip plan, 1..0"; diag "exit $rc" "$out" ;;
 esac
 

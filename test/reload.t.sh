@@ -26,19 +26,9 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
-NGINX=$(nginx_bin)
-
 # shellcheck source=test/lib/tap.sh
 . "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
-
-echo "TAP version 13"
-[ -x "$NGINX" ] || skip_all "nginx not installed"
-nginx_has_lua || skip_all "the nginx Lua module is not installed"
-[ -r /usr/share/lua/5.1/ngx/balancer.lua ] || skip_all "lua-resty-core (ngx.balancer) is not installed"
-command -v curl >/dev/null || skip_all "curl not installed"
-[ -r "$ROOT/build/fuse/core.so" ] || bail "build/fuse/core.so missing: run make first"
-
-T=$(mktemp -d /tmp/fuse-reload-test.XXXXXX) || bail "mktemp failed"
+nginx_suite reload resty-core curl
 P=$T/prefix
 MASTER=
 LOAD=

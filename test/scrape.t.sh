@@ -27,20 +27,10 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
-NGINX=$(nginx_bin)
-SO_SRC=$ROOT/build/fuse/core.so
-N=60000
-
 # shellcheck source=test/lib/tap.sh
-. "$ROOT/test/lib/tap.sh"
-
-echo "TAP version 13"
-PATH=$PATH:/usr/sbin:/sbin
-command -v "$NGINX" >/dev/null || skip_all "nginx is not installed"
-nginx_has_lua || skip_all "the nginx Lua module is not installed"
-[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
-
-T=$(mktemp -d /tmp/fuse-scrape-test.XXXXXX) || bail "mktemp failed"
+. "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
+N=60000
+nginx_suite scrape
 trap 'cleanup_nginx "$(cat "$T/logs/nginx.pid" 2>/dev/null)"' EXIT
 watchdog 180
 

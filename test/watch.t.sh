@@ -26,21 +26,11 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=test/lib/nginx.sh
 . "$ROOT/test/lib/nginx.sh"
-NGINX=$(nginx_bin)
-SO_SRC=$ROOT/build/fuse/core.so
-
 # shellcheck source=test/lib/tap.sh
 . "$ROOT/test/lib/tap.sh"   # ok, nok, diag, check, bail, skip, skip_all
-
-echo "TAP version 13"
-PATH=$PATH:/usr/sbin:/sbin
-command -v "$NGINX" >/dev/null || skip_all "nginx is not installed"
-nginx_has_lua || skip_all "the nginx Lua module is not installed"
-command -v curl >/dev/null || skip_all "curl is not installed"
-[ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
+nginx_suite watch curl
 
 # ---------------------------------------------------------------- setup
-T=$(mktemp -d /tmp/fuse-watch-test.XXXXXX) || bail "mktemp failed"
 MASTER=
 trap 'cleanup_nginx "${MASTER:-$(cat "$T/logs/nginx.pid" 2>/dev/null)}"' EXIT
 watchdog 120

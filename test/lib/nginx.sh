@@ -8,6 +8,14 @@
 #                          /usr/sbin/nginx (not on Debian's PATH for users other than
 #                          root); prints nothing and fails when there is none
 #   nginx_has_lua          the Lua module is installed (in NGINX_MODULES)
+#   nginx_suite NAME [NEED...]
+#                          the start of an nginx suite (test/*.t.sh), after tap.sh: the
+#                          TAP header; NGINX, LUA_SRC (FUSE_LUA_DIR, else lua/), SO_SRC
+#                          (FUSE_CORE_SO, else build/fuse/core.so); the suite skipped
+#                          whole (skip_all) without nginx, its Lua module or a NEED:
+#                          curl, wrk, iconv, prometheus ($PROMETHEUS), cjson (LUAJIT
+#                          with lua-cjson), resty-core (ngx.balancer); a bail when SO_SRC
+#                          or LUA_SRC/fuse.lua is missing; T, a new /tmp/fuse-NAME-test.*
 #   nginx_load_modules     the two load_module lines a config starts with (absolute paths)
 #   nginx_lua_paths DIR    lua_package_path/cpath lines for a copy_fuse DIR (end in ";;")
 #   copy_fuse DIR [LUA SO] DIR/lua and DIR/build/fuse/core.so, readable by all (the
@@ -45,6 +53,30 @@ nginx_bin() {
 }
 
 nginx_has_lua() { [ -r "$NGINX_MODULES/ngx_http_lua_module.so" ]; }
+
+nginx_suite() {
+  local name=$1 need root
+  shift
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  echo "TAP version 13"
+  PATH=$PATH:/usr/sbin:/sbin
+  NGINX=$(nginx_bin)
+  LUA_SRC=${FUSE_LUA_DIR:-$root/lua}
+  SO_SRC=${FUSE_CORE_SO:-$root/build/fuse/core.so}
+  if [ -z "$NGINX" ] || ! command -v "$NGINX" >/dev/null; then skip_all "nginx is not installed"; fi
+  nginx_has_lua || skip_all "the nginx Lua module is not installed"
+  for need in "$@"; do
+    case $need in
+      prometheus) command -v "${PROMETHEUS:-prometheus}" >/dev/null || skip_all "prometheus is not installed" ;;
+      cjson) "${LUAJIT:-luajit}" -e 'require "cjson"' 2>/dev/null || skip_all "luajit with lua-cjson is not installed" ;;
+      resty-core) [ -r /usr/share/lua/5.1/ngx/balancer.lua ] || skip_all "lua-resty-core (ngx.balancer) is not installed" ;;
+      *) command -v "$need" >/dev/null || skip_all "$need is not installed" ;;
+    esac
+  done
+  [ -r "$SO_SRC" ] || bail "$SO_SRC missing: run make first"
+  [ -r "$LUA_SRC/fuse.lua" ] || bail "$LUA_SRC/fuse.lua missing"
+  T=$(mktemp -d "/tmp/fuse-$name-test.XXXXXX") || bail "mktemp failed"
+}
 
 nginx_load_modules() {
   printf 'load_module %s/%s;\n' "$NGINX_MODULES" ndk_http_module.so \
