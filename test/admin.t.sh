@@ -38,7 +38,7 @@ trap 'cleanup_nginx "${MASTER:-$(cat "$T/logs/nginx.pid" 2>/dev/null)}"' EXIT
 watchdog 120
 
 mkdir -p "$T/logs" "$T/temp"
-copy_fuse "$T" "${FUSE_LUA_DIR:-$ROOT/lua}" "$SO_SRC"   # FUSE_LUA_DIR: try another tree
+copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 "$ROOT/tools/readme-block" admin-listener > "$T/admin.block" || bail "README has no admin-listener block"
 TOKEN=$(sed -n 's/.*admin{ token = "\([^"]*\)" }.*/\1/p' "$T/admin.block")
 [ -n "$TOKEN" ] || bail "README's admin-listener block has no fuse.admin{ token = \"...\" }"

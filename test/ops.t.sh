@@ -30,7 +30,7 @@ trap 'stop_pid "$PROM" TERM; cleanup_nginx "${MASTER:-$(cat "$P/logs/nginx.pid" 
 watchdog 180
 
 mkdir -p "$P/logs" "$P/temp" "$T/prom"
-copy_fuse "$T" "$ROOT/lua" "$SO_SRC"
+copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 cp "$ROOT/examples/nginx/app.lua" "$P/app.lua"
 chmod -R a+rX "$T"
 

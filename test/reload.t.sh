@@ -35,7 +35,7 @@ LOAD=
 trap '[ -n "$LOAD" ] && kill "$LOAD" 2>/dev/null; cleanup_nginx "$MASTER"' EXIT
 watchdog 300
 mkdir -p "$P/logs" "$P/temp"
-copy_fuse "$T"
+copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 
 # conf LIST EXTRA [CAPACITY [FAILS]]: the config; LIST is p's peer list (Lua), EXTRA more
 # Lua at the end of init_by_lua (a reload that fails puts a bad pool there), CAPACITY the

@@ -35,7 +35,7 @@ trap 'cleanup_nginx "$(cat "$T/logs/nginx.pid" 2>/dev/null)"' EXIT
 watchdog 180
 
 mkdir -p "$T/logs" "$T/temp"
-copy_fuse "$T" "${FUSE_LUA_DIR:-$ROOT/lua}" "$SO_SRC"
+copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 
 render_conf() {
   {

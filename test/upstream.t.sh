@@ -35,7 +35,7 @@ trap 'cleanup_nginx "${PIDS[@]}"' EXIT
 watchdog 600
 
 mkdir -p "$P/logs-peers" "$P/logs-pools" "$P/temp" "$F/logs"
-copy_fuse "$T"
+copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
 
 ports() {

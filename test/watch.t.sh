@@ -36,7 +36,7 @@ trap 'cleanup_nginx "${MASTER:-$(cat "$T/logs/nginx.pid" 2>/dev/null)}"' EXIT
 watchdog 120
 
 mkdir -p "$T/logs" "$T/temp"
-copy_fuse "$T" "${FUSE_LUA_DIR:-$ROOT/lua}" "$SO_SRC"   # FUSE_LUA_DIR: try another tree
+copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 chmod -R a+rX "$T"
 
 render_conf() {
