@@ -71,7 +71,7 @@ static int fence_ok(void) {
  * ran is not marked on a CPU that went idle holding its memory and runs it again from
  * there (a switch from its memory to its memory): another process's global barrier
  * skips that CPU. Seen with test/fence_cpus.c: a worker that registered at its first
- * call, after such a history, received none of 400 barriers on that CPU; forked after
+ * call, after such a history, received none of 100 barriers on that CPU; forked after
  * the shared registry's maker registered, every one. */
 int fzp_register(void) { return fence_ok(); }
 
