@@ -53,11 +53,16 @@ esac
 # ---------------------------------------------------------------- nginx in /usr/sbin
 # Debian's PATH for users other than root has no /usr/sbin, where nginx is. Each script
 # that starts nginx picks it with its NGINX= line (after sourcing test/lib/nginx.sh, whose
-# nginx_bin the line may call): run that line with such a PATH.
+# nginx_bin the line may call), or with nginx_suite (the nginx suites): run that line, or
+# the suite's nginx_suite line (its temp directory removed after), with such a PATH.
 if [ -x /usr/sbin/nginx ]; then
   for f in test/*.t.sh examples/nginx/demo.sh; do
-    grep -q '^NGINX=' "$ROOT/$f" || continue
-    line=$(grep -m 1 '^NGINX=' "$ROOT/$f")
+    if grep -q '^nginx_suite ' "$ROOT/$f"; then
+      line='. "$(dirname "$0")/tap.sh"; nginx_suite packaging-probe >/dev/null; rm -rf "$T"'
+    else
+      grep -q '^NGINX=' "$ROOT/$f" || continue
+      line=$(grep -m 1 '^NGINX=' "$ROOT/$f")
+    fi
     got=$(env -u NGINX PATH=/usr/local/bin:/usr/bin:/bin \
       bash -c ". \"\$0\"; $line"'; echo "$NGINX"' "$ROOT/test/lib/nginx.sh")
     check "$f finds nginx in /usr/sbin with a user's PATH" [ "$got" = /usr/sbin/nginx ]
