@@ -1094,8 +1094,14 @@ static int move_to(fz_breaker *b, int to) {
      * that a closer of the same half-open that lays after the reset moves nothing */
     if (to == FZ_CLOSED) {
       uint64_t shift = at_load_acq(&b->shift), era = at_load_acq(&b->cw_agg) >> 33, now = at_load_acq(&b->sw);
-      if (now != sw || !lay_fresh(b, sw_gen(sw), shift, era, id)) {
-        sw = now != sw ? now : at_load_acq(&b->sw);
+      if (now != sw) {  /* moved meanwhile: the targets again, from the new state */
+        sw = now;
+        continue;
+      }
+      /* fails only when a later generation has stamped (stamp finishes a dead stamper's
+       * claim), so the state has moved on: this loop never spins on an unchanged sw */
+      if (!lay_fresh(b, sw_gen(sw), shift, era, id)) {
+        sw = at_load_acq(&b->sw);
         continue;
       }
       FAULT("reset-laid");
