@@ -86,7 +86,7 @@ help:
 	@echo "make check      the same without the deps step"
 	@echo "make asan|tsan  the C tests under ASan+UBSan / the stress test under TSan"
 	@echo "make stress-test the nginx suites 5 times (STRESS_RUNS) under a CPU hog on every core"
-	@echo "make permits-hunt  max_concurrent's over-admission reproducer (ASan, HUNT_ROUNDS; fixed)"
+	@echo "make permits-hunt  max_concurrent's over-admission reproducer (ASan, HUNT_ROUNDS, HUNT_PROCS=1; fixed)"
 	@echo "make cdef       regenerate lua/fuse/cdef.lua from csrc/fz.h"
 	@echo "make check-cdef fail if lua/fuse/cdef.lua is stale or core.so exports differ"
 	@echo "make dist       build/$(ROCKSPEC:.rockspec=.src.rock): a source rock of the working"
@@ -262,9 +262,10 @@ stress-test: all build/5.4/fuse/core.so build/faults-so/fuse/core.so
 # ---- sanitizers --------------------------------------------------------------------
 
 # max_concurrent's over-admission reproducer (tools/permits_hunt.c): HUNT_ROUNDS rounds
-# (default 100) of 8 threads on one breaker, ASan build. Not part of `make test`: it
-# needs the machine to itself (with other processes running, the kernel's marks it
-# shows the fault through are refreshed).
+# (default 100) of 8 threads on one breaker, ASan build; HUNT_PROCS=1: two processes of
+# two threads on a shared breaker. Not part of `make test`: it needs the machine to
+# itself (with other processes running, the kernel's marks it shows the fault through
+# are refreshed).
 permits-hunt: build/asan/permits_hunt
 	@HUNT_ROUNDS=$${HUNT_ROUNDS:-100} $(ASAN_ENV) build/asan/permits_hunt
 
