@@ -247,9 +247,13 @@ fenced() {
   for w in $(workers); do curl -s -m 5 "http://127.0.0.1:$PORT/fenced/$w"; echo; done
 }
 all_fenced() { [ "$(fenced | grep -c '^0$')" -eq 4 ]; }
-wait_for 10 all_fenced
-check "every worker was registered for the barriers before its first call, by the master ($(fenced | tr '\n' ' '))" \
-  all_fenced
+what="every worker was registered for the barriers before its first call, by the master"
+if fenced | grep -q '^unknown$'; then
+  skip "$what" "no membarrier syscall number for this architecture in the test"
+else
+  wait_for 10 all_fenced
+  check "$what ($(fenced | tr '\n' ' '))" all_fenced
+fi
 
 # ---------------------------------------------------------------- 40 clients, limit 5
 codes=$(burst 40 "/g/limited?t=3")
