@@ -32,7 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 #define LINE 64
 #define SPIN_LIMIT 100000
 #define READY UINT64_C(1)

@@ -59,7 +59,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 #define LINE 64
 #define REG_MAGIC 0x667a7232u  /* "fzr2" */
 #define PRIVATE_CAPACITY 4096
