@@ -295,10 +295,20 @@ static void raise_to(fz_breaker *b, uint32_t id, uint64_t *w, uint64_t v) {
  * word, plus one window; the first stamp of g + 1 is every closer's, and each raises
  * the shift and the era to it, which after the first raise moves nothing. A target read
  * after a raise of g + 1 cannot be stamped: that raise came after its stamp was
- * complete. Returns 0 when a newer generation stamped (this caller is stale).
+ * complete. The caller's state word sw is generation g's; `checked` names the fault
+ * point after the check. Returns 0 when the state is no longer sw, or a newer generation
+ * stamped (this caller is stale): either way the state has moved on.
  */
-static int lay_fresh(fz_breaker *b, uint64_t g, uint64_t shift, uint64_t era, uint32_t id) {
-  uint64_t c = g + 1;
+static int lay_fresh(fz_breaker *b, uint64_t sw, uint32_t id, const char *checked) {
+  (void)checked;  /* the fault point's name: only the -DFZ_FAULTS build uses it */
+  /* the targets before the check (acquire: a raise of this generation's seen here came
+   * after its stamp was complete, see above) */
+  uint64_t shift = at_load_acq(&b->shift), era = at_load_acq(&b->cw_agg) >> 33;
+  /* moved already (closed by a later probe's success, see probe_record, or by a reset):
+   * calls count in the new state */
+  if (at_load_acq(&b->sw) != sw) return 0;
+  FAULT(checked);
+  uint64_t c = sw_gen(sw) + 1;
   stamp(&b->fresh_gen, &b->fresh_shift, c, shift + NBUCKETS + 1, "fresh-stamping");
   stamp(&b->era_gen, &b->fresh_era, c, era + 1, "era-stamping");
   /* acquire: pairs with the release that completes each stamp */
@@ -315,13 +325,7 @@ static int lay_fresh(fz_breaker *b, uint64_t g, uint64_t shift, uint64_t era, ui
  * closer lays nothing over the closed period (lay_fresh). The backoff is left alone:
  * the next trip starts a new run of open periods. */
 static int close_circuit(fz_breaker *b, uint64_t sw, uint32_t id) {
-  /* the window's targets before the check (acquire: a raise of this half-open's seen
-   * here came after its stamp was complete, see lay_fresh) */
-  uint64_t shift = at_load_acq(&b->shift), era = at_load_acq(&b->cw_agg) >> 33;
-  /* closed already (by a later probe's success, see probe_record): calls count in it */
-  if (at_load_acq(&b->sw) != sw) return 0;
-  FAULT("close-checked");
-  if (!lay_fresh(b, sw_gen(sw), shift, era, id)) return 0;
+  if (!lay_fresh(b, sw, id, "close-checked")) return 0;
   FAULT("closing");
   if (!at_cas_acqrel(&b->sw, &sw, sw_make(sw_gen(sw) + 1, FZ_CLOSED))) return 0;
   return trans_code(FZ_HALF_OPEN, FZ_CLOSED);
@@ -1090,17 +1094,11 @@ static int move_to(fz_breaker *b, int to) {
   for (;;) {
     if (sw_state(sw) == FZ_REMOVED) return 0;
     /* a reset lays the fresh window of the generation it moves from as a probe's closer
-     * does (lay_fresh: targets read before the check, stamped with that generation), so
-     * that a closer of the same half-open that lays after the reset moves nothing */
+     * does (lay_fresh), so that a closer of the same half-open that lays after the reset
+     * moves nothing. lay_fresh fails only when the state has moved on (stamp finishes a
+     * dead stamper's claim): this loop never spins on an unchanged sw */
     if (to == FZ_CLOSED) {
-      uint64_t shift = at_load_acq(&b->shift), era = at_load_acq(&b->cw_agg) >> 33, now = at_load_acq(&b->sw);
-      if (now != sw) {  /* moved meanwhile: the targets again, from the new state */
-        sw = now;
-        continue;
-      }
-      /* fails only when a later generation has stamped (stamp finishes a dead stamper's
-       * claim), so the state has moved on: this loop never spins on an unchanged sw */
-      if (!lay_fresh(b, sw_gen(sw), shift, era, id)) {
+      if (!lay_fresh(b, sw, id, "reset-checked")) {
         sw = at_load_acq(&b->sw);
         continue;
       }
