@@ -74,24 +74,6 @@ typedef struct {
 
 static long membarrier(int cmd) { return syscall(SYS_membarrier, cmd, 0, 0); }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static int pin(int cpu) {
-  cpu_set_t s;
-  CPU_ZERO(&s);
-  CPU_SET(cpu, &s);
-  return sched_setaffinity(0, sizeof s, &s) == 0 && (sched_yield(), sched_getcpu() == cpu);
-}
-
-static void spin_for(double s) {
-  double until = now_s() + s;
-  while (now_s() < until) {}
-}
-
 /* The column of CPU cpu in /proc/interrupts (its header names the online CPUs), or -1. */
 static int cal_column(int cpu) {
   FILE *f = fopen("/proc/interrupts", "r");
@@ -187,13 +169,9 @@ static void send_windows(win_t *v, found_t *f, int col, void (*send)(win_t *, vo
  * makes its first call there (fz_permit_take registers a process not registered yet),
  * and comes back to b (the caller, or a thread it starts). */
 static int history(fz_breaker *b, int cpu_a, int cpu_b) {
-  int ok_b = pin(cpu_b);
-  spin_for(0.03);
-  int ok_a = pin(cpu_a);
-  struct timespec nap = { 0, 1000000 };
-  nanosleep(&nap, NULL);
+  int ok = idle_cpu(cpu_b, cpu_a);
   if (fz_permit_take(b, 1)) fz_permit_give(b);
-  return ok_b && ok_a;
+  return ok;
 }
 
 /* ---- part 1: threads of one process */
@@ -204,20 +182,25 @@ typedef struct {
   int cpu_b, pinned, refused;
 } owner_t;
 
+/* One call on the permit: taken (from another lane, when that lane keeps it spare) and
+ * given back, so that this thread's lane keeps it; a refusal counted. */
+static void take_keep(owner_t *o) {
+  if (fz_permit_take(o->b, 1)) fz_permit_give(o->b);
+  else o->refused++;
+}
+
 /* The spinner's turn: it takes the permit back (from the sender's lane) and keeps it. */
 static void take_back(win_t *v, void *arg) {
   owner_t *o = arg;
   if (get(&v->turn) != 1) return;
-  if (fz_permit_take(o->b, 1)) fz_permit_give(o->b);
-  else o->refused++;
+  take_keep(o);
   put(&v->turn, 0);
 }
 
 static void *owner(void *arg) {
   owner_t *o = arg;
-  o->pinned = pin(o->cpu_b);
-  if (fz_permit_take(o->b, 1)) fz_permit_give(o->b);  /* its lane keeps the spare permit */
-  else o->refused++;
+  o->pinned = pin_cpu(o->cpu_b);
+  take_keep(o);
   put(&o->v->turn, 0);
   spin_windows(o->v, o->cpu_b, RUSAGE_THREAD, take_back, o);
   return NULL;
@@ -230,8 +213,7 @@ static void steal(win_t *v, void *arg) {
   owner_t *o = arg;
   for (int i = 0; i < BARRIERS; i++) {
     if (!await(&v->turn, 0, 10)) return;
-    if (fz_permit_take(o->b, 1)) fz_permit_give(o->b);
-    else o->refused++;
+    take_keep(o);
     put(&v->turn, 1);
   }
   await(&v->turn, 0, 10);
@@ -265,7 +247,7 @@ static void worker(ctl_t *c, fz_breaker *b, int cpu_a, int cpu_b) {
   /* Registered already? A process that is not gets EPERM for the private barrier. */
   put(&f->inherited, membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0 ? 1 : -1);
   int pinned = history(b, cpu_a, cpu_b);
-  put(&f->pinned, pinned && pin(cpu_b));
+  put(&f->pinned, pinned && pin_cpu(cpu_b));
   put(&f->ready, 1);
   spin_windows(&c->win[1], cpu_b, RUSAGE_SELF, NULL, NULL);
   _exit(0);
@@ -313,7 +295,7 @@ int main(void) {
     ok(1, "# SKIP /proc/interrupts has no CAL count for CPU %d", cpu_b);
     return done_testing();
   }
-  if (!pin(cpu_a)) {
+  if (!pin_cpu(cpu_a)) {
     ok(1, "# SKIP cannot pin to CPU %d", cpu_a);
     return done_testing();
   }

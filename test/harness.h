@@ -11,6 +11,10 @@
  *   threads_start(th, n, fn, 1)   n threads fn((void *)1) .. fn((void *)n); threads_join(th, n)
  *   limit_config(5)               a breaker's options with max_concurrent = 5, nothing tripping
  *                                 within a test (fails 5 of min_calls 10, periods of 10 s)
+ *   now_s()                       CLOCK_MONOTONIC, seconds
+ *   pin_cpu(1)                    this thread on CPU 1 only (1 when it runs there now)
+ *   idle_cpu(1, 0)                CPU 1 left idle holding this process's memory: the thread
+ *                                 runs there 30 ms, then moves to CPU 0 and sleeps 1 ms
  *
  * Everything is static inline: a test uses what it needs.
  */
@@ -18,10 +22,12 @@
 #define HARNESS_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* The manual clock, seconds: what at() set it to last. */
 static inline double *manual_now(void)
@@ -55,6 +61,34 @@ static inline fz_config limit_config(uint32_t limit)
   c.window = 10, c.open_for = 10, c.max_open_for = 10, c.probe_timeout = 10;
   c.backoff = 1, c.fails = 5, c.min_calls = 10, c.probes = 1, c.max_concurrent = limit;
   return c;
+}
+
+static inline double now_s(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static inline int pin_cpu(int cpu)
+{
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  CPU_SET(cpu, &s);
+  return sched_setaffinity(0, sizeof s, &s) == 0 && (sched_yield(), sched_getcpu() == cpu);
+}
+
+/* The history after which a process that registers for membarrier is not marked on
+ * CPU `idle` (test/fence_cpus.c): 1 when both moves held. */
+static inline int idle_cpu(int idle, int to)
+{
+  int ok_idle = pin_cpu(idle);
+  double until = now_s() + 0.03;
+  while (now_s() < until) {}
+  int ok_to = pin_cpu(to);
+  struct timespec nap = { 0, 1000000 };
+  nanosleep(&nap, NULL);
+  return ok_idle && ok_to;
 }
 
 /* A named breaker of the registry, and its identity in *id (races.c, regcore.c). */

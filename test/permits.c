@@ -26,12 +26,6 @@
 
 enum { K = 5, NTHREADS = 8 };
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* ---- threads hammer one breaker: the test counts who is inside */
 
 static fz_breaker *g_b;

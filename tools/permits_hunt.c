@@ -61,16 +61,9 @@ static void show(void) {
   fprintf(stderr, "%s\n", line);
 }
 
-static int pin(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  return sched_setaffinity(0, sizeof set, &set) == 0;
-}
-
 static void *hammer(void *arg) {
   (void)arg;
-  if (g_cpu >= 0) pin(g_cpu);
+  if (g_cpu >= 0) pin_cpu(g_cpu);
   for (long i = 0; i < g_iters; i++) {
     if (!fz_permit_take(g_b, 1)) continue;
     int in = __atomic_add_fetch(&g_c->in, 1, __ATOMIC_SEQ_CST);
@@ -99,15 +92,7 @@ static int hammers(int n) {
 
 /* HUNT_PROCS=1: a process of the round; the first (history) on CPU 1 after the history. */
 static void proc(int history) {
-  if (history) {
-    struct timespec t0, t, nap = { 0, 1000000 };
-    pin(1);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do clock_gettime(CLOCK_MONOTONIC, &t);
-    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 30000000L);
-    pin(0);
-    nanosleep(&nap, NULL);
-  }
+  if (history) idle_cpu(1, 0);
   if (fz_permit_take(g_b, 1)) fz_permit_give(g_b);  /* the first call */
   g_cpu = history ? 1 : 0;
   _exit(hammers(PROC_THREADS));
@@ -139,7 +124,7 @@ int main(void) {
   if (procs) {
     g_limit = PROC_LIMIT;
     g_c = mmap(NULL, sizeof *g_c, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (g_c == MAP_FAILED || !pin(0) || fz_registry_init_shared(64) != FZ_OK) return 2;
+    if (g_c == MAP_FAILED || !pin_cpu(0) || fz_registry_init_shared(64) != FZ_OK) return 2;
   }
   for (long k = 0; k < rounds; k++) {
     memset(g_c, 0, sizeof *g_c);
