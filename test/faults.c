@@ -342,7 +342,7 @@ static void registry_faults(void) {
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  if (fz_registry_init(32, 1, 1.0) != FZ_OK) {
+  if (fz_registry_init(64, 1, 1.0) != FZ_OK) {
     printf("Bail out! no shared registry\n");
     return 1;
   }
@@ -403,19 +403,23 @@ int main(void) {
        closes[i]);
     ok(recovers(b, 0), "the next call is a probe whose success closes the circuit (before: half_open for good)");
   }
-  /* a reset that dies after its fresh window, before its swap: the circuit is as it
-   * was, and the probe's success closes it (the closer finishes the window the reset
-   * stamped); a reset then still closes a tripped circuit */
-  b = breaker("reset-laid");
-  fail_once(b);
-  sleep_s(0.15);
-  ok(die_in_child("reset-laid", reset_once, b), "a process died at reset-laid, between its fresh window and its swap");
-  is_int(state(b), FZ_HALF_OPEN, "it left the circuit as it was: half_open once open_for is over");
-  ok(recovers(b, 0), "the next call is a probe whose success closes the circuit");
-  fail_once(b);
-  is_int(fz_reset(b), 64 + FZ_OPEN * 8 + FZ_CLOSED, "a reset of the tripped circuit closes it");
-  fail_once(b);
-  is_int(state(b), FZ_OPEN, "and one failure trips it again (fails = 1): its window counts");
+  /* a reset that dies after its check of the state word, or after its fresh window,
+   * before its swap: the circuit is as it was, and the probe's success closes it (the
+   * closer finishes the window the reset stamped); a reset then still closes a tripped
+   * circuit */
+  static const char *const resets[] = { "reset-checked", "reset-laid" };
+  for (int i = 0; i < 2; i++) {
+    b = breaker(resets[i]);
+    fail_once(b);
+    sleep_s(0.15);
+    ok(die_in_child(resets[i], reset_once, b), "a process died at %s, between its check and its swap", resets[i]);
+    is_int(state(b), FZ_HALF_OPEN, "it left the circuit as it was: half_open once open_for is over");
+    ok(recovers(b, 0), "the next call is a probe whose success closes the circuit");
+    fail_once(b);
+    is_int(fz_reset(b), 64 + FZ_OPEN * 8 + FZ_CLOSED, "a reset of the tripped circuit closes it");
+    fail_once(b);
+    is_int(state(b), FZ_OPEN, "and one failure trips it again (fails = 1): its window counts");
+  }
   /* the lift of a timed forced_open: one swap to half_open, then the lifter's claim */
   b = breaker("lifted");
   fz_force_open_for(b, 0.05);
