@@ -28,6 +28,7 @@
 
 #include "fz.h"
 #include "tap.h"
+#include "harness.h"
 
 enum { NCHILD = 4, K = 20000, K2 = 5000, NRACE = 8, RACE_TRIES = 2000 };
 
@@ -38,13 +39,6 @@ static void sleep_s(double s)
   ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
   while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
     ;
-}
-
-static double now_s(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* Results the children hand back to the parent: a page of our own, shared too. */
@@ -81,7 +75,7 @@ static fz_config base_config(void)
   return c;
 }
 
-static fz_breaker *open_named(const char *name, const fz_config *c)
+static fz_breaker *open_logged(const char *name, const fz_config *c)
 {
   int status = 99;
   fz_breaker *b = fz_registry_open(name, strlen(name), c, &status);
@@ -91,7 +85,6 @@ static fz_breaker *open_named(const char *name, const fz_config *c)
   return b;
 }
 
-static int kind_of(double ticket) { return ((long long)ticket / 2) % 4; }
 static int flag_of(double ticket) { return (long long)ticket % 2; }
 static int rej_state(double ticket) { return (int)((-(long long)ticket - 1) / 4); }
 static int rej_made(double ticket) { return (int)((-(long long)ticket - 1) % 4); }
@@ -163,7 +156,7 @@ static void part_counts(void)
 {
   fz_config c = base_config();
   c.fails = FZ_MAX_FAILS;                     /* never trips: 4*K2 is far below */
-  fz_breaker *b = open_named("fork-count", &c);
+  fz_breaker *b = open_logged("fork-count", &c);
   if (b == NULL) {
     ok(0, "counts: breaker created");
     return;
@@ -214,7 +207,7 @@ static void part_trip(void)
 {
   fz_config c = base_config();
   c.fails = 50;
-  fz_breaker *b = open_named("fork-trip", &c);
+  fz_breaker *b = open_logged("fork-trip", &c);
   if (b == NULL) {
     ok(0, "trip: breaker created");
     return;
@@ -287,7 +280,7 @@ static void part_probes(void)
   c.open_for = 0.5;
   c.max_open_for = c.open_for * 32;
   c.probe_timeout = 0.2;
-  fz_breaker *b = open_named("fork-probe", &c);
+  fz_breaker *b = open_logged("fork-probe", &c);
   if (b == NULL) {
     ok(0, "probes: breaker created");
     return;

@@ -12,6 +12,7 @@
  */
 #include "../csrc/fz.h"
 #include "tap.h"
+#include "harness.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -102,12 +103,6 @@ static void *ticker(void *arg) {
     nanosleep(&pause, NULL);
   }
   return NULL;
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 /* More calls wanted: fewer than `iters` made, or fewer than MIN_GENS transitions seen
