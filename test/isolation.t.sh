@@ -382,9 +382,8 @@ check "running 0 after it ($(stats reload))" wait_for 10 running_is reload 0
 codes=$(burst 5 "/g/reload?t=0.3")
 check "the limit is whole after the reload ($codes)" [ "$codes" = "200:5 " ]
 
-errs=$(grep -E '\[(alert|crit|emerg)\]' "$P/logs/error.log" | grep -v 'exited on signal 9')
-check "no [alert], [crit] or [emerg] in the error log but the killed workers'" [ -z "$errs" ]
-[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+log_clean "$P/logs/error.log" "no [alert], [crit] or [emerg] in the error log but the killed workers'" \
+  '\[(alert|crit|emerg)\]' 'exited on signal 9'
 
 # ---------------------------------------------------------------- equal tickets, other reporters
 # b:allow()'s tickets are equal when the core leaves them untracked (its ledger has no
@@ -533,9 +532,7 @@ check "f: f1 ends unreported, f3 allows, then f1's ticket is reported: refused (
 wait $CLIENTS 2>/dev/null
 CLIENTS=
 check "the limit is whole: 2 at once ($(eq try))" [ "$(eq try)" = "admitted admitted" ]
-errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$E/logs/error.log")
-check "no [error], [alert], [crit] or [emerg] in its error log" [ -z "$errs" ]
-[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+log_clean "$E/logs/error.log" "no [error], [alert], [crit] or [emerg] in its error log"
 
 # ---------------------------------------------------------------- README's config, as printed
 # README "Isolation": the blocks isolation-init and isolation-location, in an http block
@@ -620,9 +617,7 @@ check "a call past the 20 held waits max_wait (0.2 s) and is answered 503 ($wait
   awk -v w="$waited" 'BEGIN { split(w, a, " "); exit !(a[1] == 503 && a[2] >= 0.2) }'
 held=$(cat "$T"/hold*)
 check "and the 20 held calls end in 200 once released" [ "$held" = "$(printf '200%.0s' $(seq 20))" ]
-errs=$(grep -E '\[(error|alert|crit|emerg)\]' "$R/logs/error.log")
-check "no [error], [alert], [crit] or [emerg] in its error log" [ -z "$errs" ]
-[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+log_clean "$R/logs/error.log" "no [error], [alert], [crit] or [emerg] in its error log"
 
 echo "1..$n"
 [ "$failed" -eq 0 ]

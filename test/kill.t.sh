@@ -368,9 +368,8 @@ check "then /metrics shows nothing of pool cl" [ -z "$left" ]
 check "the master replaced the killed worker" wait_for 10 respawned
 stop_clients
 
-errs=$(grep -E '\[(alert|crit|emerg)\]|runtime error' "$P/logs/error.log" | grep -v 'exited on signal 9')
-check "no [alert], [crit], [emerg] or Lua error in the error log but the killed workers'" [ -z "$errs" ]
-[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+log_clean "$P/logs/error.log" "no [alert], [crit], [emerg] or Lua error in the error log but the killed workers'" \
+  '\[(alert|crit|emerg)\]|runtime error' 'exited on signal 9'
 
 # ================================================================ killed at named fault points
 # A second nginx (4 workers) runs the core built with its fault points (make builds
@@ -553,9 +552,8 @@ uniq_n=$(tr ' ' '\n' <<< "$lst" | grep . | sort -u | wc -l)
 six_once() { [ "$(wc -w <<< "$lst")" = 6 ] && [ "$uniq_n" = 6 ] && grep -qw k5 <<< "$lst"; }
 check "six names, each once, k5 among them ($lst)" six_once
 
-errs=$(grep -E '\[(alert|crit|emerg)\]|runtime error' "$Q/logs/error.log" | grep -v 'exited on signal 9')
-check "no [alert], [crit], [emerg] or Lua error in its error log but the killed workers'" [ -z "$errs" ]
-[ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+log_clean "$Q/logs/error.log" "no [alert], [crit], [emerg] or Lua error in its error log but the killed workers'" \
+  '\[(alert|crit|emerg)\]|runtime error' 'exited on signal 9'
 
 echo "1..$n"
 [ "$failed" -eq 0 ]

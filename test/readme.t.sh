@@ -219,10 +219,8 @@ else
 
   # [error] lines are expected: the fallback logs each users failure, nginx each refused
   # billing connection. Anything worse, or a Lua error, is not.
-  errs=$(grep -E '\[(alert|crit|emerg)\]|runtime error|attempt to|stack traceback' \
-    "$T/prefix/logs/error.log")
-  check "${NGINX_TESTS[7]}" [ -z "$errs" ]
-  [ -z "$errs" ] || diag "$(echo "$errs" | head -n 20)"
+  log_clean "$T/prefix/logs/error.log" "${NGINX_TESTS[7]}" \
+    '\[(alert|crit|emerg)\]|runtime error|attempt to|stack traceback'
 fi
 
 # ---------------------------------------------------------------- testing with busted

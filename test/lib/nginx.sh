@@ -42,6 +42,10 @@
 #                          NGINX_START_ERR ends with the error log's last lines
 #   wait_for SECONDS CMD...  polls CMD every 0.1 s until it succeeds (0) or SECONDS pass (1)
 #   workers [MASTER]       the master's children ($MASTER by default)
+#   log_clean LOG DESC [PATTERN [EXCEPT]]
+#                          the check DESC (tap.sh) that LOG has no line matching PATTERN
+#                          (ERE; default nginx's [error] and worse) but those matching
+#                          EXCEPT (ERE); the first 20 such lines as diag
 
 NGINX_MODULES=/usr/lib/nginx/modules
 
@@ -235,6 +239,14 @@ wait_for() {
     [ "$i" -ge "$limit" ] && return 1
     sleep 0.1
   done
+}
+
+log_clean() {
+  local errs
+  [ -r "$1" ] || { nok "$2 (cannot read $1)"; return; }
+  errs=$(grep -E "${3:-\[(error|alert|crit|emerg)\]}" "$1" | grep -vE "${4:-^\$}")
+  check "$2" [ -z "$errs" ]
+  [ -z "$errs" ] || diag "$(head -n 20 <<< "$errs")"
 }
 
 # shellcheck disable=SC2120  # MASTER is optional
