@@ -12,6 +12,7 @@
 #include "tap.h"
 #include "harness.h"
 #include "permit_words.h"
+#include "permit_hammer.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -29,39 +30,18 @@ enum { K = 5, NTHREADS = 8 };
 /* ---- threads hammer one breaker: the test counts who is inside */
 
 static fz_breaker *g_b;
-static int g_inside, g_max_inside, g_over;  /* atomics */
+static hammer_counts g_counts;
 static long g_iters;
 static long g_taken[NTHREADS], g_full[NTHREADS];
 
 /* The permit words as one diag line, the first time the test's own count passes the
  * limit: the evidence should a run ever fail. */
-static int g_shown;
-static void show_lanes(fz_breaker *b) {
-  if (__atomic_exchange_n(&g_shown, 1, __ATOMIC_SEQ_CST)) return;
-  char line[2048];
-  permit_words(b, line, sizeof line);
-  diag("%s", line);
-}
+static void show_diag(const char *words) { diag("%s", words); }
 
 static void *hammer(void *arg) {
   intptr_t me = (intptr_t)arg;
-  for (long i = 0; i < g_iters; i++) {
-    if (!fz_permit_take(g_b, 1)) {
-      g_full[me]++;
-      continue;
-    }
-    g_taken[me]++;
-    int in = __atomic_add_fetch(&g_inside, 1, __ATOMIC_SEQ_CST);
-    if (in > K) {
-      __atomic_add_fetch(&g_over, 1, __ATOMIC_SEQ_CST);
-      show_lanes(g_b);
-    }
-    int m = __atomic_load_n(&g_max_inside, __ATOMIC_RELAXED);
-    while (in > m && !__atomic_compare_exchange_n(&g_max_inside, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
-    for (volatile int spin = 0; spin < (int)(i % 7) * 10; spin++) {}
-    __atomic_sub_fetch(&g_inside, 1, __ATOMIC_SEQ_CST);
-    fz_permit_give(g_b);
-  }
+  hammer_job j = { g_b, g_iters, K, 0, &g_counts, show_diag };
+  g_full[me] = hammer_run(&j, &g_taken[me]);
   return NULL;
 }
 
@@ -77,12 +57,12 @@ static void threads_test(void) {
   threads_join(th, NTHREADS);
   long taken = 0, full = 0;
   for (int i = 0; i < NTHREADS; i++) taken += g_taken[i], full += g_full[i];
-  is_int(g_over, 0, "%d threads, %ld tries each: never more than %d inside (the test's own count)",
+  is_int(g_counts.over, 0, "%d threads, %ld tries each: never more than %d inside (the test's own count)",
          NTHREADS, g_iters, K);
-  ok(g_max_inside <= K, "at most %d inside at once (seen %d)", K, g_max_inside);
+  ok(g_counts.max <= K, "at most %d inside at once (seen %d)", K, g_counts.max);
   /* (how many overlapped depends on the scheduler: under a sanitizer on a busy machine
    * the threads may not overlap at all, so the number is shown, not required) */
-  diag("%s", g_max_inside > 1 ? "the threads overlapped" : "no overlap seen");
+  diag("%s", g_counts.max > 1 ? "the threads overlapped" : "no overlap seen");
   fz_stats s = peek(g_b);
   is_int((int)s.running, 0, "every permit given back: running 0");
   ok(s.full_total == (uint64_t)full, "full_total %llu = the rejections the threads saw (%ld)",

@@ -30,6 +30,7 @@
 #include "../csrc/fz_internal.h"  /* permits_of: the words shown when the limit is passed */
 #include "../csrc/fz_permits.h"
 #include "permit_words.h"
+#include "permit_hammer.h"
 #include "tap.h"
 #include "harness.h"
 
@@ -48,36 +49,16 @@ enum { NTHREADS = 8, LIMIT = 5, PROC_LIMIT = 3, PROC_THREADS = 2 };
 static fz_breaker *g_b;
 static long g_iters;
 static int g_limit = LIMIT, g_cpu = -1;  /* g_cpu: the CPU the threads pin to, if any */
-/* who is inside, the entries past the limit, the most inside, the words shown: atomics,
- * in shared memory with HUNT_PROCS=1 */
-typedef struct { int in, over, max, shown; } counts;
-static counts g_local, *g_c = &g_local;
+static hammer_counts g_local, *g_c = &g_local;  /* in shared memory with HUNT_PROCS=1 */
 
 /* The permit words (test/permit_words.h), once a round. */
-static void show(void) {
-  if (__atomic_exchange_n(&g_c->shown, 1, __ATOMIC_SEQ_CST)) return;
-  char line[2048];
-  permit_words(g_b, line, sizeof line);
-  fprintf(stderr, "%s\n", line);
-}
+static void show_err(const char *words) { fprintf(stderr, "%s\n", words); }
 
 static void *hammer(void *arg) {
   (void)arg;
   if (g_cpu >= 0) pin_cpu(g_cpu);
-  for (long i = 0; i < g_iters; i++) {
-    if (!fz_permit_take(g_b, 1)) continue;
-    int in = __atomic_add_fetch(&g_c->in, 1, __ATOMIC_SEQ_CST);
-    if (in > g_limit) {
-      __atomic_add_fetch(&g_c->over, 1, __ATOMIC_SEQ_CST);
-      show();
-    }
-    int m = __atomic_load_n(&g_c->max, __ATOMIC_RELAXED);
-    while (in > m && !__atomic_compare_exchange_n(&g_c->max, &m, in, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
-    for (volatile int spin = 0; spin < (int)(i % 7) * 10; spin++) {}
-    if (i % 64 == 0) sched_yield();  /* the others take this lane's spare meanwhile */
-    __atomic_sub_fetch(&g_c->in, 1, __ATOMIC_SEQ_CST);
-    fz_permit_give(g_b);
-  }
+  hammer_job j = { g_b, g_iters, g_limit, 64, g_c, show_err };
+  hammer_run(&j, NULL);
   return NULL;
 }
 
