@@ -339,6 +339,10 @@ build/bench_threads: bench/threads.c build/libfzcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
 
+build/bench_procs: bench/procs.c build/libfzcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< build/libfzcore.a $(LDFLAGS) $(LDLIBS)
+
 build/bench_atomic: bench/atomic.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS) -o $@ $< $(LDFLAGS) $(LDLIBS)
@@ -359,6 +363,7 @@ bench: all
 	  $(MAKE) --no-print-directory build/bench_threads && build/bench_threads; \
 	else echo "make bench: no bench/threads.c yet, skipping build/bench_threads"; fi
 	$(MAKE) --no-print-directory build/bench_registry_c && build/bench_registry_c
+	$(MAKE) --no-print-directory build/bench_procs && build/bench_procs
 	@if [ -n "$(BASE)" ]; then $(MAKE) --no-print-directory bench-side BASE="$(BASE)"; fi
 
 # The hot path of this tree against revision BASE (e.g. BASE=81992f8, fuse 0.1.0) in one

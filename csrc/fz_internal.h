@@ -28,6 +28,12 @@ void fzi_permits_copy(fz_breaker *to, fz_breaker *from);  /* a copy made by a re
 /* Registers this process for the permits' barriers (once; 1 if it could), for the
  * processes it forks: a shared registry's maker calls it, before nginx forks the workers. */
 int fzp_register(void);
+/* The shared registry's count of the counter stripes handed out, before this one (the
+ * stripe is it modulo NSTRIPES), for a thread that takes its stripe (fz_window.h,
+ * my_stripe); UINT32_MAX when there is no shared registry. */
+uint32_t fzi_stripe_next(void);
+/* This thread's counter stripe, -1 before its first count (for tests). */
+int fzi_thread_stripe(void);
 
 /* A registry slot's ring area: the count-window ring (room for FZ_MAX_COUNT_WINDOW),
  * then the breaker's permits (max_concurrent, csrc/fz_permits.h: 2,624 bytes, touched only

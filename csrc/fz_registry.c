@@ -90,6 +90,7 @@ typedef struct registry {
   double barren_until;          /* under the lock: a scan found nothing evictable; none before */
   uint64_t full_total;          /* concurrent: calls run unguarded, registry full */
   uint64_t evictions_total;     /* concurrent */
+  uint32_t stripes;             /* concurrent: counter stripes handed out (fzi_stripe_next) */
 } registry;
 
 #define HEADER ((sizeof(registry) + LINE - 1) / LINE * LINE)
@@ -585,6 +586,16 @@ int fz_registry_init_shared(uint32_t capacity) {
   double idle = r && r->shared ? (double)r->idle_ns / 1e9 : 0;
   if (r && r->shared && r->capacity != capacity) return FZ_EBUSY;
   return fz_registry_init(capacity, 1, idle);
+}
+
+/* The processes that map one shared registry (nginx's workers, forked from its maker)
+ * take the breakers' counter stripes in turn from it, so that the first NSTRIPES count on
+ * stripes of their own: a pid-derived stripe put two of 2 workers on one stripe in 1
+ * start of 4, and two of 4 in 9 of 10, and their every success then moved one cache line
+ * between their CPUs. Not reg_get: a process with no registry makes none here. */
+uint32_t fzi_stripe_next(void) {
+  registry *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);  /* pairs with the release in init */
+  return r && r->shared ? at_add32_rlx(&r->stripes, 1) : UINT32_MAX;
 }
 
 int fz_registry_is_shared(void) {

@@ -21,9 +21,14 @@ static TLS uint64_t t_rng;
 static stripe *my_stripe(fz_breaker *b) {
   uint32_t s = t_stripe;
   if (s == UINT32_MAX) {
-    /* Spread the first threads of different processes over different stripes too. */
-    s = at_add32_rlx(&g_next_stripe, 1) + (uint32_t)getpid() * 2654435761u;
-    t_stripe = s = (s >> 7 ^ s) % NSTRIPES;
+    /* In turn across the processes of a shared registry (fzi_stripe_next), else across
+     * this process's threads (the pid spreads unrelated processes, which share nothing). */
+    s = fzi_stripe_next();
+    if (s == UINT32_MAX) {
+      s = at_add32_rlx(&g_next_stripe, 1) + (uint32_t)getpid() * 2654435761u;
+      s = s >> 7 ^ s;
+    }
+    t_stripe = s = s % NSTRIPES;
   }
   return &b->stripes[s];
 }
