@@ -22,12 +22,9 @@ static stripe *my_stripe(fz_breaker *b) {
   uint32_t s = t_stripe;
   if (s == UINT32_MAX) {
     /* In turn across the processes of a shared registry (fzi_stripe_next), else across
-     * this process's threads (the pid spreads unrelated processes, which share nothing). */
+     * this process's threads (nothing else can reach its breakers' memory). */
     s = fzi_stripe_next();
-    if (s == UINT32_MAX) {
-      s = at_add32_rlx(&g_next_stripe, 1) + (uint32_t)getpid() * 2654435761u;
-      s = s >> 7 ^ s;
-    }
+    if (s == UINT32_MAX) s = at_add32_rlx(&g_next_stripe, 1);
     t_stripe = s = s % NSTRIPES;
   }
   return &b->stripes[s];
