@@ -591,8 +591,8 @@ int fz_registry_init_shared(uint32_t capacity) {
 /* The processes that map one shared registry (nginx's workers, forked from its maker)
  * take the breakers' counter stripes in turn from it, so that the first NSTRIPES count on
  * stripes of their own: a pid-derived stripe put two of 2 workers on one stripe in 1
- * start of 4, and two of 4 in 9 of 10, and their every success then moved one cache line
- * between their CPUs. Not reg_get: a process with no registry makes none here. */
+ * start of 4, and two of 4 in about 9 of 10, and their every success then moved one
+ * cache line between their CPUs. Not reg_get: a process with no registry makes none. */
 uint32_t fzi_stripe_next(void) {
   registry *r = __atomic_load_n(&g_reg, __ATOMIC_ACQUIRE);  /* pairs with the release in init */
   return r && r->shared ? at_add32_rlx(&r->stripes, 1) : UINT32_MAX;

@@ -1182,6 +1182,8 @@ int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed) {
   return fz_done(b, ticket(b, sw_gen(sw), 0, KIND_NORMAL, 0), outcome, elapsed);
 }
 
+int fzi_thread_stripe(void) { return t_stripe == UINT32_MAX ? -1 : (int)t_stripe; }
+
 /* ---------------------------------------------------------------- the library */
 
 /*
@@ -1190,8 +1192,6 @@ int fz_late_id(fz_breaker *b, uint32_t id, int outcome, double elapsed) {
  * state opened later would find an empty registry. Loading ourselves once more with
  * RTLD_NODELETE pins the mapping (no link flag needed, so luarocks builds get it too).
  */
-int fzi_thread_stripe(void) { return t_stripe == UINT32_MAX ? -1 : (int)t_stripe; }
-
 /* A forked child (an nginx worker) must not keep its parent's stripe and random state:
  * every worker would count on one stripe and draw the same jitter. */
 static void forget_thread_state(void) {

@@ -371,8 +371,8 @@ static void part_probes(void)
 /* 5. Processes forked from the registry's maker (nginx's workers) count on the stripes in
  * turn: 8 children, one after the other, each makes one call and says its stripe; each
  * is the one after the previous child's (mod 4), so 4 workers never share one. Before,
- * a stripe from the pid put two of 4 workers on one stripe in 9 starts of 10, and their
- * every success moved one cache line between their CPUs (a tenth of the calls per
+ * a stripe from the pid put two of 4 workers on one stripe in about 9 starts of 10, and
+ * their every success moved one cache line between their CPUs (a tenth of the calls per
  * second, two processes on one breaker). */
 static void part_stripes(void)
 {

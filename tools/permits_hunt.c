@@ -20,7 +20,8 @@
  * run on CPU 1; the second's threads run on CPU 0 and take the first's spare permits.
  * With the registration at the first call (before ae807b2), ASan build, alone: 1 of
  * 4,000 rounds past the limit, and that one 2,046 times (4 inside a limit of 3: the
- * permit taken from under a call stayed in circulation); with the registration
+ * race again and again while the CPU stayed unmarked, as a pass lasts only while the
+ * call it took the permit from runs; docs/isolation.md, step 2); with the registration
  * inherited from the registry's maker, none of 4,000. (A first draft of this mode: 3 of
  * 4,300 before, none of 3,000 after.) The rate is too low for that alone to prove the
  * fix; test/fence_cpus.c shows the barrier reaching the CPU, or not, every time.
