@@ -25,10 +25,12 @@
 #    ROUNDS rounds of 2 s wrk (16 connections) of each of fuse.upstream, nginx's plain
 #    round robin, the floor of any Lua balancer (balancer_by_lua calling
 #    set_current_peer, an empty log_by_lua) and that floor plus what a balancer that
-#    reports needs (a table in ngx.ctx, one $upstream_status read), in rotating order;
-#    the medians, the median per-round ratios, and the front's CPU time per request
-#    (and its user-space part). bench/nginx_upstream_share.sh measures the same fronts
-#    at once on one core, which the machine's swings do not move.
+#    reports needs (a table in ngx.ctx, one $upstream_status read), and the floor again
+#    on a front of its own (floor'/floor: the bench's own error, two fronts doing the
+#    same work), in rotating order; the medians, the median per-round ratios with their
+#    95% intervals, and the front's CPU time per request (and its user-space part).
+#    bench/nginx_upstream_share.sh measures the same fronts at once on one core, which
+#    the machine's swings do not move.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -63,7 +65,7 @@ trap 'exit 1' INT TERM HUP
 mkdir -p "$P/logs-peers" "$P/logs-front" "$P/logs-load" "$P/temp"
 copy_fuse "$T"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
-BASE=$(pick_ports 25) || die "no 25 free ports in a row"
+BASE=$(pick_ports 26) || die "no 26 free ports in a row"
 CTL=$BASE LOAD=$((BASE + 1))
 A1=$((BASE + 2)) B1=$((BASE + 3)) C1=$((BASE + 4))      # fuse (backoff)
 A2=$((BASE + 5)) B2=$((BASE + 6)) C2=$((BASE + 7))      # nginx
@@ -72,6 +74,7 @@ F1=$((BASE + 11)) F2=$((BASE + 12)) F3=$((BASE + 13))   # fronts of part 1 and 2
 FS=$((BASE + 14)) RS=$((BASE + 15)) LS=$((BASE + 16)) XS=$((BASE + 20))   # fronts of part 3
 S1=$((BASE + 17)) S2=$((BASE + 18)) S3=$((BASE + 19))   # static peers
 A4=$((BASE + 21)) B4=$((BASE + 22)) C4=$((BASE + 23)) F4=$((BASE + 24))   # fuse6: peers, front
+YS=$((BASE + 25))   # part 3: the floor again (the bench's own error)
 sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/" \
   -e "s/listen 127\.0\.0\.1:18091;/listen 127.0.0.1:$A1; listen 127.0.0.1:$A2; listen 127.0.0.1:$A3; listen 127.0.0.1:$A4;/" \
   -e "s/listen 127\.0\.0\.1:18092;/listen 127.0.0.1:$B1; listen 127.0.0.1:$B2; listen 127.0.0.1:$B3; listen 127.0.0.1:$B4;/" \
@@ -144,6 +147,18 @@ $(static_front l)
     }
     server { listen 127.0.0.1:$XS; location / { proxy_pass http://ctx_static;
         log_by_lua_block { local t, s = ngx.ctx.try, ngx.var.upstream_status } } }
+    # the floor again, on a port and upstream of its own: floor'/floor is the bench's own
+    # error, what the rounds read for two fronts that do the same work
+    upstream lua_static2 {
+        server 0.0.0.1;
+        balancer_by_lua_block {
+            local i = (package.loaded.lua_rr or 0) % 3 + 1
+            package.loaded.lua_rr = i
+            require("ngx.balancer").set_current_peer("127.0.0.1", ($S1 - 1) + i)
+        }
+        keepalive 32;
+    }
+    server { listen 127.0.0.1:$YS; location / { proxy_pass http://lua_static2; log_by_lua_block { } } }
     server {
         listen 127.0.0.1:$S1;
         listen 127.0.0.1:$S2;
@@ -319,7 +334,7 @@ fi
 echo
 echo "3. throughput, every peer healthy: $ROUNDS rounds of 2 s wrk (16 connections) per balancer,"
 echo "   in rotating order, three static peers (return 200), keepalive"
-for port in $FS $RS $LS $XS; do wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$port/" > /dev/null 2>&1; done  # warm-up
+for port in $FS $RS $LS $XS $YS; do wrk -t 2 -c 16 -d 2s "http://127.0.0.1:$port/" > /dev/null 2>&1; done  # warm-up
 FRONT_WORKERS=$(workers "${PIDS[1]}" | tr '\n' ' ')
 ticks() { # CPU time of the front nginx's workers (clock ticks): "user+system user"
   local t=0 u=0 w
@@ -338,11 +353,20 @@ rps() { # rps PORT: "requests/s CPU-us/request user-space-CPU-us/request" of one
   echo "$r $(echo "($t1 - $t0) * 1000000 / $HZ / $n" | bc -l) $(echo "($u1 - $u0) * 1000000 / $HZ / $n" | bc -l)"
 }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+# interval: the rounds' values in, "lo-hi" out: the k-th lowest and k-th highest, k the
+# largest with P(Binomial(n, 1/2) < k) <= 2.5%, an interval that holds the median of the
+# rounds' distribution 95% of the time or more whatever that distribution (n >= 6)
+interval() {
+  tr ' ' '\n' | grep . | sort -g | awk '{ a[NR] = $1 } END {
+    n = NR; term = 0.5 ^ n; cum = term; k = 0
+    while (2 * cum <= 0.05) { k++; term *= (n - k + 1) / k; cum += term }
+    if (k == 0) print "(too few rounds)"; else printf "%.3f-%.3f", a[k], a[n + 1 - k] }'
+}
 f_all="" r_all="" l_all="" qr_all="" ql_all="" fu_all="" ru_all="" lu_all="" x_all="" xu_all="" qx_all=""
-fus_all="" lus_all=""
+fus_all="" lus_all="" qy_all=""
 for i in $(seq "$ROUNDS"); do
-  case $((i % 3)) in
-    1) order="f r l x" ;; 2) order="r l x f" ;; 0) order="l x f r" ;;
+  case $((i % 5)) in
+    1) order="f r l x y" ;; 2) order="r l x y f" ;; 3) order="l x y f r" ;; 4) order="x y f r l" ;; 0) order="y f r l x" ;;
   esac
   for side in $order; do
     case $side in
@@ -350,14 +374,16 @@ for i in $(seq "$ROUNDS"); do
       r) read -r r ru _ <<< "$(rps "$RS")" ;;
       l) read -r l lu lus <<< "$(rps "$LS")" ;;
       x) read -r x xu _ <<< "$(rps "$XS")" ;;
+      y) read -r y _ _ <<< "$(rps "$YS")" ;;
     esac
   done
-  qr=$(echo "$f / $r" | bc -l) ql=$(echo "$f / $l" | bc -l) qx=$(echo "$f / $x" | bc -l)
+  qr=$(echo "$f / $r" | bc -l) ql=$(echo "$f / $l" | bc -l) qx=$(echo "$f / $x" | bc -l) qy=$(echo "$y / $l" | bc -l)
+  qy_all="$qy_all $qy"
   x_all="$x_all $x" xu_all="$xu_all $xu" qx_all="$qx_all $qx"
   f_all="$f_all $f" r_all="$r_all $r" l_all="$l_all $l" qr_all="$qr_all $qr" ql_all="$ql_all $ql"
   fu_all="$fu_all $fu" ru_all="$ru_all $ru" lu_all="$lu_all $lu" fus_all="$fus_all $fus" lus_all="$lus_all $lus"
-  printf '   round %d: fuse %6.0f req/s %4.1f us | rr %6.0f %4.1f us | floor %6.0f %4.1f us | floor+ctx %6.0f %4.1f us | fuse/rr %.3f /floor %.3f /floor+ctx %.3f\n' \
-    "$i" "$f" "$fu" "$r" "$ru" "$l" "$lu" "$x" "$xu" "$qr" "$ql" "$qx"
+  printf '   round %d: fuse %6.0f req/s %4.1f us | rr %6.0f %4.1f us | floor %6.0f %4.1f us | floor+ctx %6.0f %4.1f us | fuse/rr %.3f /floor %.3f /floor+ctx %.3f | floor\x27/floor %.3f\n' \
+    "$i" "$f" "$fu" "$r" "$ru" "$l" "$lu" "$x" "$xu" "$qr" "$ql" "$qx" "$qy"
 done
 fm=$(echo "$f_all" | median) rm=$(echo "$r_all" | median) lm=$(echo "$l_all" | median)
 qr=$(echo "$qr_all" | median) ql=$(echo "$ql_all" | median) qx=$(echo "$qx_all" | median)
@@ -368,6 +394,9 @@ lr=$(echo "$l_all $r_all" | awk -v l="$lm" -v r="$rm" '{ print l / r }')
 printf '   medians: fuse.upstream %.0f req/s, round robin %.0f, Lua floor %.0f (floor/rr %.3f: the Lua phases alone cost %.1f%%)\n' \
   "$fm" "$rm" "$lm" "$lr" "$(echo "(1 - $lr) * 100" | bc -l)"
 printf '   median ratios of the rounds: fuse/rr %.3f (target >= 0.95), fuse/floor %.3f (target >= 0.98), fuse/floor+ctx %.3f\n' "$qr" "$ql" "$qx"
+echo "   95% intervals of those medians (from the rounds' order): fuse/rr $(echo "$qr_all" | interval), fuse/floor $(echo "$ql_all" | interval), floor'/floor $(echo "$qy_all" | interval)"
+printf "   the bench's own error: floor'/floor %.3f (the same work on two fronts; its distance from 1 is how far a run's\n" "$(echo "$qy_all" | median)"
+echo "   median ratios can stray without any difference between the fronts)"
 printf '   front CPU per request (medians): fuse.upstream %.1f us, round robin %.1f us, Lua floor %.1f us, floor+ctx %.1f us (%.0f req/s)\n' \
   "$fum" "$rum" "$lum" "$xum" "$xm"
 # nginx's own work in the kernel (sockets, epoll) is the same for the two fronts; what
