@@ -50,6 +50,9 @@ OUTAGE_DELAY=${OUTAGE_DELAY:-5}
 case $OUTAGE_MODE in fail) SICK_AS="answers 500" ;; hang) SICK_AS="hangs ($OUTAGE_DELAY s, the fronts time out at 1 s)" ;;
   refuse) SICK_AS="resets every connection" ;; *) echo "bench-nginx: OUTAGE_MODE is fail, hang or refuse" >&2; exit 1 ;; esac
 # FAILURES=0 skips parts 1 and 2, THROUGHPUT=0 part 3
+# AFFINITY=1: the front's two workers pinned one to each CPU (worker_cpu_affinity auto),
+# as gateways are often run; by default the scheduler places them (and moves them, about
+# 100 to 250 times a second under part 3's load)
 die() { echo "bench-nginx: $*" >&2; exit 1; }
 [ -x "$NGINX" ] || die "nginx is not installed"
 command -v wrk >/dev/null || die "wrk is not installed"
@@ -93,6 +96,7 @@ EOF
 cat > "$P/front.conf" <<EOF
 $(nginx_load_modules)
 worker_processes 2;
+$([ "${AFFINITY:-0}" = 1 ] && echo "worker_cpu_affinity auto;")
 pid logs-front/nginx.pid;
 error_log logs-front/error.log crit;
 events { worker_connections 4096; }
@@ -248,7 +252,7 @@ errors_of() { tr ' ' '\n' <<< "$1" | awk -F: '$1 != "done" && $1 != "200" { n +=
 done_of() { tr ' ' '\n' <<< "$1" | awk -F: '$1 == "done" { print $2 }'; }
 us() { echo "${EPOCHREALTIME/./}"; }
 
-echo "bench-nginx: $(date -u +%Y-%m-%dT%H:%MZ), nginx $("$NGINX" -v 2>&1 | cut -d/ -f2), $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg)"
+echo "bench-nginx: $(date -u +%Y-%m-%dT%H:%MZ), nginx $("$NGINX" -v 2>&1 | cut -d/ -f2), $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg), front workers $([ "${AFFINITY:-0}" = 1 ] && echo "pinned (AFFINITY=1)" || echo "not pinned")"
 echo
 SIDES="fuse:$F1:$A1:$B1:$C1 nginx:$F2:$A2:$B2:$C2 fuse5:$F3:$A3:$B3:$C3 fuse6:$F4:$A4:$B4:$C4"
 for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
