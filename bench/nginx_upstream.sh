@@ -153,16 +153,7 @@ $(static_front l)
         log_by_lua_block { local t, s = ngx.ctx.try, ngx.var.upstream_status } } }
     # the floor again, on a port and upstream of its own: floor'/floor is the bench's own
     # error, what the rounds read for two fronts that do the same work
-    upstream lua_static2 {
-        server 0.0.0.1;
-        balancer_by_lua_block {
-            local i = (package.loaded.lua_rr or 0) % 3 + 1
-            package.loaded.lua_rr = i
-            require("ngx.balancer").set_current_peer("127.0.0.1", ($S1 - 1) + i)
-        }
-        keepalive 32;
-    }
-    server { listen 127.0.0.1:$YS; location / { proxy_pass http://lua_static2; log_by_lua_block { } } }
+$(static_front l | sed -e 's/lua_static\b/lua_static2/' -e "s/127\.0\.0\.1:$LS;/127.0.0.1:$YS;/")
     server {
         listen 127.0.0.1:$S1;
         listen 127.0.0.1:$S2;
