@@ -61,7 +61,11 @@ static double run(fz_breaker *b, int n, double secs) {
   g->go = 0, g->ready = 0;
   for (int i = 0; i < n; i++) {
     if ((pid[i] = fork()) == 0) worker(b, i, secs);
-    if (pid[i] < 0) return 0;
+    if (pid[i] < 0) {  /* the ones started run their seconds and are reaped, not left spinning */
+      g->go = 1;
+      for (int k = 0; k < i; k++) waitpid(pid[k], NULL, 0);
+      return 0;
+    }
   }
   while (__atomic_load_n(&g->ready, __ATOMIC_SEQ_CST) < n) usleep(1000);
   g->go = 1;
