@@ -1324,6 +1324,31 @@ describe("fuse.upstream #" .. BACKEND, function()
       says(err_of("p", { "10.9.9.9:1" }, { max_ejected = "\n" }), 'got "\\n"')
     end)
 
+    it("for option check, each key named", function()
+      local p = { "10.9.9.9:1" }
+      says(err_of("p", p, { check = "/health" }), "fuse.upstream: option 'check' must be a table "
+        .. '{ path = "/...", interval = seconds, timeout = seconds }, got "/health"')
+      says(err_of("p", p, { check = {} }),
+        "option 'check.path' must be a path starting with '/' (visible ASCII, no spaces), got nil")
+      says(err_of("p", p, { check = { path = "health" } }), "option 'check.path' must be a path starting with '/'")
+      says(err_of("p", p, { check = { path = "/a b" } }), 'got "/a b"')
+      says(err_of("p", p, { check = { path = "/h\r\nX: 1" } }), "option 'check.path' must be")
+      says(err_of("p", p, { check = { path = "/h", interval = 0 } }),
+        "option 'check.interval' must be a number of seconds from 0.01 to 3600, got 0")
+      says(err_of("p", p, { check = { path = "/h", interval = 0 / 0 } }), "check.interval")
+      says(err_of("p", p, { check = { path = "/h", timeout = -1 } }),
+        "option 'check.timeout' must be a number of seconds from 0.001 to 60, got -1")
+      says(err_of("p", p, { check = { path = "/h", host = "a\nb" } }),
+        "option 'check.host' must be a Host header value (visible ASCII, no spaces)")
+      says(err_of("p", p, { check = { path = "/h", intervall = 1 } }),
+        "fuse.upstream: option 'check': unknown key 'intervall' (did you mean 'interval'?)")
+      says(err_of("p", p, { check = { path = "/h", [1] = 2 } }),
+        "option 'check': unknown key 1 (keys: path, interval, timeout, host)")
+      -- valid, but its checks are sent from nginx's timers
+      says(err_of("p", p, { check = { path = "/h" } }),
+        "fuse.upstream: option 'check' needs nginx (its checks are sent from timers, over cosockets)")
+    end)
+
     -- (fails) a mistyped pool option went to fuse.new as a breaker option, whose message
     -- listed the breaker options only ('name' and 'max_wait', which a pool refuses, among
     -- them) and never the pool's: "fuse: unknown option 'max_eject' (options are: name,
@@ -1336,7 +1361,7 @@ describe("fuse.upstream #" .. BACKEND, function()
       says(err_of("p", { "10.9.9.9:1" }, { slowstart = 10 }), "(did you mean 'slow_start'?)")
       local e = err_of("p", { "10.9.9.9:1" }, { weights = 2 })
       says(e, "fuse.upstream: unknown option 'weights' (pool options: max_ejected, tries, fail_statuses, "
-        .. "fail_on, enforce, slow_start, dict; and any breaker option but name and max_wait: fallback, fails,")
+        .. "fail_on, enforce, slow_start, check, dict; and any breaker option but name and max_wait: fallback, fails,")
       assert.falsy(e:find("name, fallback", 1, true), e)
     end)
 

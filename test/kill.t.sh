@@ -17,7 +17,8 @@
 #   - fuse.upstream: a set_peers killed between storing its list and announcing it (every
 #     worker takes the stored list, picks go on), a close killed before it removed the
 #     peers' breakers (closing again from another worker removes them, /metrics forgets
-#     the pool).
+#     the pool), a check killed after it took a peer's probe ticket (the slot comes
+#     back after probe_timeout, another worker's check closes the healed peer).
 # The watchdog stops everything after 240 s. KEEP=1 keeps the temp prefix.
 set -u
 
@@ -67,6 +68,8 @@ $(nginx_conf_head "$T" 4 warn 1024)
             sp = upstream.new("sp", { "127.0.0.1:$P1", "127.0.0.1:$P2" }, { fails = 1000 }),
             mc = upstream.new("mc", { "127.0.0.1:$P1" }, { fails = 1000, max_concurrent = 1, max_ejected = 1 }),
             cl = upstream.new("cl", { "127.0.0.1:$P1", "127.0.0.1:$P2", "127.0.0.1:$P3" }, { fails = 1000 }),
+            ck = upstream.new("ck", { "127.0.0.1:$P1", "127.0.0.1:$P3" }, { fails = 1, window = 10, open_for = 1,
+                probe_timeout = 2, tries = 1, check = { path = "/health", interval = 0.1 } }),
         }
         -- tests only: a worker parks at the point named in the dict's "park" key, once
         upstream._pause = function(where)
@@ -185,12 +188,29 @@ $(nginx_conf_head "$T" 4 warn 1024)
         location = /flag {
             content_by_lua_block { ngx.say(ngx.shared.kt:get(ngx.var.arg_k) or "") }
         }
+        # /setflag?k=K[&v=V]: sets K (to V, default 1), or clears it without v
+        location = /setflag {
+            content_by_lua_block {
+                local v = ngx.var.arg_v
+                if v then ngx.shared.kt:set(ngx.var.arg_k, v) else ngx.shared.kt:delete(ngx.var.arg_k) end
+                ngx.say("ok")
+            }
+        }
+        location = /bstate {
+            content_by_lua_block { ngx.say(require("fuse").get(ngx.var.arg_name):state()) }
+        }
     }
     server {
         listen 127.0.0.1:$P1;
         listen 127.0.0.1:$P2;
         listen 127.0.0.1:$P3;
-        location / { return 200 "\$server_port\n"; }
+        # (a port flagged "sick:<port>" in the test's dict answers 500, its checks too)
+        location / {
+            content_by_lua_block {
+                if ngx.shared.kt:get("sick:" .. ngx.var.server_port) then ngx.status = 500 end
+                ngx.say(ngx.var.server_port)
+            }
+        }
         location = /p/mc {
             content_by_lua_block { ngx.sleep(tonumber(ngx.var.arg_t) or 0); ngx.say(ngx.var.server_port) }
         }
@@ -367,6 +387,29 @@ check "then /metrics shows nothing of pool cl" [ -z "$left" ]
 [ -z "$left" ] || diag "$left"
 check "the master replaced the killed worker" wait_for 10 respawned
 stop_clients
+
+# ---------------------------------------------------------------- fuse.upstream: a check
+# Pool ck (option check, every 0.1 s in each worker): P3 answers 500 and trips on one
+# client try; a check parks after its worker took the probe ticket, before it sends,
+# and that worker is killed. The probe slot comes back after probe_timeout (2 s, the dead
+# check counts as failed), and once P3 is healed another worker's check closes it.
+CK="ck/127.0.0.1:$((PORT + 3))"
+body "/setflag?k=sick:$((PORT + 3))&v=1" > /dev/null
+ck_open() { body /p/ck > /dev/null; [ "$(body "/bstate?name=$CK")" = open ]; }
+check "pool ck: P3 answers 500 and its breaker opens" wait_for 10 ck_open
+body "/setflag?k=park&v=check-probing" > /dev/null
+check "a check parks after taking P3's probe ticket" wait_for 10 flag_set parked:check-probing
+KILLED=$(flag parked:check-probing)
+kill -9 "$KILLED"
+t0=$(now)
+body "/setflag?k=sick:$((PORT + 3))" > /dev/null
+# (a request to ck each time: every worker that takes one runs ck's checks from then on;
+# a client try never probes P3, so only a check can close it)
+ck_closed() { body /p/ck > /dev/null; [ "$(body "/bstate?name=$CK")" = closed ]; }
+check "its worker killed and P3 healed, another worker's check closes P3 (probe_timeout 2 s + open_for)" \
+  wait_for 20 ck_closed
+diag "closed $(since "$t0") s after the kill"
+check "the master replaced the killed worker" wait_for 10 respawned
 
 log_clean "$P/logs/error.log" "no [alert], [crit], [emerg] or Lua error in the error log but the killed workers'" \
   '\[(alert|crit|emerg)\]|runtime error' 'exited on signal 9'

@@ -101,6 +101,7 @@ get() {
 }
 mode() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1&$2" > /dev/null; } # mode PORT 'mode=fail&reset=1'
 hits() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1" | sed -n 's/^hits=\([0-9]*\).*/\1/p'; }
+checks() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1" | sed -n 's/.* checks=\([0-9]*\).*/\1/p'; }
 maxc() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1" | sed -n 's/.* max=\([0-9]*\).*/\1/p'; }
 allmode() { for p in $A $B $C $E; do mode "$p" "$1"; done; }
 # metric PORT SERIES: the value of one series of /metrics
@@ -685,6 +686,55 @@ check "dry run (enforce = false): B's breaker is $st (opens $opens), yet B got $
   eval '[ "$st" = open ] && [ "${opens:-0}" -ge 1 ] && [ "$(hits $B)" -ge 7 ] && [ "${dr:-0}" -ge 1 ]'
 ev=$(curl -s -m 5 "http://127.0.0.1:$POOLS/events" | grep -c "dry/127.0.0.1:$B closed open")
 check "dry run: B's trip is in fuse.events ($ev)" [ "$ev" -ge 1 ]
+
+# option check (pool chk: fails = 2, open_for = 1, checks of GET /health every 0.2 s in
+# each of the 4 workers): B trips on client tries; from then on only the checks probe it,
+# one per open period across the workers; a passing check closes it, with no client
+# request to it
+allmode 'mode=ok&reset=1'
+mode "$B" 'mode=fail&reset=1'
+chk_tries=0
+until [ "$(pfield "chk/127.0.0.1:$B" 1)" = open ] || [ "$chk_tries" -ge 20 ]; do
+  get "$POOLS" /p/chk; chk_tries=$((chk_tries + 1))
+done
+trip_hits=$(hits "$B") c0=$(checks "$B") t0=${EPOCHREALTIME/./}
+# clients go on while the checks find B failing: until 4 more checks (bounded)
+codes="" k=0
+while [ "$(checks "$B")" -lt $((c0 + 4)) ] && [ "$k" -lt 400 ]; do
+  get "$POOLS" /p/chk; codes="$codes$CODE "; k=$((k + 1)); sleep 0.02
+done
+c1=$(checks "$B") el_ms=$(( (${EPOCHREALTIME/./} - t0) / 1000 ))
+bad=$(tr ' ' '\n' <<< "$codes" | grep . | grep -vc '^200$')
+check "check: B tripped after $trip_hits client tries (fails = 2), then $k requests while $((c1 - c0)) checks found it failing: none reached B (hits $(hits "$B")), none failed ($bad not 200)" \
+  eval '[ "$trip_hits" -eq 2 ] && [ "$(hits "$B")" -eq 2 ] && [ $((c1 - c0)) -ge 4 ] && [ "$bad" -eq 0 ]'
+# one check per open period across the 4 workers (a probe ticket goes to one caller):
+# open_for 1 s, times backoff 1, so at most one a second (and one more at each end)
+check "check: $((c1 - c0)) checks in $el_ms ms from 4 workers checking every 0.2 s: one per open period of 1 s" \
+  [ $(( (c1 - c0 - 2) * 1000 )) -le "$el_ms" ]
+mode "$B" 'mode=ok'
+wait_for 20 eval '[ "$(pfield "chk/127.0.0.1:$B" 1)" = closed ]'
+st=$(pfield "chk/127.0.0.1:$B" 1)
+check "check: B healed, a check closed its breaker ($st) with no client request to B (hits $(hits "$B"))" \
+  eval '[ "$st" = closed ] && [ "$(hits "$B")" -eq 2 ]'
+seq_req "$POOLS" /p/chk 10
+check "check: B back in rotation: $(( $(hits "$B") - 2 )) of 10 requests ($CODES)" \
+  eval '[ $(( $(hits "$B") - 2 )) -ge 3 ] && [ "$CODES" = "200 x10;" ]'
+ck_series() { metric "$POOLS" "fuse_upstream_checks_total{pool=\"chk\",peer=\"127.0.0.1:$B\",result=\"$1\"}"; }
+# (the count follows the verdict in the checking worker: waited for, bounded)
+wait_for 10 eval '[ "$(ck_series healthy)" = 1 ]'
+check "check: /metrics counts B's checks by result: unhealthy $(ck_series unhealthy) (at least $((c1 - c0))), healthy $(ck_series healthy) (1)" \
+  eval '[ "$(ck_series unhealthy)" -ge $((c1 - c0)) ] && [ "$(ck_series healthy)" = 1 ]'
+# an operator's force_open is left alone: no check is sent while B is forced open
+curl -s -m 5 -o /dev/null "http://127.0.0.1:$POOLS/force?name=chk/127.0.0.1:$B"
+c2=$(checks "$B")
+seq_req "$POOLS" /p/chk 10
+sleep_until=$(( ${EPOCHREALTIME/./} + 1500000 ))
+# (a stretch of time is what is checked here: no check in 1.5 s, seven check periods)
+while [ "${EPOCHREALTIME/./}" -lt "$sleep_until" ]; do sleep 0.1; done
+st=$(pfield "chk/127.0.0.1:$B" 1)
+check "check: forced open by hand, B stays $st and gets no check in 1.5 s ($(( $(checks "$B") - c2 )) checks), clients all 200 ($CODES)" \
+  eval '[ "$st" = forced_open ] && [ "$(checks "$B")" -eq "$c2" ] && [ "$CODES" = "200 x10;" ]'
+curl -s -m 5 -o /dev/null "http://127.0.0.1:$POOLS/reset?name=chk/127.0.0.1:$B"
 
 # slow_start = 8: B fails once (open_for 1), heals, is probed, closes, ramps 10% -> 100%
 allmode 'mode=ok&reset=1'

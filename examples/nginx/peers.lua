@@ -7,6 +7,7 @@
 --   hits  requests that reached it; `max` the most it ever served at once; the first
 --         ARRIVALS requests' arrival and end ("+" or "-", time, the front's port), for a
 --         test's diagnostics.
+--   checks  requests for /health (fuse.upstream's option `check`), apart from hits
 local ngx = ngx
 local d = ngx.shared.peers
 
@@ -23,9 +24,27 @@ local function note(port, what)
 end
 local MODES = { ok = true, fail = true, status = true, hang = true, slowfail = true, refuse = true }
 
+-- A check of fuse.upstream's option `check` (GET /health): counted in `checks`, not in
+-- hits (its arrival is noted as a request's), and answered as the mode says (hang and
+-- slowfail: after `delay`).
+local function check(port, mode)
+  d:incr("checks:" .. port, 1, 0)
+  note(port, "+")
+  if mode == "hang" or mode == "slowfail" then ngx.sleep(d:get("delay:" .. port) or 1) end
+  note(port, "-")
+  if mode == "refuse" then return ngx.exit(444) end
+  if mode == "fail" or mode == "slowfail" then
+    ngx.status = 500
+  elseif mode == "status" then
+    ngx.status = d:get("status:" .. port) or 200
+  end
+  ngx.say("peer ", port, " ", mode, " check")
+end
+
 function _M.serve()
   local port = ngx.var.server_port
   local mode = d:get("mode:" .. port) or "ok"
+  if ngx.var.uri == "/health" then return check(port, mode) end
   d:incr("hits:" .. port, 1, 0)
   local now = d:incr("now:" .. port, 1, 0)
   d:set("reached:" .. port .. ":" .. now, true)      -- concurrency levels seen
@@ -50,7 +69,7 @@ local function max_reached(port)
 end
 
 -- /control?port=P&mode=M[&delay=S][&status=N][&reset=1]  (reset: hits and max of P to 0)
--- /control?port=P  prints "hits=N max=N mode=M now=N" (now: requests it is serving)
+-- /control?port=P  prints "hits=N max=N mode=M now=N checks=N" (now: requests it is serving)
 -- /control?port=P&arrivals=1  prints the arrivals and ends noted since the last reset
 function _M.control()
   local a = ngx.req.get_uri_args()
@@ -58,6 +77,7 @@ function _M.control()
   if not port then ngx.status = 400; return ngx.say("port=P needed") end
   if a.reset then
     d:set("hits:" .. port, 0)
+    d:set("checks:" .. port, 0)
     -- every level, gaps included: a reset while requests are in flight deletes the
     -- levels below theirs, and a level they set afterwards (above the gap) would
     -- otherwise stay and count again once the levels below it are reached anew
@@ -77,8 +97,8 @@ function _M.control()
     d:set("delay:" .. port, tonumber(a.delay) or 1)
     d:set("status:" .. port, tonumber(a.status) or 200)
   end
-  ngx.say(("hits=%d max=%d mode=%s now=%d"):format(d:get("hits:" .. port) or 0, max_reached(port),
-    d:get("mode:" .. port) or "ok", d:get("now:" .. port) or 0))
+  ngx.say(("hits=%d max=%d mode=%s now=%d checks=%d"):format(d:get("hits:" .. port) or 0, max_reached(port),
+    d:get("mode:" .. port) or "ok", d:get("now:" .. port) or 0, d:get("checks:" .. port) or 0))
 end
 
 return _M

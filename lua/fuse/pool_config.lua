@@ -15,13 +15,15 @@ local show = options.show  -- values in messages as fuse's own option errors sho
 
 local M = {}
 
-local POOL_NAMES = { "max_ejected", "tries", "fail_statuses", "fail_on", "enforce", "slow_start", "dict" }
+local POOL_NAMES = { "max_ejected", "tries", "fail_statuses", "fail_on", "enforce", "slow_start", "check", "dict" }
 local POOL_KEYS, BREAKER_KEYS = {}, {}
 for _, k in ipairs(POOL_NAMES) do POOL_KEYS[k] = true end
 for _, k in ipairs(options.NAMES) do BREAKER_KEYS[k] = true end
 local DEFAULT_FAIL = { 500, 502, 503, 504 }
 local CLASSES = { "connect", "timeout", "status" }
 local MAX_WEIGHT, MAX_TRIES, NAME_MAX, MAX_SLOW_START = 1000, 100, 127, 3600
+local CHECK_NAMES = { "path", "interval", "timeout", "host" }
+local MAX_INTERVAL, MAX_CHECK_TIMEOUT = 3600, 60
 local DEFAULT_DICT = "fuse_upstream"
 
 local function raise(msg, level) error("fuse.upstream: " .. msg, level + 1) end
@@ -249,6 +251,45 @@ local function unknown(k, level)
     concat(POOL_NAMES, ", "), concat(listed, ", ")), level + 1)
 end
 
+-- Option `check` (nil, or { path, interval, timeout, host }): false for none, else the
+-- check with its defaults; raises at `level`. A path or host goes into a request line or
+-- a header as given: visible ASCII only (no space, no CR or LF).
+local function visible(s) return type(s) == "string" and s ~= "" and not s:find("[^\33-\126]") end
+local function check_check(c, level)
+  if c == nil or c == false then return false end
+  if type(c) ~= "table" then
+    bad("check", "a table { path = \"/...\", interval = seconds, timeout = seconds }", c, level + 1)
+  end
+  local has, k = bad_key(c, function(key)
+    for _, name in ipairs(CHECK_NAMES) do if key == name then return true end end
+    return false
+  end)
+  if has then
+    local near = type(k) == "string" and options.suggest(k, CHECK_NAMES)
+    raise(fmt("option 'check': unknown key %s (%s)", type(k) == "string" and options.quote(k, "'") or show(k),
+      near and fmt("did you mean '%s'?", near) or "keys: " .. concat(CHECK_NAMES, ", ")), level + 1)
+  end
+  local path = c.path
+  if not visible(path) or path:sub(1, 1) ~= "/" then
+    bad("check.path", "a path starting with '/' (visible ASCII, no spaces)", path, level + 1)
+  end
+  local interval = c.interval
+  if interval == nil then interval = 1 end
+  if type(interval) ~= "number" or not (interval >= 0.01 and interval <= MAX_INTERVAL) then
+    bad("check.interval", "a number of seconds from 0.01 to " .. MAX_INTERVAL, interval, level + 1)
+  end
+  local timeout = c.timeout
+  if timeout == nil then timeout = 1 end
+  if type(timeout) ~= "number" or not (timeout >= 0.001 and timeout <= MAX_CHECK_TIMEOUT) then
+    bad("check.timeout", "a number of seconds from 0.001 to " .. MAX_CHECK_TIMEOUT, timeout, level + 1)
+  end
+  local host = c.host
+  if host ~= nil and not visible(host) then
+    bad("check.host", "a Host header value (visible ASCII, no spaces)", host, level + 1)
+  end
+  return { path = path, interval = interval, timeout = timeout, host = host or false }
+end
+
 -- Splits opts into the pool's options and the breakers' options; raises at `level`.
 -- The keys are looked at in options.sorted_keys' order, so that of two bad keys the
 -- message names the same one under every Lua. A key left to fuse.new's message (one
@@ -320,6 +361,7 @@ local function check_opts(opts, level)
     bad("slow_start", "a number of seconds from 0 to " .. MAX_SLOW_START, ss, level + 1)
   end
   o.slow_start = ss
+  o.check = check_check(o.check, level + 1)
   local d = o.dict
   if d == nil then d = DEFAULT_DICT end
   if type(d) ~= "string" or d == "" then bad("dict", "the name of a lua_shared_dict", d, level + 1) end

@@ -45,7 +45,7 @@ local _M = { VERSION = fuse.VERSION }
 
 -- Tests only: _M._pause, when set, is called with a point's name where a worker killed
 -- there must wedge nothing (test/kill.t.sh parks a worker there and kills it). Not on a
--- pick's path: only in set_peers and close.
+-- pick's path: only in set_peers, close and a check.
 local function pause(where)
   local f = _M._pause
   if f then f(where) end
@@ -140,6 +140,19 @@ local function peer_breaker(self, addr)
   return b, made
 end
 
+-- A peer's allow in a pool with checks (option `check`): a probe ticket (the breaker
+-- half-open) is given back at once, without a verdict, and the try goes elsewhere as
+-- when the probe slot is taken: only the pool's checks probe a peer whose breaker opened,
+-- never a client's request.
+local function checked_allow(b)
+  local t = b:allow()
+  if t and floor(t / 2) % 2 == 0 then
+    b:report(t, nil)
+    return nil
+  end
+  return t
+end
+
 -- Builds the peer array from a checked list, keeping the peer objects (breaker, SWRR
 -- weight) of addresses already in the pool; the weights of the list are theirs once
 -- install() takes the array (until then the pool is as it was). A breaker that cannot be
@@ -162,9 +175,12 @@ local function build(self, list)
       if new then made[#made + 1] = b.name end
       -- allow and report: the breaker's own methods, kept in the peer (found through the
       -- breaker, each is a search of the object and then of its metatable in a trace)
+      -- (a pool with checks: its clients' allow, which takes no probe; see checked_allow)
       peer = { addr = p.addr, host = p.host, port = p.port, weight = p.weight, cur = 0,
-               b = b, allow = b.allow, report = b.report, removed = false, w = 0, ramp = false,
+               b = b, allow = self._check and checked_allow or b.allow, report = b.report,
+               removed = false, w = 0, ramp = false,
                ckey = self._pfx .. "c/" .. self.name .. "/" .. p.addr .. "/",
+               kkey = self._pfx .. "k/" .. self.name .. "/" .. p.addr .. "/",
                rkey = self._pfx .. "r/" .. self.name .. "/" .. p.addr }
     end
     peers[i], by_addr[p.addr] = peer, peer
@@ -246,11 +262,13 @@ end
 -- Installs a peer array; peers that left are flagged `removed` (requests in flight count
 -- nothing for them and give their tickets back without a verdict: see failed) and, when
 -- `remove`, their breakers and counters go.
--- Peer `addr` of this pool, gone: its breaker, its failure counters and its ramp.
+-- Peer `addr` of this pool, gone: its breaker, its failure and check counters and its ramp.
+local CHECK_RESULTS = { "healthy", "unhealthy" }
 local function forget(self, addr)
   local store, pfx = self._store, self._pfx
   fuse.remove(self.name .. "/" .. addr)
   for _, c in ipairs(CLASSES) do store:delete(pfx .. "c/" .. self.name .. "/" .. addr .. "/" .. c) end
+  for _, c in ipairs(CHECK_RESULTS) do store:delete(pfx .. "k/" .. self.name .. "/" .. addr .. "/" .. c) end
   store:delete(pfx .. "r/" .. self.name .. "/" .. addr)
 end
 
@@ -410,6 +428,36 @@ end
 local now_cached = rawget(_G, "ngx") and ngx_now()
 local counter_value = fuse._counter_value
 
+---------------------------------------------------------------------------- checks
+
+-- Option `check = { path, interval, timeout, host }`: a peer whose breaker opened is
+-- probed by the pool, never by a client's request. Every worker runs a timer per pool
+-- with checks (started by its first sync: a pool made in init_by_lua is copied into each
+-- worker); every `interval` seconds it asks each peer whose breaker is open or half-open
+-- for a probe ticket, which the breaker gives once its open period is over, to one
+-- caller across all workers (`probes`). The worker that gets it sends `GET path` and
+-- reports the answer as the probe's outcome: a status from 200 to 399 closes the breaker
+-- (with slow_start, the ramp begins), anything else (refused, reset, a timeout, another
+-- status) opens it again (for open_for, times backoff). Client tries take no probe
+-- (checked_allow). The breakers' rules stay theirs: client tries trip them, their
+-- transitions show in events and metrics as any other.
+local check_tick  -- (below sync)
+-- The pool whose checks run in this worker, by name: one timer per name, the copy made
+-- last (another upstream.new of the name in this worker takes over from the one before,
+-- whose timer then stops: copies made again and again hold no timer each).
+local CHECKERS = {}
+
+-- This worker's checks of pool `self`, started once per process; not in the master
+-- (init_by_lua: no timers there).
+local function start_checks(self)
+  if in_init() then return end
+  local ngx = rawget(_G, "ngx")
+  local pid = ngx.worker.pid()
+  if self._check_pid == pid and CHECKERS[self.name] == self then return end
+  local ok, started = pcall(ngx.timer.at, 0, check_tick, self)
+  if ok and started then self._check_pid, CHECKERS[self.name] = pid, self end
+end
+
 -- The read of the pool's version in the store, and what follows when it moved. Under
 -- nginx it runs interpreted (jit.off): it is the once-a-second branch of sync, and a
 -- trace made from it (a side trace of the balancer's and of the log phase's, taken after
@@ -420,6 +468,7 @@ local counter_value = fuse._counter_value
 -- its list and moving the version (test/kill.t.sh) left a list no version announces,
 -- which every copy takes here, within a second.
 local function resync(self)
+  if self._check then start_checks(self) end
   local store = self._store
   if store:get(self._gkey) ~= self._gen then return closed_elsewhere(self) end
   if self._pending then
@@ -449,6 +498,83 @@ local function sync(self, t)
   return resync(self)
 end
 
+-- One check of peer `p`, which holds its breaker's probe `ticket`: the answer to GET
+-- path is the probe's outcome. A peer that left the pool meanwhile gets no verdict.
+local function check_one(self, p, ticket)
+  pause("check-probing")
+  local c, ngx = self._check, rawget(_G, "ngx")
+  local healthy = false
+  local sock = ngx.socket.tcp()
+  local ms = c.timeout * 1000
+  sock:settimeouts(ms, ms, ms)
+  if sock:connect(p.host, p.port) and sock:send(fmt("GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: fuse-check/%s\r\n\r\n",
+      c.path, c.host or p.addr, _M.VERSION)) then
+    local line = sock:receive("*l")
+    local code = line and tonumber(line:match("^HTTP/%d%.%d (%d%d%d)"))
+    healthy = code ~= nil and code >= 200 and code < 400
+  end
+  sock:close()
+  if p.removed then return p.report(p.b, ticket, nil) end
+  p.report(p.b, ticket, healthy)
+  counted(self, p, p.kkey .. (healthy and "healthy" or "unhealthy"))
+end
+
+-- A check that raised (nothing expected to): its probe ticket is given back unjudged,
+-- and the error logged.
+local function check_safe(self, p, ticket)
+  local ok, err = pcall(check_one, self, p, ticket)
+  if not ok then
+    pcall(p.report, p.b, ticket, nil)
+    log_err(fmt("fuse.upstream: pool '%s': the check of %s failed: %s", self.name, p.addr, tostring(err)))
+  end
+end
+
+-- One round of pool `self`'s checks in this worker: a probe ticket asked of each peer
+-- whose breaker is open or half-open (a ticket is a probe in one worker only), each
+-- probe checked in a light thread of its own; returns once they are all done.
+local function check_round(self)
+  local ngx = rawget(_G, "ngx")
+  local threads = {}
+  for _, p in ipairs(self._peers) do
+    local s = p.b:state()
+    if s == "open" or s == "half_open" then
+      local t = p.b:allow()
+      if t and floor(t / 2) % 2 == 0 then
+        threads[#threads + 1] = ngx.thread.spawn(check_safe, self, p, t)
+      elseif t then
+        p.report(p.b, t, nil)  -- closed meanwhile: not a probe, given back
+      end
+    end
+  end
+  for _, co in ipairs(threads) do ngx.thread.wait(co) end
+end
+
+-- The timer's run: a round, then the next run. A closed pool, or a worker that exits (a
+-- reload), runs no more; a round that raised (nothing expected to) is logged, and the
+-- next run comes as usual.
+check_tick = function(premature, self)
+  local ngx = rawget(_G, "ngx")
+  if premature or ngx.worker.exiting() then return end
+  if CHECKERS[self.name] ~= self then return end  -- (a later copy of the name took over)
+  local ok, err = pcall(sync, self)
+  if ok and (self._closed or self._check_pid ~= ngx.worker.pid()) then
+    if CHECKERS[self.name] == self then CHECKERS[self.name] = nil end
+    return
+  end
+  if ok then ok, err = pcall(check_round, self) end
+  if not ok then log_err(fmt("fuse.upstream: pool '%s': a round of checks failed: %s", self.name, tostring(err))) end
+  ok, err = ngx.timer.at(self._check.interval, check_tick, self)
+  if not ok then
+    self._check_pid = false  -- the next sync starts them again
+    log_err(fmt("fuse.upstream: pool '%s': checks paused, no timer: %s", self.name, tostring(err)))
+  end
+end
+-- (interpreted, as resync: a run per interval is no hot path, and a loop of the tick
+-- compiled would hold the store's reads and the peers' states for nothing)
+if jit and jit.off and now_cached then
+  jit.off(start_checks); jit.off(check_one); jit.off(check_safe); jit.off(check_round); jit.off(check_tick)
+end
+
 -- The statuses pool:log() does not take for the try's own (the fast path, below): the
 -- fail_statuses, and the redirects an error_page to a URL answers with (301, 302, 303,
 -- 307, 308: nginx sends them without an internal redirect, whatever the try's outcome).
@@ -475,6 +601,10 @@ function _M.new(name, peers, opts)
     raise("pool name must be a string of 1 to 100 bytes without '/', got " .. show(name), 2)
   end
   local o, bopts = check_opts(opts, 2)
+  local ngx_ = rawget(_G, "ngx")
+  if o.check and not (ngx_ and ngx_.socket and ngx_.timer and ngx_.worker and ngx_.thread) then
+    raise("option 'check' needs nginx (its checks are sent from timers, over cosockets)", 2)
+  end
   local list = check_peers(name, peers, 2)
   local store = store_for(o.dict, 2)
   changes_counter()
@@ -482,6 +612,7 @@ function _M.new(name, peers, opts)
   -- (a dry run ramps no peer: a ramp is the breaker acting, a healed peer's share cut to 10%)
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
     _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.enforce and o.slow_start or 0,
+    _check = o.check, _check_pid = false,
     _bopts = bopts, _slow = bopts.slow ~= nil, _plain = bopts.slow == nil and not_plain(o.fail), _store = store,
     _looks = 0,
     _pfx = pfx,
@@ -617,8 +748,9 @@ function Pool:close()
   local mine = { self._vkey, self._lkey, self._bkey, self._pkey, self._dkey }
   for _, k in ipairs(mine) do store:delete(k) end
   local c, r = self._pfx .. "c/" .. self.name .. "/", self._pfx .. "r/" .. self.name .. "/"
+  local kk = self._pfx .. "k/" .. self.name .. "/"
   for _, k in ipairs(store:get_keys(0)) do
-    if k:sub(1, #c) == c or k:sub(1, #r) == r then store:delete(k) end
+    if k:sub(1, #c) == c or k:sub(1, #r) == r or k:sub(1, #kk) == kk then store:delete(k) end
   end
   self._closed = true
 end
@@ -767,7 +899,7 @@ function rounds(self, now, only, strict, nbusy, known, fallback, retry)
     if only and pan[best] then return nil, huge end
     local p = peers[best]
     local ticket
-    if not pan[best] then ticket = p.b:allow() end
+    if not pan[best] then ticket = p.allow(p.b) end
     if ticket or pan[best] or not self._enforce then
       for i = 1, n do
         local q = peers[i]
@@ -1434,8 +1566,12 @@ function Pool:access()
       -- it admits this request unless it is busy (half-open with its probe slots taken,
       -- or full under max_concurrent), which admits nothing either: asked with a ticket,
       -- given back unjudged (at once: a pool's breakers have no max_wait, see check_opts)
+      -- (with checks, a probe ticket admits no client try: see checked_allow)
       local t = b:allow()
-      if t then b:report(t, nil); return end
+      if t then
+        b:report(t, nil)
+        if not (self._check and floor(t / 2) % 2 == 0) then return end
+      end
     end
     soon = min(soon, s.retry_after)
   end
@@ -1802,19 +1938,25 @@ local label = require("fuse.metrics").label
 -- fuse_upstream_panic_total{pool}, fuse_upstream_dry_run_picks_total{pool},
 -- fuse_upstream_failures_total{pool, peer, class}.
 function _M.metrics()
-  local panic, dry, fails = {}, {}, {}
+  local panic, dry, fails, checks = {}, {}, {}, {}
   for _, store in pairs(STORES) do
     local keys = store:get_keys(0)
     sort(keys)
     for _, k in ipairs(keys) do
       local kind, rest = k:match("^(%a)/(.+)$")
-      if kind == "p" or kind == "d" or kind == "c" then
+      if kind == "p" or kind == "d" or kind == "c" or kind == "k" then
         local v = store:get(k)
         if type(v) == "number" then
           if kind == "p" then
             panic[#panic + 1] = fmt('fuse_upstream_panic_total{pool="%s"} %.17g\n', label(rest), v)
           elseif kind == "d" then
             dry[#dry + 1] = fmt('fuse_upstream_dry_run_picks_total{pool="%s"} %.17g\n', label(rest), v)
+          elseif kind == "k" then
+            local pool, peer, result = rest:match("^(.+)/([^/]+)/(%a+)$")
+            if pool then
+              checks[#checks + 1] = fmt('fuse_upstream_checks_total{pool="%s",peer="%s",result="%s"} %.17g\n',
+                label(pool), label(peer), result, v)
+            end
           else
             local pool, peer, class = rest:match("^(.+)/([^/]+)/(%a+)$")
             if pool then
@@ -1838,6 +1980,10 @@ function _M.metrics()
   if #fails > 0 then
     out[#out + 1] = "# HELP fuse_upstream_failures_total Failed tries per peer, by class "
       .. "(connect, timeout, status).\n# TYPE fuse_upstream_failures_total counter\n" .. concat(fails)
+  end
+  if #checks > 0 then
+    out[#out + 1] = "# HELP fuse_upstream_checks_total Checks of open peers (option check), by result "
+      .. "(healthy, unhealthy).\n# TYPE fuse_upstream_checks_total counter\n" .. concat(checks)
   end
   return concat(out)
 end
