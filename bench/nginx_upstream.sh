@@ -12,6 +12,8 @@
 #   fuse6    fuse.upstream with backoff = 2 capped at max_open_for = 6 (open 5, then 6 s):
 #            about nginx's own probe period (fail_timeout=5s, counted in whole seconds),
 #            so that each run shows both sides at the same recovery, for reference
+#   fusec    fuse6 with the option check (GET /health every 0.25 s in each worker): its
+#            probes are the pool's checks, counted apart from client requests
 # A third nginx (1 worker) is the load generator: a timer that sends RATE requests/s
 # (Connection: close) at one front port and counts the statuses, so the load is the
 # same on every side whatever a side's latency (wrk would send more to the faster one).
@@ -68,7 +70,7 @@ trap 'exit 1' INT TERM HUP
 mkdir -p "$P/logs-peers" "$P/logs-front" "$P/logs-load" "$P/temp"
 copy_fuse "$T"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
-BASE=$(pick_ports 26) || die "no 26 free ports in a row"
+BASE=$(pick_ports 30) || die "no 30 free ports in a row"
 CTL=$BASE LOAD=$((BASE + 1))
 A1=$((BASE + 2)) B1=$((BASE + 3)) C1=$((BASE + 4))      # fuse (backoff)
 A2=$((BASE + 5)) B2=$((BASE + 6)) C2=$((BASE + 7))      # nginx
@@ -78,10 +80,11 @@ FS=$((BASE + 14)) RS=$((BASE + 15)) LS=$((BASE + 16)) XS=$((BASE + 20))   # fron
 S1=$((BASE + 17)) S2=$((BASE + 18)) S3=$((BASE + 19))   # static peers
 A4=$((BASE + 21)) B4=$((BASE + 22)) C4=$((BASE + 23)) F4=$((BASE + 24))   # fuse6: peers, front
 YS=$((BASE + 25))   # part 3: the floor again (the bench's own error)
+A5=$((BASE + 26)) B5=$((BASE + 27)) C5=$((BASE + 28)) F5=$((BASE + 29))   # fusec: peers, front
 sed -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/" \
-  -e "s/listen 127\.0\.0\.1:18091;/listen 127.0.0.1:$A1; listen 127.0.0.1:$A2; listen 127.0.0.1:$A3; listen 127.0.0.1:$A4;/" \
-  -e "s/listen 127\.0\.0\.1:18092;/listen 127.0.0.1:$B1; listen 127.0.0.1:$B2; listen 127.0.0.1:$B3; listen 127.0.0.1:$B4;/" \
-  -e "s/listen 127\.0\.0\.1:18093;/listen 127.0.0.1:$C1; listen 127.0.0.1:$C2; listen 127.0.0.1:$C3; listen 127.0.0.1:$C4;/" \
+  -e "s/listen 127\.0\.0\.1:18091;/listen 127.0.0.1:$A1; listen 127.0.0.1:$A2; listen 127.0.0.1:$A3; listen 127.0.0.1:$A4; listen 127.0.0.1:$A5;/" \
+  -e "s/listen 127\.0\.0\.1:18092;/listen 127.0.0.1:$B1; listen 127.0.0.1:$B2; listen 127.0.0.1:$B3; listen 127.0.0.1:$B4; listen 127.0.0.1:$B5;/" \
+  -e "s/listen 127\.0\.0\.1:18093;/listen 127.0.0.1:$C1; listen 127.0.0.1:$C2; listen 127.0.0.1:$C3; listen 127.0.0.1:$C4; listen 127.0.0.1:$C5;/" \
   -e "/127\.0\.0\.1:18094/d" "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
 
 pool_lines() { # pool_lines NAME A B C OPTIONS
@@ -113,6 +116,7 @@ http {
 $(pool_lines fuse "$A1" "$B1" "$C1" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = $MAX_OPEN_FOR, tries = 2 }")
 $(pool_lines fuse5 "$A3" "$B3" "$C3" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, tries = 2 }")
 $(pool_lines fuse6 "$A4" "$B4" "$C4" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = 6, tries = 2 }")
+$(pool_lines fusec "$A5" "$B5" "$C5" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = 6, tries = 2, check = { path = \"/health\", interval = 0.25 } }")
 $(pool_lines static "$S1" "$S2" "$S3" "{ fails = 3, window = 10, open_for = 5 }")
     }
     proxy_http_version 1.1;
@@ -124,6 +128,7 @@ $(pool_lines static "$S1" "$S2" "$S3" "{ fails = 3, window = 10, open_for = 5 }"
 $(fuse_server "$F1" fuse)
 $(fuse_server "$F3" fuse5)
 $(fuse_server "$F4" fuse6)
+$(fuse_server "$F5" fusec)
     upstream nginx_pool {
         zone nginx_pool 64k;
         server 127.0.0.1:$A2 max_fails=3 fail_timeout=5s;
@@ -237,6 +242,7 @@ wait_for 10 up || die "the fronts do not answer"
 
 mode() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1&$2" > /dev/null; }
 hits() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1" | sed -n 's/^hits=\([0-9]*\).*/\1/p'; }
+checks() { curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$1" | sed -n 's/.* checks=\([0-9]*\).*/\1/p'; }
 load() { curl -s -m 5 "http://127.0.0.1:$LOAD/run?port=$1&rate=$RATE&seconds=$2&tag=$3" > /dev/null; }
 counts() { curl -s -m 5 "http://127.0.0.1:$LOAD/count?tag=$1"; }
 errors_of() { tr ' ' '\n' <<< "$1" | awk -F: '$1 != "done" && $1 != "200" { n += $2 } END { print n + 0 }'; }
@@ -245,7 +251,7 @@ us() { echo "${EPOCHREALTIME/./}"; }
 
 echo "bench-nginx: $(date -u +%Y-%m-%dT%H:%MZ), nginx $("$NGINX" -v 2>&1 | cut -d/ -f2), $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg), front workers $([ "${AFFINITY:-0}" = 1 ] && echo "pinned (AFFINITY=1)" || echo "not pinned")"
 echo
-SIDES="fuse:$F1:$A1:$B1:$C1 nginx:$F2:$A2:$B2:$C2 fuse5:$F3:$A3:$B3:$C3 fuse6:$F4:$A4:$B4:$C4"
+SIDES="fuse:$F1:$A1:$B1:$C1 nginx:$F2:$A2:$B2:$C2 fuse5:$F3:$A3:$B3:$C3 fuse6:$F4:$A4:$B4:$C4 fusec:$F5:$A5:$B5:$C5"
 for s in $SIDES; do IFS=: read -r _ _ a b c <<< "$s"; for p in $a $b $c; do mode "$p" 'mode=ok&reset=1'; done; done
 
 if [ "${FAILURES:-1}" = 1 ]; then   # FAILURES=0: part 3 only
@@ -259,11 +265,11 @@ t_out=$(us)
 # that the figure is not the phase of one fixed probe schedule against the heal
 OFF=${HEAL_OFFSET_MS:-$((RANDOM % 10000))}
 sleep "$(printf '%d.%03d' $((OUTAGE + OFF / 1000)) $((OFF % 1000)))"
-declare -A SICK BACK ARR
+declare -A SICK BACK ARR CHK
 t_heal=$(us)
 for s in $SIDES; do
   IFS=: read -r name _ _ b _ <<< "$s"
-  SICK[$name]=$(hits "$b") ARR[$name]=$(curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$b&arrivals=1")
+  SICK[$name]=$(hits "$b") CHK[$name]=$(checks "$b") ARR[$name]=$(curl -s -m 5 "http://127.0.0.1:$CTL/control?port=$b&arrivals=1")
   mode "$b" 'mode=ok&reset=1'
 done
 while :; do   # B of each side answers again: poll its hits every 50 ms (40 s max)
@@ -296,18 +302,19 @@ mean_wait() { # mean_wait ARRIVALS BACK_MS: seconds
       printf "%.2f", sum / (heal - from)
     }' <<< "$1"
 }
-printf '   %-7s %10s %16s %14s %18s %16s\n' side requests "reached sick B" "client errors" "B back after (s)" \
-  "mean wait (s)"
+printf '   %-7s %10s %16s %12s %14s %18s %16s\n' side requests "reached sick B" "checks to B" "client errors" \
+  "B back after (s)" "mean wait (s)"
 for s in $SIDES; do
   IFS=: read -r name _ <<< "$s"
   c=$(counts "out-$name")
   b=${BACK[$name]:-}
-  printf '   %-7s %10s %16s %14s %18s %16s\n' "$name" "$(done_of "$c")" "${SICK[$name]}" "$(errors_of "$c")" \
+  printf '   %-7s %10s %16s %12s %14s %18s %16s\n' "$name" "$(done_of "$c")" "${SICK[$name]}" "${CHK[$name]}" "$(errors_of "$c")" \
     "$([ -n "$b" ] && printf '%d.%03d' $((b / 1000)) $((b % 1000)) || echo '>40')" \
     "$([ -n "$b" ] && mean_wait "${ARR[$name]}" "$b" || echo '-')"
 done
-echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = $MAX_OPEN_FOR; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff; fuse6: backoff = 2, max_open_for = 6)"
-echo "   (mean wait: for a heal anywhere from 15 s into the outage to the heal, from B's arrivals)"
+echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = $MAX_OPEN_FOR; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff; fuse6: backoff = 2, max_open_for = 6; fusec: fuse6 with check = { path = \"/health\", interval = 0.25 })"
+echo "   (reached sick B: client requests; checks to B: the pool's checks, apart; mean wait: for a heal anywhere from"
+echo "   15 s into the outage to the heal, from B's arrivals, checks included)"
 
 echo
 echo "2. two sick peers of three: B and C answer 500 for 20 s at $RATE requests/s, tries 2 on every side"
