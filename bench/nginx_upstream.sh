@@ -12,7 +12,8 @@
 #   fuse6    fuse.upstream with backoff = 2 capped at max_open_for = 6 (open 5, then 6 s):
 #            about nginx's own probe period (fail_timeout=5s, counted in whole seconds),
 #            so that each run shows both sides at the same recovery, for reference
-#   fusec    fuse6 with the option check (GET /health every 0.25 s in each worker): its
+#   fusec    fuse.upstream with the option check (GET /health, asked every 0.25 s in each
+#            worker), backoff = 2 capped at max_open_for = 5 (open 5 s every time): its
 #            probes are the pool's checks, counted apart from client requests
 # A third nginx (1 worker) is the load generator: a timer that sends RATE requests/s
 # (Connection: close) at one front port and counts the statuses, so the load is the
@@ -116,7 +117,7 @@ http {
 $(pool_lines fuse "$A1" "$B1" "$C1" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = $MAX_OPEN_FOR, tries = 2 }")
 $(pool_lines fuse5 "$A3" "$B3" "$C3" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, tries = 2 }")
 $(pool_lines fuse6 "$A4" "$B4" "$C4" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = 6, tries = 2 }")
-$(pool_lines fusec "$A5" "$B5" "$C5" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = 6, tries = 2, check = { path = \"/health\", interval = 0.25 } }")
+$(pool_lines fusec "$A5" "$B5" "$C5" "{ fails = 3, window = 10, open_for = 5, probes = 1, probe_timeout = 5, backoff = 2, max_open_for = 5, tries = 2, check = { path = \"/health\", interval = 0.25 } }")
 $(pool_lines static "$S1" "$S2" "$S3" "{ fails = 3, window = 10, open_for = 5 }")
     }
     proxy_http_version 1.1;
@@ -312,7 +313,7 @@ for s in $SIDES; do
     "$([ -n "$b" ] && printf '%d.%03d' $((b / 1000)) $((b % 1000)) || echo '>40')" \
     "$([ -n "$b" ] && mean_wait "${ARR[$name]}" "$b" || echo '-')"
 done
-echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = $MAX_OPEN_FOR; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff; fuse6: backoff = 2, max_open_for = 6; fusec: fuse6 with check = { path = \"/health\", interval = 0.25 })"
+echo "   (healed $OUTAGE s + $OFF ms after the outage began; fuse: backoff = 2, max_open_for = $MAX_OPEN_FOR; nginx: max_fails=3 fail_timeout=5s, zone; fuse5: no backoff; fuse6: backoff = 2, max_open_for = 6; fusec: max_open_for = 5 and check = { path = \"/health\", interval = 0.25 })"
 echo "   (reached sick B: client requests; checks to B: the pool's checks, apart; mean wait: for a heal anywhere from"
 echo "   15 s into the outage to the heal, from B's arrivals, checks included)"
 
