@@ -115,6 +115,11 @@ state_of() { # state_of POOL ADDRPORT (front): the fuse_state value
 }
 pstate() { curl -s -m 5 "http://127.0.0.1:$POOLS/state?name=$1"; }  # pools nginx: "state f s slow opens"
 pfield() { pstate "$1" | cut -d' ' -f"$2"; }  # pfield NAME K: field K of pstate (2: failures, 3: successes)
+# trip_b POOL: requests to /p/POOL, one after another, until POOL's B is open (20 at most)
+trip_b() {
+  local i=0
+  until [ "$(pfield "$1/127.0.0.1:$B" 1)" = open ] || [ "$i" -ge 20 ]; do get "$POOLS" "/p/$1"; i=$((i + 1)); done
+}
 judged() { echo $(( $(pfield "$1" 2) + $(pfield "$1" 3) )); }  # judged NAME: failures + successes
 # fs4 NAME: once breaker NAME judged 4 tries (waited for, bounded), F and S: its failures
 # and successes (a one-try request is judged in its log phase, after curl has the answer)
@@ -693,10 +698,7 @@ check "dry run: B's trip is in fuse.events ($ev)" [ "$ev" -ge 1 ]
 # request to it
 allmode 'mode=ok&reset=1'
 mode "$B" 'mode=fail&reset=1'
-chk_tries=0
-until [ "$(pfield "chk/127.0.0.1:$B" 1)" = open ] || [ "$chk_tries" -ge 20 ]; do
-  get "$POOLS" /p/chk; chk_tries=$((chk_tries + 1))
-done
+trip_b chk
 trip_hits=$(hits "$B") c0=$(checks "$B") t0=${EPOCHREALTIME/./}
 # clients go on while the checks find B failing: until 4 more checks (bounded)
 codes="" k=0
@@ -739,10 +741,7 @@ curl -s -m 5 -o /dev/null "http://127.0.0.1:$POOLS/reset?name=chk/127.0.0.1:$B"
 # slow_start = 8: B fails once (open_for 1), heals, is probed, closes, ramps 10% -> 100%
 allmode 'mode=ok&reset=1'
 mode "$B" 'mode=fail&reset=1'
-tries_b=0
-until [ "$(pfield "ss/127.0.0.1:$B" 1)" = open ] || [ "$tries_b" -ge 20 ]; do
-  get "$POOLS" /p/ss; tries_b=$((tries_b + 1))
-done
+trip_b ss
 mode "$B" 'mode=ok&reset=1'
 wait_for 20 sh -c "[ \"\$(curl -s -m 5 'http://127.0.0.1:$POOLS/state?name=ss/127.0.0.1:$B' | cut -d' ' -f1)\" = half_open ]"
 probe=0 t0=${EPOCHREALTIME/./}
