@@ -1343,7 +1343,9 @@ describe("fuse.upstream #" .. BACKEND, function()
       says(err_of("p", p, { check = { path = "/h", intervall = 1 } }),
         "fuse.upstream: option 'check': unknown key 'intervall' (did you mean 'interval'?)")
       says(err_of("p", p, { check = { path = "/h", [1] = 2 } }),
-        "option 'check': unknown key 1 (keys: path, interval, timeout, host)")
+        "option 'check': unknown key 1 (keys: path, interval, timeout, host, https)")
+      says(err_of("p", p, { check = { path = "/h", https = "yes" } }),
+        "option 'check.https' must be a boolean, got \"yes\"")
       -- valid, but its checks are sent from nginx's timers
       says(err_of("p", p, { check = { path = "/h" } }),
         "fuse.upstream: option 'check' needs nginx (its checks are sent from timers, over cosockets)")

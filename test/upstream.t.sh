@@ -37,24 +37,26 @@ watchdog 600
 mkdir -p "$P/logs-peers" "$P/logs-pools" "$P/temp" "$F/logs"
 copy_fuse "$T" "$LUA_SRC" "$SO_SRC"
 cp "$ROOT/examples/nginx/peers.lua" "$P/"
+cp -r "$ROOT/test/tls" "$P/tls"   # the TLS peer's certificate and key (pools.conf)
 
 ports() {
   sed -e "s/127\.0\.0\.1:18088/127.0.0.1:$FRONT/g" -e "s/127\.0\.0\.1:18089/127.0.0.1:$POOLS/g" \
     -e "s/127\.0\.0\.1:18090/127.0.0.1:$CTL/g" -e "s/127\.0\.0\.1:18091/127.0.0.1:$A/g" \
     -e "s/127\.0\.0\.1:18092/127.0.0.1:$B/g" -e "s/127\.0\.0\.1:18093/127.0.0.1:$C/g" \
-    -e "s/127\.0\.0\.1:18094/127.0.0.1:$E/g" -e "s/127\.0\.0\.1:18095/127.0.0.1:$D/g"
+    -e "s/127\.0\.0\.1:18094/127.0.0.1:$E/g" -e "s/127\.0\.0\.1:18095/127.0.0.1:$D/g" \
+    -e "s/127\.0\.0\.1:18097/127.0.0.1:$TLS/g"
 }
 "$ROOT/tools/readme-block" upstream-nginx > "$T/readme.conf" || bail "README has no upstream-nginx block"
 start() { # start NAME PREFIX CONF [GLOBALS]: 0, or 1 with the reason in START_ERR
   START_ERR=$("$NGINX" -p "$2/" -c "$3" ${4:+-g "$4"} 2>&1)
 }
-# Ten free ports in a row (front, pools, control, A, B, C, E, D closed); a port another
+# Ten free ports in a row (front, pools, control, A, B, C, E, D closed, the TLS peer); a port another
 # process takes between the check and the bind: new ports, up to three times.
 started=0
 for attempt in 1 2 3; do
   BASE=$(pick_ports 10) || bail "no free ports"
   FRONT=$BASE POOLS=$((BASE + 1)) CTL=$((BASE + 2))
-  A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5)) E=$((BASE + 6)) D=$((BASE + 7))
+  A=$((BASE + 3)) B=$((BASE + 4)) C=$((BASE + 5)) E=$((BASE + 6)) D=$((BASE + 7)) TLS=$((BASE + 8))
   ports < "$ROOT/examples/nginx/peers.conf" > "$P/peers.conf"
   ports < "$ROOT/test/upstream-pools.conf" > "$P/pools.conf"
   ports < "$T/readme.conf" | sed -e "s#/path/to/fuse/#$T/#g" > "$F/nginx.conf"
@@ -737,6 +739,20 @@ st=$(pfield "chk/127.0.0.1:$B" 1)
 check "check: forced open by hand, B stays $st and gets no check in 1.5 s ($(( $(checks "$B") - c2 )) checks), clients all 200 ($CODES)" \
   eval '[ "$st" = forced_open ] && [ "$(checks "$B")" -eq "$c2" ] && [ "$CODES" = "200 x10;" ]'
 curl -s -m 5 -o /dev/null "http://127.0.0.1:$POOLS/reset?name=chk/127.0.0.1:$B"
+# ... over TLS (pool chs, check.https = true): its one peer speaks only TLS, so a check
+# sent in plain HTTP would fail (nginx answers 400) and the peer would stay open
+tflag() { curl -s -m 5 "http://127.0.0.1:$POOLS/flag?k=$1&get=1"; }
+curl -s -m 5 -o /dev/null "http://127.0.0.1:$POOLS/flag?k=tls_sick&v=1"
+tls_open() { get "$POOLS" /tls/chs; [ "$(pfield "chs/127.0.0.1:$TLS" 1)" = open ]; }
+wait_for 10 tls_open
+tls_st=$(pfield "chs/127.0.0.1:$TLS" 1)
+tls_c0=$(tflag tls_checks)
+wait_for 10 eval '[ "$(tflag tls_checks)" != nil ] && [ "$(tflag tls_checks)" -ge $(( ${tls_c0/nil/0} + 2 )) ]'
+tls_c1=$(tflag tls_checks)
+curl -s -m 5 -o /dev/null "http://127.0.0.1:$POOLS/flag?k=tls_sick"
+wait_for 10 eval '[ "$(pfield "chs/127.0.0.1:$TLS" 1)" = closed ]'
+check "check over TLS: the peer failed ($tls_st), $tls_c1 checks reached it over TLS while it failed, then a check closed it ($(pfield "chs/127.0.0.1:$TLS" 1))" \
+  eval '[ "$tls_st" = open ] && [ "${tls_c1/nil/0}" -ge 2 ] && [ "$(pfield "chs/127.0.0.1:$TLS" 1)" = closed ]'
 
 # slow_start = 8: B fails once (open_for 1), heals, is probed, closes, ramps 10% -> 100%
 allmode 'mode=ok&reset=1'

@@ -22,7 +22,7 @@ for _, k in ipairs(options.NAMES) do BREAKER_KEYS[k] = true end
 local DEFAULT_FAIL = { 500, 502, 503, 504 }
 local CLASSES = { "connect", "timeout", "status" }
 local MAX_WEIGHT, MAX_TRIES, NAME_MAX, MAX_SLOW_START = 1000, 100, 127, 3600
-local CHECK_NAMES = { "path", "interval", "timeout", "host" }
+local CHECK_NAMES = { "path", "interval", "timeout", "host", "https" }
 local MAX_INTERVAL, MAX_CHECK_TIMEOUT = 3600, 60
 local DEFAULT_DICT = "fuse_upstream"
 
@@ -251,7 +251,7 @@ local function unknown(k, level)
     concat(POOL_NAMES, ", "), concat(listed, ", ")), level + 1)
 end
 
--- Option `check` (nil, or { path, interval, timeout, host }): false for none, else the
+-- Option `check` (nil, or { path, interval, timeout, host, https }): false for none, else the
 -- check with its defaults; raises at `level`. A path or host goes into a request line or
 -- a header as given: visible ASCII only (no space, no CR or LF).
 local function visible(s) return type(s) == "string" and s ~= "" and not s:find("[^\33-\126]") end
@@ -287,7 +287,11 @@ local function check_check(c, level)
   if host ~= nil and not visible(host) then
     bad("check.host", "a Host header value (visible ASCII, no spaces)", host, level + 1)
   end
-  return { path = path, interval = interval, timeout = timeout, host = host or false }
+  local https = c.https
+  if https == nil then https = false end
+  if type(https) ~= "boolean" then bad("check.https", "a boolean", https, level + 1) end
+  return { path = path, interval = interval, timeout = timeout, host = host or false, https = https,
+           sni = https and host and not host:find("^%[") and host:match("^[^:]+") or false }
 end
 
 -- Splits opts into the pool's options and the breakers' options; raises at `level`.

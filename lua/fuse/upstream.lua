@@ -430,7 +430,7 @@ local counter_value = fuse._counter_value
 
 ---------------------------------------------------------------------------- checks
 
--- Option `check = { path, interval, timeout, host }`: a peer whose breaker opened is
+-- Option `check = { path, interval, timeout, host, https }`: a peer whose breaker opened is
 -- probed by the pool, never by a client's request. Every worker runs a timer per pool
 -- with checks (started by its first sync: a pool made in init_by_lua is copied into each
 -- worker); every `interval` seconds it asks each peer whose breaker is open or half-open
@@ -507,8 +507,11 @@ local function check_one(self, p, ticket)
   local sock = ngx.socket.tcp()
   local ms = c.timeout * 1000
   sock:settimeouts(ms, ms, ms)
-  if sock:connect(p.host, p.port) and sock:send(fmt("GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: fuse-check/%s\r\n\r\n",
-      c.path, c.host or p.addr, _M.VERSION)) then
+  -- (https: TLS without verifying the peer's certificate, as nginx's proxy_ssl_verify
+  -- off by default; the server name is `host`'s, when it is a name)
+  if sock:connect(p.host, p.port) and (not c.https or sock:sslhandshake(nil, c.sni or nil, false))
+      and sock:send(fmt("GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: fuse-check/%s\r\n\r\n",
+        c.path, c.host or p.addr, _M.VERSION)) then
     local line = sock:receive("*l")
     local code = line and tonumber(line:match("^HTTP/%d%.%d (%d%d%d)"))
     healthy = code ~= nil and code >= 200 and code < 400
