@@ -382,7 +382,9 @@ check "with Retry-After of the soonest peer, 1 to 3 s (got '$RA')" \
 # nothing), access() answers 503 as well, not the 502 of a balancer left with no peer
 mode "$A" 'mode=fail&reset=1'; mode "$B" 'mode=fail&reset=1'
 ac_trip=$(codes4 /ac)                       # A and B open (fails = 1, one try each)
-mode "$A" 'mode=hang&delay=4&reset=1'; mode "$B" 'mode=hang&delay=4&reset=1'
+# (the probes hang 8 s: the 4 requests below must be answered while both still run; with
+# 4 s, a run under two busy loops once saw both probes end first, and 4 answers 200)
+mode "$A" 'mode=hang&delay=8&reset=1'; mode "$B" 'mode=hang&delay=8&reset=1'
 ac_half() { [ "$(pfield "ac/127.0.0.1:$1" 1)" = half_open ]; }
 wait_for 10 eval 'ac_half $A && ac_half $B'   # open_for (1 s) over
 ac_pids=""
