@@ -24,33 +24,22 @@ local function note(port, what)
 end
 local MODES = { ok = true, fail = true, status = true, hang = true, slowfail = true, refuse = true }
 
--- A check of fuse.upstream's option `check` (GET /health): counted in `checks`, not in
--- hits (its arrival is noted as a request's), and answered as the mode says (hang and
--- slowfail: after `delay`).
-local function check(port, mode)
-  d:incr("checks:" .. port, 1, 0)
-  note(port, "+")
-  if mode == "hang" or mode == "slowfail" then ngx.sleep(d:get("delay:" .. port) or 1) end
-  note(port, "-")
-  if mode == "refuse" then return ngx.exit(444) end
-  if mode == "fail" or mode == "slowfail" then
-    ngx.status = 500
-  elseif mode == "status" then
-    ngx.status = d:get("status:" .. port) or 200
-  end
-  ngx.say("peer ", port, " ", mode, " check")
-end
-
+-- A request for /health is a check of fuse.upstream's option `check`: counted in
+-- `checks`, apart from hits and the concurrency levels, and answered as any request.
 function _M.serve()
   local port = ngx.var.server_port
   local mode = d:get("mode:" .. port) or "ok"
-  if ngx.var.uri == "/health" then return check(port, mode) end
-  d:incr("hits:" .. port, 1, 0)
-  local now = d:incr("now:" .. port, 1, 0)
-  d:set("reached:" .. port .. ":" .. now, true)      -- concurrency levels seen
+  local check = ngx.var.uri == "/health"
+  if check then
+    d:incr("checks:" .. port, 1, 0)
+  else
+    d:incr("hits:" .. port, 1, 0)
+    local now = d:incr("now:" .. port, 1, 0)
+    d:set("reached:" .. port .. ":" .. now, true)      -- concurrency levels seen
+  end
   note(port, "+")
   if mode == "hang" or mode == "slowfail" then ngx.sleep(d:get("delay:" .. port) or 1) end
-  d:incr("now:" .. port, -1, 0)
+  if not check then d:incr("now:" .. port, -1, 0) end
   note(port, "-")
   if mode == "refuse" then return ngx.exit(444) end
   ngx.header["X-Peer"] = port
