@@ -22,7 +22,8 @@ for _, k in ipairs(options.NAMES) do BREAKER_KEYS[k] = true end
 local DEFAULT_FAIL = { 500, 502, 503, 504 }
 local CLASSES = { "connect", "timeout", "status" }
 local MAX_WEIGHT, MAX_TRIES, NAME_MAX, MAX_SLOW_START = 1000, 100, 127, 3600
-local CHECK_NAMES = { "path", "interval", "timeout", "host", "https" }
+local CHECK_NAMES, CHECK_KEYS = { "path", "interval", "timeout", "host", "https" }, {}
+for _, k in ipairs(CHECK_NAMES) do CHECK_KEYS[k] = true end
 local MAX_INTERVAL, MAX_CHECK_TIMEOUT = 3600, 60
 local DEFAULT_DICT = "fuse_upstream"
 
@@ -260,10 +261,7 @@ local function check_check(c, level)
   if type(c) ~= "table" then
     bad("check", "a table { path = \"/...\", interval = seconds, timeout = seconds }", c, level + 1)
   end
-  local has, k = bad_key(c, function(key)
-    for _, name in ipairs(CHECK_NAMES) do if key == name then return true end end
-    return false
-  end)
+  local has, k = bad_key(c, function(key) return CHECK_KEYS[key] == true end)
   if has then
     local near = type(k) == "string" and options.suggest(k, CHECK_NAMES)
     raise(fmt("option 'check': unknown key %s (%s)", type(k) == "string" and options.quote(k, "'") or show(k),

@@ -144,9 +144,13 @@ end
 -- half-open) is given back at once, without a verdict, and the try goes elsewhere as
 -- when the probe slot is taken: only the pool's checks probe a peer whose breaker opened,
 -- never a client's request.
+-- Whether breaker ticket t is a probe's (of kind 0 or 2: fz_internal.h, KIND_LIFT and
+-- KIND_PROBE), not a closed or disabled breaker's call.
+local function is_probe(t) return floor(t / 2) % 2 == 0 end
+
 local function checked_allow(b)
   local t = b:allow()
-  if t and floor(t / 2) % 2 == 0 then
+  if t and is_probe(t) then
     b:report(t, nil)
     return nil
   end
@@ -450,12 +454,10 @@ local CHECKERS = {}
 -- This worker's checks of pool `self`, started once per process; not in the master
 -- (init_by_lua: no timers there).
 local function start_checks(self)
-  if in_init() then return end
-  local ngx = rawget(_G, "ngx")
-  local pid = ngx.worker.pid()
-  if self._check_pid == pid and CHECKERS[self.name] == self then return end
-  local ok, started = pcall(ngx.timer.at, 0, check_tick, self)
-  if ok and started then self._check_pid, CHECKERS[self.name] = pid, self end
+  -- (CHECKERS is this process's: the master, where nothing is started, forks it empty)
+  if in_init() or CHECKERS[self.name] == self then return end
+  local ok, started = pcall(rawget(_G, "ngx").timer.at, 0, check_tick, self)
+  if ok and started then CHECKERS[self.name] = self end
 end
 
 -- The read of the pool's version in the store, and what follows when it moved. Under
@@ -542,7 +544,7 @@ local function check_round(self)
     local s = p.b:state()
     if s == "open" or s == "half_open" then
       local t = p.b:allow()
-      if t and floor(t / 2) % 2 == 0 then
+      if t and is_probe(t) then
         threads[#threads + 1] = ngx.thread.spawn(check_safe, self, p, t)
       elseif t then
         p.report(p.b, t, nil)  -- closed meanwhile: not a probe, given back
@@ -560,15 +562,15 @@ check_tick = function(premature, self)
   if premature or ngx.worker.exiting() then return end
   if CHECKERS[self.name] ~= self then return end  -- (a later copy of the name took over)
   local ok, err = pcall(sync, self)
-  if ok and (self._closed or self._check_pid ~= ngx.worker.pid()) then
-    if CHECKERS[self.name] == self then CHECKERS[self.name] = nil end
+  if ok and self._closed then
+    CHECKERS[self.name] = nil
     return
   end
   if ok then ok, err = pcall(check_round, self) end
   if not ok then log_err(fmt("fuse.upstream: pool '%s': a round of checks failed: %s", self.name, tostring(err))) end
   ok, err = ngx.timer.at(self._check.interval, check_tick, self)
   if not ok then
-    self._check_pid = false  -- the next sync starts them again
+    CHECKERS[self.name] = nil  -- the next sync starts them again
     log_err(fmt("fuse.upstream: pool '%s': checks paused, no timer: %s", self.name, tostring(err)))
   end
 end
@@ -615,7 +617,7 @@ function _M.new(name, peers, opts)
   -- (a dry run ramps no peer: a ramp is the breaker acting, a healed peer's share cut to 10%)
   local self = setmetatable({ name = name, max_ejected = o.max_ejected, _tries = o.tries,
     _fail = o.fail, _on = o.on, _enforce = o.enforce, _slow_start = o.enforce and o.slow_start or 0,
-    _check = o.check, _check_pid = false,
+    _check = o.check,
     _bopts = bopts, _slow = bopts.slow ~= nil, _plain = bopts.slow == nil and not_plain(o.fail), _store = store,
     _looks = 0,
     _pfx = pfx,
@@ -1435,7 +1437,7 @@ local function give_back(rec)
     if ticket and not try.done then
       try.ticket = false
       local peer, ok = try.peer, nil
-      if floor(ticket / 2) % 2 ~= 1 and not peer.removed then ok = false end  -- (a probe: see log_record)
+      if is_probe(ticket) and not peer.removed then ok = false end
       peer.report(peer.b, ticket, ok, nil)
     end
   end
@@ -1573,7 +1575,7 @@ function Pool:access()
       local t = b:allow()
       if t then
         b:report(t, nil)
-        if not (self._check and floor(t / 2) % 2 == 0) then return end
+        if not (self._check and is_probe(t)) then return end
       end
     end
     soon = min(soon, s.retry_after)
@@ -1936,10 +1938,12 @@ end
 -- A label value: the label() of fuse.metrics' breaker names (UTF-8, with \, " and \n
 -- escaped), so that a pool's series and its peers' fuse_state{name="<pool>/<peer>"} agree.
 local label = require("fuse.metrics").label
+local FAILS_LINE = 'fuse_upstream_failures_total{pool="%s",peer="%s",class="%s"} %.17g\n'
+local CHECKS_LINE = 'fuse_upstream_checks_total{pool="%s",peer="%s",result="%s"} %.17g\n'
 
 -- upstream.metrics(): the pools' counters in Prometheus text (fuse.metrics() appends it):
 -- fuse_upstream_panic_total{pool}, fuse_upstream_dry_run_picks_total{pool},
--- fuse_upstream_failures_total{pool, peer, class}.
+-- fuse_upstream_failures_total{pool, peer, class}, fuse_upstream_checks_total{pool, peer, result}.
 function _M.metrics()
   local panic, dry, fails, checks = {}, {}, {}, {}
   for _, store in pairs(STORES) do
@@ -1954,17 +1958,11 @@ function _M.metrics()
             panic[#panic + 1] = fmt('fuse_upstream_panic_total{pool="%s"} %.17g\n', label(rest), v)
           elseif kind == "d" then
             dry[#dry + 1] = fmt('fuse_upstream_dry_run_picks_total{pool="%s"} %.17g\n', label(rest), v)
-          elseif kind == "k" then
-            local pool, peer, result = rest:match("^(.+)/([^/]+)/(%a+)$")
+          else  -- per peer: "c/<pool>/<peer>/<class>", "k/<pool>/<peer>/<result>"
+            local pool, peer, what = rest:match("^(.+)/([^/]+)/(%a+)$")
             if pool then
-              checks[#checks + 1] = fmt('fuse_upstream_checks_total{pool="%s",peer="%s",result="%s"} %.17g\n',
-                label(pool), label(peer), result, v)
-            end
-          else
-            local pool, peer, class = rest:match("^(.+)/([^/]+)/(%a+)$")
-            if pool then
-              fails[#fails + 1] = fmt('fuse_upstream_failures_total{pool="%s",peer="%s",class="%s"} %.17g\n',
-                label(pool), label(peer), class, v)
+              local out = kind == "c" and fails or checks
+              out[#out + 1] = fmt(kind == "c" and FAILS_LINE or CHECKS_LINE, label(pool), label(peer), what, v)
             end
           end
         end
